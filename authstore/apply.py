@@ -1,0 +1,206 @@
+"""The apply stage: the one place where a logged request is authorized and executed.
+
+Each entry is applied in a nested LMDB transaction inside the batch's transaction, so an entry
+refused with an etcd error leaves nothing behind, while the applied index is recorded in the same
+transaction as the entries it covers. Order per entry: etcd's request validation, then the one
+authorization function, then the state change. Apply reads no clock: time comes from the entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+from google.protobuf.message import DecodeError, Message
+
+from authstore.auth.authorize import authorize
+from authstore.auth.store import AuthStore, RevisionMoved
+from authstore.backend import Backend
+from authstore.errors import Err, EtcdError
+from authstore.lease.lessor import Lessor
+from authstore.log.wal import Entry
+from authstore.mvcc import validate
+from authstore.mvcc.kvstore import KVStore
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2 as pb
+
+log = logging.getLogger("raftgate.store.apply")
+
+HEADER_FIELDS = ("header", "ID", "time_unix_ms")
+
+
+class AuthRevisionMoved(Exception):
+    """Authenticate was refused because the auth revision moved after the password check."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    cluster_id: int
+    member_id: int
+
+
+def request_kind(req: ipb.InternalRaftRequest) -> str:
+    """The name of the one request field set in an InternalRaftRequest."""
+    kinds = [f.name for f, _ in req.ListFields() if f.name not in HEADER_FIELDS]
+    if len(kinds) != 1:
+        raise EtcdError(Err.NOT_CAPABLE)
+    return kinds[0]
+
+
+def validate_request(kind: str, body: Message, max_txn_ops: int) -> None:
+    """etcd checks request shape before identity: an empty key fails the same for everybody."""
+    if kind == "range":
+        validate.check_range(body)
+    elif kind == "put":
+        validate.check_put(body)
+    elif kind == "delete_range":
+        validate.check_delete_range(body)
+    elif kind == "txn":
+        validate.check_txn(body, max_txn_ops)
+
+
+def is_read_only_txn(txn: pb.TxnRequest) -> bool:
+    for op in (*txn.success, *txn.failure):
+        which = op.WhichOneof("request")
+        if which in ("request_put", "request_delete_range"):
+            return False
+        if which == "request_txn" and not is_read_only_txn(op.request_txn):
+            return False
+    return True
+
+
+class Applier:
+    def __init__(self, backend: Backend, identity: Identity, max_txn_ops: int = 128) -> None:
+        self.backend = backend
+        self.env: lmdb.Environment = backend.env
+        self.identity = identity
+        self.max_txn_ops = max_txn_ops
+        self.kv = KVStore(self.env)
+        self.lessor = Lessor(self.env, self.kv)
+        self.auth = AuthStore(self.env)
+        self.term = 1
+        self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {
+            "put": lambda t, b, r: self.kv.put(t, b),
+            "delete_range": lambda t, b, r: self.kv.delete_range(t, b),
+            "txn": lambda t, b, r: self.kv.txn(t, b),
+            "range": lambda t, b, r: self.kv.range(t, b),
+            "compaction": lambda t, b, r: self.kv.compact(t, b),
+            "lease_grant": lambda t, b, r: self.lessor.grant(t, b, r.time_unix_ms),
+            "lease_revoke": self._lease_revoke,
+            "alarm": self._alarm,
+            "auth_enable": lambda t, b, r: self.auth.enable(t, b),
+            "auth_disable": lambda t, b, r: self.auth.disable(t, b),
+            "auth_status": lambda t, b, r: self.auth.status(t, b),
+            "auth_user_add": lambda t, b, r: self.auth.user_add(t, b),
+            "auth_user_delete": lambda t, b, r: self.auth.user_delete(t, b),
+            "auth_user_get": lambda t, b, r: self.auth.user_get(t, b),
+            "auth_user_list": lambda t, b, r: self.auth.user_list(t, b),
+            "auth_user_change_password": lambda t, b, r: self.auth.user_change_password(t, b),
+            "auth_user_grant_role": lambda t, b, r: self.auth.user_grant_role(t, b),
+            "auth_user_revoke_role": lambda t, b, r: self.auth.user_revoke_role(t, b),
+            "auth_role_add": lambda t, b, r: self.auth.role_add(t, b),
+            "auth_role_delete": lambda t, b, r: self.auth.role_delete(t, b),
+            "auth_role_get": lambda t, b, r: self.auth.role_get(t, b),
+            "auth_role_list": lambda t, b, r: self.auth.role_list(t, b),
+            "auth_role_grant_permission": lambda t, b, r: self.auth.role_grant_permission(t, b),
+            "auth_role_revoke_permission": lambda t, b, r: self.auth.role_revoke_permission(t, b),
+            "expire_tokens": self._expire_tokens,
+        }
+
+    # ---- the log path ----
+    def apply_batch(self, entries: Sequence[Entry]) -> list[Any]:
+        """Applies entries in order; returns, per entry, the response or the exception refusing it."""
+        results: list[Any] = []
+        with self.env.begin(write=True) as batch:
+            for entry in entries:
+                results.append(self._apply_entry(batch, entry))
+            self.backend.set_applied(batch, entries[-1].index, entries[-1].term)
+        return results
+
+    def _apply_entry(self, batch: lmdb.Transaction, entry: Entry) -> Any:
+        try:
+            req = ipb.InternalRaftRequest.FromString(entry.data)
+        except DecodeError:
+            log.error("entry %d does not decode; skipped", entry.index)
+            return EtcdError(Err.NOT_CAPABLE)
+        txn = self.env.begin(write=True, parent=batch)
+        try:
+            resp = self.execute(txn, req, index=entry.index, read=False)
+        except (EtcdError, AuthRevisionMoved) as exc:
+            txn.abort()
+            return exc
+        except Exception:  # a bug must not leave half an entry applied, nor stop the node
+            txn.abort()
+            log.exception("applying entry %d failed", entry.index)
+            return EtcdError(Err.NOT_CAPABLE)
+        txn.commit()
+        return resp
+
+    def execute(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, index: int, read: bool) -> Message:
+        """Validates, authorizes and runs one request; used by apply (read=False) and reads."""
+        kind = request_kind(req)
+        body = getattr(req, kind)
+        if kind == "authenticate":
+            try:
+                token = self.auth.authenticate(txn, body, index)
+            except RevisionMoved as exc:
+                raise AuthRevisionMoved() from exc
+            resp: Message = pb.AuthenticateResponse(token=token)
+        else:
+            validate_request(kind, body, self.max_txn_ops)
+            authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read)
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise EtcdError(Err.NOT_CAPABLE)
+            resp = handler(txn, body, req)
+        self.stamp(txn, resp)
+        return resp
+
+    def check(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, read: bool) -> str:
+        """Validation and authorization alone, for requests answered outside the handlers here."""
+        kind = request_kind(req)
+        validate_request(kind, getattr(req, kind), self.max_txn_ops)
+        authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read)
+        return kind
+
+    def _lease_keys_fn(self, txn: lmdb.Transaction) -> Callable[[int], list[bytes]]:
+        return lambda lease_id: self.lessor.attached_keys(txn, lease_id)
+
+    def stamp(self, txn: lmdb.Transaction, resp: Message) -> None:
+        header = resp.header
+        header.cluster_id = self.identity.cluster_id
+        header.member_id = self.identity.member_id
+        header.revision = self.kv.current_revision(txn)
+        header.raft_term = self.term
+
+    def _lease_revoke(self, txn: lmdb.Transaction, body: pb.LeaseRevokeRequest, _r: Any) -> Message:
+        self.lessor.revoke(txn, body.ID)
+        return pb.LeaseRevokeResponse()
+
+    def _expire_tokens(self, txn: lmdb.Transaction, body: ipb.ExpireTokensRequest, _r: Any) -> Message:
+        self.auth.expire_tokens(txn, list(body.tokens))
+        return pb.AuthStatusResponse()
+
+    _ALARMS = b"alarms"
+
+    def alarms(self, txn: lmdb.Transaction) -> pb.AlarmResponse:
+        raw = self.backend.meta_get(txn, self._ALARMS)
+        return pb.AlarmResponse.FromString(raw) if raw else pb.AlarmResponse()
+
+    def _alarm(self, txn: lmdb.Transaction, body: pb.AlarmRequest, _r: Any) -> Message:
+        current = self.alarms(txn)
+        if body.action == pb.AlarmRequest.GET:
+            return current
+        match = [a for a in current.alarms if a.memberID == body.memberID and a.alarm == body.alarm]
+        if body.action == pb.AlarmRequest.ACTIVATE and body.alarm != pb.NONE and not match:
+            current.alarms.add(memberID=body.memberID, alarm=body.alarm)
+            self.backend.meta_put(txn, self._ALARMS, current.SerializeToString())
+            return pb.AlarmResponse(alarms=[pb.AlarmMember(memberID=body.memberID, alarm=body.alarm)])
+        if body.action == pb.AlarmRequest.DEACTIVATE and match:
+            keep = [a for a in current.alarms if a not in match]
+            self.backend.meta_put(txn, self._ALARMS, pb.AlarmResponse(alarms=keep).SerializeToString())
+            return pb.AlarmResponse(alarms=match)
+        return pb.AlarmResponse()

@@ -1,0 +1,279 @@
+"""The store node's internal gRPC service, reached only by authenticated proxies.
+
+Requests arrive as InternalRaftRequest bytes stamped by a proxy. Writes and auth changes go
+through the log; reads are answered at a linearizable read point (or from local state when
+serializable) after the same validation and authorization the apply stage uses. Responses go
+back as raw bytes framed as InternalResponse, so nothing is encoded twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from authstore import wire
+from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn, request_kind
+from authstore.errors import EtcdError
+from authstore.maintenance import STORAGE_VERSION, Maintenance
+from authstore.node import Node
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb import store_pb2 as spb
+
+log = logging.getLogger("raftgate.store.server")
+
+SERVICE = "raftgate.storepb.Store"
+SECRET_METADATA = "x-raftgate-internal-secret"
+REVISION_MOVED = "raftgate: auth revision moved"
+MAX_MESSAGE = 64 << 20
+SNAPSHOT_CHUNK = 32 << 10
+TOKEN_WAIT_SECONDS = 5.0
+TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
+FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
+
+# Answered from applied state, after authorization: nothing to put into the log.
+READ_KINDS = frozenset({"range", "auth_status", "auth_user_get", "auth_user_list", "auth_role_get",
+                        "auth_role_list"})
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class StoreService:
+    def __init__(self, applier: Applier, node: Node, maintenance: Maintenance) -> None:
+        self.applier = applier
+        self.node = node
+        self.maintenance = maintenance
+        self.env = applier.env
+        # Sliding TTL of simple tokens: last use seen by this node (not replicated state).
+        self._token_last_used: dict[str, int] = {}
+
+    # ---- Do ----
+    async def do(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            req = ipb.InternalRaftRequest.FromString(data)
+            kind = request_kind(req)
+        except (DecodeError, EtcdError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
+        try:
+            resp = await self._dispatch(req, kind, data)
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        except AuthRevisionMoved:
+            await context.abort(grpc.StatusCode.ABORTED, REVISION_MOVED)
+        return wire.embed(FIELD_NUMBERS[kind], resp.SerializeToString())
+
+    async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
+        if kind in READ_KINDS or (kind == "txn" and is_read_only_txn(req.txn)) or (
+                kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
+            if not _serializable(req, kind):
+                await self.node.wait_applied(await self.node.read_index())
+            return self._read(req, kind)
+        if self.maintenance.handles(kind):
+            return self._maintenance(req, kind)
+        # Into the log, with the time stamped as data so that apply never reads a clock.
+        result = await self.node.propose(data + wire.int_field(TIME_FIELD, now_ms()))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _read(self, req: ipb.InternalRaftRequest, kind: str) -> Any:
+        with self.env.begin() as txn:
+            if kind == "alarm":
+                self.applier.check(txn, req, read=True)
+                resp = self.applier.alarms(txn)
+                self.applier.stamp(txn, resp)
+                return resp
+            return self.applier.execute(txn, req, index=0, read=True)
+
+    def _maintenance(self, req: ipb.InternalRaftRequest, kind: str) -> Any:
+        with self.env.begin() as txn:
+            self.applier.check(txn, req, read=True)
+            return self.maintenance.answer(txn, kind, getattr(req, kind), now_ms())
+
+    # ---- Snapshot ----
+    async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        try:
+            req = ipb.InternalRaftRequest.FromString(data)
+            with self.env.begin() as txn:
+                self.applier.check(txn, req, read=True)
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
+        tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, lambda: self.env.copy(str(tmp), compact=True))
+            path = tmp / "data.mdb"
+            total = path.stat().st_size
+            first = pb.SnapshotResponse(version=STORAGE_VERSION)
+            with self.env.begin() as txn:
+                self.applier.stamp(txn, first)
+            sent = 0
+            with open(path, "rb") as f:
+                while True:
+                    chunk = f.read(SNAPSHOT_CHUNK)
+                    if not chunk:
+                        break
+                    sent += len(chunk)
+                    msg = first if sent == len(chunk) else pb.SnapshotResponse()
+                    msg.remaining_bytes = total - sent
+                    msg.blob = chunk
+                    yield msg.SerializeToString()
+        finally:
+            for p in tmp.iterdir():
+                p.unlink()
+            tmp.rmdir()
+
+    # ---- Credentials and tokens ----
+    async def credentials(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        req = spb.CredentialsRequest.FromString(data)
+        await self.node.wait_applied(await self.node.read_index())
+        with self.env.begin() as txn:
+            auth = self.applier.auth
+            resp = spb.CredentialsResponse(auth_enabled=auth.is_enabled(txn), auth_revision=auth.revision(txn))
+            user = auth.get_user(txn, req.name)
+            if user is not None:
+                resp.found = True
+                resp.no_password = user.options.no_password
+                resp.password_hash = user.password
+        return resp.SerializeToString()
+
+    async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        token = spb.ResolveTokenRequest.FromString(data).token
+        resp = spb.ResolveTokenResponse()
+        index = _token_index(token)
+        if index is not None and index <= self.node.last_index:
+            try:
+                await asyncio.wait_for(self.node.wait_applied(index), TOKEN_WAIT_SECONDS)
+            except TimeoutError:
+                index = None
+        with self.env.begin() as txn:
+            auth = self.applier.auth
+            resp.auth_enabled = auth.is_enabled(txn)
+            resp.auth_revision = auth.revision(txn)
+            found = auth.lookup_token(txn, token) if index is not None else None
+        if found is not None:
+            username, issued_at, ttl_seconds = found
+            now = now_ms()
+            last = self._token_last_used.get(token, issued_at)
+            if now - last <= ttl_seconds * 1000:
+                self._token_last_used[token] = now
+                resp.valid = True
+                resp.username = username
+            else:
+                self._token_last_used.pop(token, None)
+                asyncio.get_running_loop().create_task(self._expire([token]))
+        return resp.SerializeToString()
+
+    async def _expire(self, tokens: list[str]) -> None:
+        req = ipb.InternalRaftRequest(expire_tokens=ipb.ExpireTokensRequest(tokens=tokens))
+        try:
+            await self.node.propose(req.SerializeToString())
+        except Exception:  # best effort: an expired token stays refused either way
+            log.warning("could not record %d expired tokens", len(tokens))
+
+    async def sweep_tokens(self, interval: float = 1.0) -> None:
+        """Drops expired simple tokens through the log, so every node forgets them together."""
+        while True:
+            await asyncio.sleep(interval)
+            now = now_ms()
+            with self.env.begin() as txn:
+                expired = [t for t, (_, issued, ttl) in self.applier.auth.list_tokens(txn)
+                           if now - self._token_last_used.get(t, issued) > ttl * 1000]
+            for t in expired:
+                self._token_last_used.pop(t, None)
+            if expired:
+                await self._expire(expired)
+
+
+def _serializable(req: ipb.InternalRaftRequest, kind: str) -> bool:
+    if kind == "range":
+        return req.range.serializable
+    if kind == "txn":
+        ranges = _txn_ranges(req.txn)
+        return bool(ranges) and all(r.serializable for r in ranges)
+    return False
+
+
+def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
+    out: list[pb.RangeRequest] = []
+    for op in (*txn.success, *txn.failure):
+        which = op.WhichOneof("request")
+        if which == "request_range":
+            out.append(op.request_range)
+        elif which == "request_txn":
+            out.extend(_txn_ranges(op.request_txn))
+    return out
+
+
+def _token_index(token: str) -> int | None:
+    prefix, dot, index = token.rpartition(".")
+    if not dot or len(prefix) != 16 or not prefix.isascii() or not prefix.isalpha() or not index.isdigit():
+        return None
+    if len(index) > 20:
+        return None
+    return int(index)
+
+
+class _SecretCheck(grpc.aio.ServerInterceptor):
+    """Refuses internal calls without the shared secret (development mode); health stays open."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        if details.method.startswith("/grpc.health.v1.") or details.method.startswith("/grpc.reflection."):
+            return await continuation(details)
+        given = b""
+        for key, value in details.invocation_metadata or ():
+            if key == SECRET_METADATA:
+                given = value.encode() if isinstance(value, str) else value
+        if hmac.compare_digest(given, self._secret):
+            return await continuation(details)
+        return _deny
+
+
+async def _deny_behaviour(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
+
+
+_deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
+
+
+def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
+                 address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
+    interceptors = [_SecretCheck(secret)] if secret else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)])
+    handlers = {
+        "Do": grpc.unary_unary_rpc_method_handler(service.do),
+        "Snapshot": grpc.unary_stream_rpc_method_handler(service.snapshot),
+        "Credentials": grpc.unary_unary_rpc_method_handler(service.credentials),
+        "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    if not port:
+        raise OSError(f"cannot listen on {address}")
+    return server, health_servicer
