@@ -16,7 +16,7 @@ from typing import Any
 import lmdb
 from google.protobuf.message import DecodeError, Message
 
-from authstore.auth.authorize import authorize
+from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
 from authstore.backend import Backend
 from authstore.errors import Err, EtcdError
@@ -29,9 +29,6 @@ from protos.etcdserverpb import rpc_pb2 as pb
 
 log = logging.getLogger("raftgate.store.apply")
 
-HEADER_FIELDS = ("header", "ID", "time_unix_ms")
-
-
 class AuthRevisionMoved(Exception):
     """Authenticate was refused because the auth revision moved after the password check."""
 
@@ -40,14 +37,6 @@ class AuthRevisionMoved(Exception):
 class Identity:
     cluster_id: int
     member_id: int
-
-
-def request_kind(req: ipb.InternalRaftRequest) -> str:
-    """The name of the one request field set in an InternalRaftRequest."""
-    kinds = [f.name for f, _ in req.ListFields() if f.name not in HEADER_FIELDS]
-    if len(kinds) != 1:
-        raise EtcdError(Err.NOT_CAPABLE)
-    return kinds[0]
 
 
 def validate_request(kind: str, body: Message, max_txn_ops: int) -> None:
@@ -151,7 +140,8 @@ class Applier:
             resp: Message = pb.AuthenticateResponse(token=token)
         else:
             validate_request(kind, body, self.max_txn_ops)
-            authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read)
+            authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read,
+                      all_leases=self._all_leases_fn(txn))
             handler = self._handlers.get(kind)
             if handler is None:
                 raise EtcdError(Err.NOT_CAPABLE)
@@ -163,11 +153,15 @@ class Applier:
         """Validation and authorization alone, for requests answered outside the handlers here."""
         kind = request_kind(req)
         validate_request(kind, getattr(req, kind), self.max_txn_ops)
-        authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read)
+        authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read,
+                  all_leases=self._all_leases_fn(txn))
         return kind
 
     def _lease_keys_fn(self, txn: lmdb.Transaction) -> Callable[[int], list[bytes]]:
         return lambda lease_id: self.lessor.attached_keys(txn, lease_id)
+
+    def _all_leases_fn(self, txn: lmdb.Transaction) -> Callable[[], list[int]]:
+        return lambda: [status.ID for status in self.lessor.leases(txn).leases]
 
     def stamp(self, txn: lmdb.Transaction, resp: Message) -> None:
         header = resp.header

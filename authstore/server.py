@@ -9,6 +9,7 @@ back as raw bytes framed as InternalResponse, so nothing is encoded twice.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import tempfile
@@ -22,11 +23,12 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from authstore import wire
-from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn, request_kind
+from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
+from authstore.auth.authorize import request_kind
 from authstore.errors import EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
 from authstore.node import Node
+from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
@@ -73,7 +75,7 @@ class StoreService:
             await context.abort(exc.code, exc.message)
         except AuthRevisionMoved:
             await context.abort(grpc.StatusCode.ABORTED, REVISION_MOVED)
-        return wire.embed(FIELD_NUMBERS[kind], resp.SerializeToString())
+        return wire.length_delimited(FIELD_NUMBERS[kind], resp.SerializeToString())
 
     async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
         if kind in READ_KINDS or (kind == "txn" and is_read_only_txn(req.txn)) or (
@@ -84,7 +86,7 @@ class StoreService:
         if self.maintenance.handles(kind):
             return self._maintenance(req, kind)
         # Into the log, with the time stamped as data so that apply never reads a clock.
-        result = await self.node.propose(data + wire.int_field(TIME_FIELD, now_ms()))
+        result = await self.node.propose(data + wire.varint_field(TIME_FIELD, now_ms()))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -117,21 +119,23 @@ class StoreService:
         try:
             await asyncio.get_running_loop().run_in_executor(None, lambda: self.env.copy(str(tmp), compact=True))
             path = tmp / "data.mdb"
-            total = path.stat().st_size
+            # As etcd does, the stream ends with the sha256 of everything before it, which
+            # etcdctl checks before it keeps the file.
+            total = path.stat().st_size + hashlib.sha256().digest_size
             first = pb.SnapshotResponse(version=STORAGE_VERSION)
             with self.env.begin() as txn:
                 self.applier.stamp(txn, first)
+            digest = hashlib.sha256()
             sent = 0
             with open(path, "rb") as f:
-                while True:
-                    chunk = f.read(SNAPSHOT_CHUNK)
-                    if not chunk:
-                        break
+                while chunk := f.read(SNAPSHOT_CHUNK):
+                    digest.update(chunk)
+                    msg = first if sent == 0 else pb.SnapshotResponse()
                     sent += len(chunk)
-                    msg = first if sent == len(chunk) else pb.SnapshotResponse()
                     msg.remaining_bytes = total - sent
                     msg.blob = chunk
                     yield msg.SerializeToString()
+            yield pb.SnapshotResponse(remaining_bytes=0, blob=digest.digest()).SerializeToString()
         finally:
             for p in tmp.iterdir():
                 p.unlink()

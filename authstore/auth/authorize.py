@@ -1,0 +1,276 @@
+"""THE authorization function: every request kind, from every path, is decided here.
+
+Why one function: etcd spreads its checks over the API layer (``v3_server.go``, the v3rpc
+``authMaintenanceServer``) and the applier (``apply/auth.go``); each request path that forgot a
+check became a CVE (nested txns, prev_kv, leases, Compact). raftgate walks the whole
+``InternalRaftRequest`` in one place — every compare, both branches of every (nested) Txn,
+``prev_kv``, the keys already attached to a lease — with etcd 3.7.1's rules and order of checks
+(reference §3, §5.2):
+
+* auth disabled: everything is allowed; Authenticate and AuthStatus are never checked.
+* key checks (etcd ``isOpPermitted``): no user -> ``user name is empty``; header revision older
+  than the store's -> ``revision of auth store is old``; unknown user -> ``permission denied``;
+  role root -> allowed; otherwise the interval check -> ``permission denied``.
+* admin checks (etcd ``IsAdminPermitted``, no revision check): no user -> ``user name is empty``;
+  unknown user -> ``user name not found``; no role root -> ``permission denied``.
+* "authenticated" checks (etcd ``requireAuthInfo``): only a non-empty user name is required.
+
+Reads (``read=True``) follow etcd's ``doSerialize`` for Range and Txn: the key checks run as in
+apply, and once they pass, a header revision that differs from the store's in either direction
+is refused as old (so a follower lagging behind the revision the proxy saw does not answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import lmdb
+
+from authstore.auth.permissions import UserPermissions
+from authstore.auth.store import AuthStore, has_root_role
+from authstore.errors import Err, EtcdError
+from protos.authpb import auth_pb2
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2 as pb
+
+#: Never checked (etcd 3.7: Authenticate checks the password itself, AuthStatus is public).
+OPEN_KINDS = frozenset({"authenticate", "auth_status"})
+
+#: Any caller with a user name (the user need not exist), etcd's ``requireAuthInfo``.
+AUTHENTICATED_KINDS = frozenset({"status", "member_list", "lease_grant"})
+
+#: Entries only the store proposes (lease checkpoints, token expiry), with no caller identity. No
+#: client RPC maps to them: the proxy only ever forwards a client's bytes under the field number of
+#: the RPC it serves. Checking them would add nothing either: whoever can reach the internal port
+#: can stamp any header, so the trust boundary there is mTLS / the shared secret, not this function.
+INTERNAL_KINDS = frozenset({"lease_checkpoint", "expire_tokens"})
+
+LeaseKeys = Callable[[int], list[bytes]]
+AllLeases = Callable[[], Iterable[int]]
+
+
+def request_kind(req: ipb.InternalRaftRequest) -> str:
+    """The one request message set besides the header (scalars such as ID are not requests)."""
+    kinds = [f.name for f, _ in req.ListFields() if f.message_type is not None and f.name != "header"]
+    if len(kinds) != 1:
+        raise EtcdError(Err.NOT_CAPABLE)
+    return kinds[0]
+
+
+def authorize(
+    auth: AuthStore,
+    txn: lmdb.Transaction,
+    header: ipb.RequestHeader,
+    req: ipb.InternalRaftRequest,
+    lease_keys: LeaseKeys,
+    *,
+    read: bool,
+    all_leases: AllLeases | None = None,
+) -> None:
+    """Raises the EtcdError etcd would answer with, or returns if `req` may run.
+
+    `lease_keys(lease_id)` lists the keys attached to a lease and raises EtcdError
+    LEASE_NOT_FOUND for an unknown lease (then the lease check is skipped and the lease code
+    reports the missing lease, as etcd does). `all_leases()` lists every lease id; it is needed
+    only for LeaseLeases by a non-root user, and without it such a request is refused.
+    `read` is True on the read path (linearizable or serializable), False in apply.
+    """
+    kind = request_kind(req)
+    if kind in OPEN_KINDS or kind in INTERNAL_KINDS or not auth.is_enabled(txn):
+        return
+    _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))
+
+
+class _Check:
+    """One authorization: the caller's identity is looked up once, lazily."""
+
+    def __init__(
+        self,
+        auth: AuthStore,
+        txn: lmdb.Transaction,
+        header: ipb.RequestHeader,
+        lease_keys: LeaseKeys,
+        all_leases: AllLeases | None,
+        read: bool,
+    ) -> None:
+        self.auth = auth
+        self.txn = txn
+        self.username = header.username
+        self.auth_revision = header.auth_revision
+        self.lease_keys = lease_keys
+        self.all_leases = all_leases
+        self.read = read
+        self._user: auth_pb2.User | None | bool = False  # False: not looked up yet
+        self._perms: UserPermissions | None = None
+        self._revision: int | None = None
+
+    def current_revision(self) -> int:
+        if self._revision is None:
+            self._revision = self.auth.revision(self.txn)
+        return self._revision
+
+    def user(self) -> auth_pb2.User | None:
+        """The caller's record; nothing changes it while one request is being authorized."""
+        if self._user is False:
+            self._user = self.auth.get_user(self.txn, self.username)
+        assert not isinstance(self._user, bool)
+        return self._user
+
+    # ---- the three kinds of check -------------------------------------------------------------
+
+    def authenticated(self) -> None:
+        if not self.username:
+            raise EtcdError(Err.USER_EMPTY)
+
+    def admin_error(self) -> EtcdError | None:
+        """etcd's IsAdminPermitted as a value, because UserGet/RoleGet and leases branch on it."""
+        if not self.username:
+            return EtcdError(Err.USER_EMPTY)
+        user = self.user()
+        if user is None:
+            return EtcdError(Err.USER_NOT_FOUND)
+        if not has_root_role(user):
+            return EtcdError(Err.PERMISSION_DENIED)
+        return None
+
+    def admin(self) -> None:
+        err = self.admin_error()
+        if err is not None:
+            raise err
+
+    def key(self, key: bytes, range_end: bytes, *, write: bool) -> None:
+        """etcd's isOpPermitted, in its order."""
+        if not self.username or self.auth_revision == 0:
+            raise EtcdError(Err.USER_EMPTY)  # etcd: revision 0 is how "no user" reaches this check
+        if self.auth_revision < self.current_revision():
+            raise EtcdError(Err.AUTH_OLD_REVISION)
+        user = self.user()
+        if user is None:
+            raise EtcdError(Err.PERMISSION_DENIED)
+        if has_root_role(user):
+            return
+        if self._perms is None:
+            self._perms = self.auth.user_permissions(self.txn, self.username)
+        perms = self._perms
+        if perms is None or not perms.covers(key, range_end, write=write):
+            raise EtcdError(Err.PERMISSION_DENIED)
+
+    def serialized_revision(self) -> None:
+        """doSerialize's after-check: a read answered at another auth revision than the caller's."""
+        if self.auth_revision != 0 and self.auth_revision != self.current_revision():
+            raise EtcdError(Err.AUTH_OLD_REVISION)
+
+    # ---- dispatch -----------------------------------------------------------------------------
+
+    def request(self, kind: str, body: object) -> None:
+        if kind == "range":
+            assert isinstance(body, pb.RangeRequest)
+            self.key(body.key, body.range_end, write=False)
+            if self.read:
+                self.serialized_revision()
+        elif kind == "put":
+            assert isinstance(body, pb.PutRequest)
+            self.put(body)
+        elif kind == "delete_range":
+            assert isinstance(body, pb.DeleteRangeRequest)
+            self.key(body.key, body.range_end, write=True)
+            if body.prev_kv:
+                self.key(body.key, body.range_end, write=False)
+        elif kind == "txn":
+            assert isinstance(body, pb.TxnRequest)
+            self.txn_request(body)
+            if self.read:
+                self.serialized_revision()
+        elif kind in AUTHENTICATED_KINDS:
+            self.authenticated()
+        elif kind == "alarm":
+            assert isinstance(body, pb.AlarmRequest)
+            if body.action == pb.AlarmRequest.GET:
+                self.authenticated()
+            else:
+                self.admin()
+        elif kind == "lease_revoke":
+            assert isinstance(body, pb.LeaseRevokeRequest)
+            self.authenticated()
+            self.lease_keys_writable(body.ID)
+        elif kind == "lease_keep_alive":
+            assert isinstance(body, pb.LeaseKeepAliveRequest)
+            self.authenticated()
+            self.lease_keys_writable(body.ID)
+        elif kind == "lease_time_to_live":
+            assert isinstance(body, pb.LeaseTimeToLiveRequest)
+            self.authenticated()
+            if body.keys:
+                self.lease_keys_readable([body.ID])
+        elif kind == "lease_leases":
+            self.authenticated()
+            if self.all_leases is None:
+                self.lease_keys_readable(None)
+            else:
+                self.lease_keys_readable(self.all_leases())
+        elif kind == "auth_user_get":
+            assert isinstance(body, pb.AuthUserGetRequest)
+            err = self.admin_error()
+            if err is not None and body.name != self.username:
+                raise err
+        elif kind == "auth_role_get":
+            assert isinstance(body, pb.AuthRoleGetRequest)
+            err = self.admin_error()
+            if err is not None and not self.auth.has_role(self.txn, self.username, body.role):
+                raise err
+        else:
+            # Every auth management call, Compact, the Maintenance and Cluster calls that change
+            # or expose the whole store, and anything unknown: root only.
+            self.admin()
+
+    def put(self, body: pb.PutRequest) -> None:
+        """etcd's checkPutAuth: WRITE key, then the lease's keys, then READ for prev_kv."""
+        self.key(body.key, b"", write=True)
+        if body.lease != 0:
+            self.lease_keys_writable(body.lease)
+        if body.prev_kv:
+            self.key(body.key, b"", write=False)
+
+    def txn_request(self, body: pb.TxnRequest) -> None:
+        """Every compare, then every op of both branches, whichever branch will run."""
+        for cmp in body.compare:
+            self.key(cmp.key, cmp.range_end, write=False)
+        for op in (*body.success, *body.failure):
+            which = op.WhichOneof("request")
+            if which == "request_range":
+                self.key(op.request_range.key, op.request_range.range_end, write=False)
+            elif which == "request_put":
+                self.put(op.request_put)
+            elif which == "request_delete_range":
+                dr = op.request_delete_range
+                if dr.prev_kv:
+                    self.key(dr.key, dr.range_end, write=False)
+                self.key(dr.key, dr.range_end, write=True)
+            elif which == "request_txn":
+                self.txn_request(op.request_txn)
+
+    # ---- leases: no owner, so a lease is as writable/readable as the keys attached to it -------
+
+    def _attached(self, lease_id: int) -> list[bytes] | None:
+        try:
+            return self.lease_keys(lease_id)
+        except EtcdError as exc:
+            if exc.err is Err.LEASE_NOT_FOUND:
+                return None  # the lease code reports it, after authorization, as in etcd
+            raise
+
+    def lease_keys_writable(self, lease_id: int) -> None:
+        keys = self._attached(lease_id)
+        if not keys or self.admin_error() is None:
+            return
+        for k in keys:
+            self.key(k, b"", write=True)
+
+    def lease_keys_readable(self, lease_ids: Iterable[int] | None) -> None:
+        if self.admin_error() is None:
+            return
+        if lease_ids is None:
+            raise EtcdError(Err.PERMISSION_DENIED)  # cannot see the leases: refuse rather than guess
+        for lease_id in lease_ids:
+            for k in self._attached(lease_id) or ():
+                self.key(k, b"", write=False)

@@ -1,0 +1,102 @@
+"""Authenticate, outside consensus: the password is checked in the proxy, the token is committed.
+
+1. Store.Credentials: a linearizable read of the user's hash and flags and the auth revision R.
+2. bcrypt on the worker pool (an unknown user still pays for one check: no enumeration by timing).
+3. Store.Do(authenticate{name, prefix, checked_revision=R, ...}): the apply stage refuses it
+   (ABORTED "raftgate: auth revision moved") if the auth revision moved since step 1, because the
+   password may have changed meanwhile; the proxy then starts again, a bounded number of times.
+4. Simple: the store's answer carries the token. JWT: the proxy signs {username, revision=R, exp}.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+import grpc.aio
+
+from authstore.errors import Err, EtcdError
+from protos import wire
+from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
+from proxy.passwords import PasswordHasher
+from proxy.store_client import StoreClient
+from proxy.tokens.jwt import JwtProvider
+from proxy.tokens.simple import generate_prefix
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATE_FIELD = 1012
+MAX_ATTEMPTS = 5
+REVISION_MOVED = "raftgate: auth revision moved"
+
+
+def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
+    return error.code() == grpc.StatusCode.ABORTED and REVISION_MOVED in (error.details() or "")
+
+
+class Authenticator:
+    def __init__(
+        self,
+        store: StoreClient,
+        hasher: PasswordHasher,
+        *,
+        jwt: JwtProvider | None,
+        simple_ttl_seconds: int | None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        """``jwt`` set -> JWT tokens; else ``simple_ttl_seconds`` set -> simple tokens; else no tokens."""
+        self._store = store
+        self._hasher = hasher
+        self._jwt = jwt
+        self._simple_ttl = simple_ttl_seconds
+        self._clock_ms = clock_ms
+
+    async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None) -> bytes:
+        """The serialized AuthenticateResponse, or EtcdError / AioRpcError."""
+        name, password = request.name, request.password
+        for _ in range(MAX_ATTEMPTS):
+            checked_revision = await self._check_password(name, password, timeout)
+            try:
+                return await self._commit(name, checked_revision, timeout)
+            except grpc.aio.AioRpcError as e:
+                if not is_revision_moved(e):
+                    raise
+                log.info("auth revision moved during Authenticate; retrying")
+        raise EtcdError(Err.AUTH_FAILED)
+
+    async def _check_password(self, name: str, password: str, timeout: float | None) -> int:
+        creds = await self._store.credentials(name, timeout)
+        if not creds.auth_enabled:
+            raise EtcdError(Err.AUTH_NOT_ENABLED)
+        if not creds.found:
+            await self._hasher.check_dummy(password)
+            raise EtcdError(Err.AUTH_FAILED)
+        if creds.no_password:
+            raise EtcdError(Err.NO_PASSWORD_USER)
+        if not await self._hasher.check(password, creds.password_hash):
+            raise EtcdError(Err.AUTH_FAILED)
+        if self._jwt is not None and self._jwt.verify_only:
+            raise EtcdError(Err.VERIFY_ONLY)
+        if self._jwt is None and self._simple_ttl is None:
+            raise EtcdError(Err.AUTH_FAILED)  # --auth-token "": etcd's nop provider issues nothing
+        return creds.auth_revision
+
+    async def _commit(self, name: str, checked_revision: int, timeout: float | None) -> bytes:
+        simple = self._jwt is None
+        entry = raft_internal_pb2.InternalAuthenticateRequest(
+            name=name,
+            simple_token=generate_prefix() if simple else "",
+            checked_revision=checked_revision,
+            issued_at_unix_ms=self._clock_ms(),
+            ttl_seconds=(self._simple_ttl or 0) if simple else 0,
+        )
+        data = wire.build_internal_request(None, AUTHENTICATE_FIELD, entry.SerializeToString())
+        answer = wire.unwrap_field(await self._store.do(data, timeout), AUTHENTICATE_FIELD)
+        if simple:
+            return answer
+        assert self._jwt is not None
+        response = rpc_pb2.AuthenticateResponse.FromString(answer)
+        response.token = self._jwt.sign(name, checked_revision)
+        return response.SerializeToString()

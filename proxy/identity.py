@@ -1,0 +1,108 @@
+"""Step 2 of the pipeline: a client's token -> the identity the store will check.
+
+No token -> the anonymous identity ("", 0) (the store answers "user name is empty" if auth is
+on). A valid token -> (username, auth revision). An invalid or expired token ->
+``invalid auth token`` - unless auth is disabled, in which case etcd ignores tokens entirely, so
+the proxy asks the store whether auth is on before refusing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from authstore.errors import Err, EtcdError
+from protos import wire
+from protos.etcdserverpb import rpc_pb2
+from proxy.store_client import StoreClient
+from proxy.tokens.extract import fingerprint
+from proxy.tokens.jwt import JwtProvider
+from proxy.tokens.simple import SimpleTokenCache, looks_like_simple_token
+
+log = logging.getLogger(__name__)
+
+AUTH_STATUS_FIELD = 1013
+
+
+@dataclass(frozen=True)
+class Identity:
+    username: str
+    revision: int
+    #: The simple token this identity came from; a stale one may be re-resolved.
+    simple_token: str | None = None
+
+
+ANONYMOUS = Identity("", 0)
+
+
+class Resolver:
+    """Resolves tokens with the configured provider: simple (store-backed cache) or JWT (local)."""
+
+    def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None) -> None:
+        self._store = store
+        self._jwt = jwt
+        self._simple = simple
+        self._inflight: dict[str, asyncio.Future[Identity | None]] = {}
+
+    async def resolve(self, token: str | None, timeout: float | None = None) -> Identity:
+        if token is None:
+            return ANONYMOUS
+        if self._jwt is not None:
+            found = self._jwt.verify(token)
+            if found is not None:
+                return Identity(found.username, found.revision)
+            return await self._refuse(token, timeout)
+        if self._simple is not None and looks_like_simple_token(token):
+            identity = await self._resolve_simple(token, timeout)
+            if identity is not None:
+                return identity
+        return await self._refuse(token, timeout)
+
+    def invalidate(self, identity: Identity) -> None:
+        """Forget a cached simple-token resolution (the store said its revision is old)."""
+        if self._simple is not None and identity.simple_token is not None:
+            self._simple.invalidate(identity.simple_token)
+
+    async def _resolve_simple(self, token: str, timeout: float | None) -> Identity | None:
+        assert self._simple is not None
+        cached = self._simple.get(token)
+        if cached is not None:
+            return Identity(cached.username, cached.revision, token)
+        # One store lookup per token at a time; concurrent requests share it.
+        pending = self._inflight.get(token)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Identity | None] = asyncio.get_running_loop().create_future()
+        self._inflight[token] = future
+        try:
+            answer = await self._store.resolve_token(token, timeout)
+            if not answer.auth_enabled:
+                result: Identity | None = ANONYMOUS
+            elif answer.valid:
+                self._simple.put(token, answer.username, answer.auth_revision)
+                result = Identity(answer.username, answer.auth_revision, token)
+            else:
+                result = None
+            future.set_result(result)
+            return result
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
+            raise
+        finally:
+            self._inflight.pop(token, None)
+
+    async def _refuse(self, token: str, timeout: float | None) -> Identity:
+        """An unusable token is ignored when auth is off (etcd) and refused when it is on."""
+        if not await self.auth_enabled(timeout):
+            return ANONYMOUS
+        log.info("invalid auth token %s", fingerprint(token))
+        raise EtcdError(Err.INVALID_AUTH_TOKEN)
+
+    async def auth_enabled(self, timeout: float | None = None) -> bool:
+        """Asks the store (AuthStatus is open to anyone since etcd 3.7)."""
+        data = wire.build_internal_request(wire.encode_header("", 0), AUTH_STATUS_FIELD, b"")
+        answer = await self._store.do(data, timeout)
+        status = rpc_pb2.AuthStatusResponse.FromString(wire.unwrap_field(answer, AUTH_STATUS_FIELD))
+        return status.enabled

@@ -1,0 +1,54 @@
+"""The authproxy program: ``main(argv)`` parses the config, serves until SIGTERM/SIGINT, stops gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from proxy.config import ConfigError, ProxyConfig, load
+from proxy.server import ProxyServer
+
+log = logging.getLogger("proxy")
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_FAILURE = 1
+
+
+def main(argv: list[str]) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load(argv)
+    except ConfigError as e:
+        print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    try:
+        return asyncio.run(_serve(config))
+    except OSError as e:
+        print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+
+
+async def _serve(config: ProxyConfig) -> int:
+    server = ProxyServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        addresses = await server.start()
+    except Exception:
+        await server.stop(0)
+        raise
+    print(f"raftgate proxy: serving the etcd v3 API on {', '.join(addresses)}", flush=True)
+    await stop.wait()
+    log.info("stopping")
+    await server.stop(5.0)
+    return EXIT_OK

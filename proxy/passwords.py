@@ -1,0 +1,78 @@
+"""bcrypt for the proxy: hashing (UserAdd, UserChangePassword) and checking (Authenticate).
+
+bcrypt costs ~50-100 ms of CPU at cost 10 and releases the GIL, so it runs on a thread pool:
+N workers check N passwords at once and the event loop never blocks. Passwords never leave this
+module other than as hashes, and are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from concurrent.futures import ThreadPoolExecutor
+
+import bcrypt
+
+from authstore.errors import Err, EtcdError
+
+DEFAULT_COST = 10
+MIN_COST = 4
+MAX_COST = 31
+BCRYPT_MAX_BYTES = 72
+_DUMMY_PASSWORD = b"raftgate: no such user"
+
+
+class PasswordHasher:
+    def __init__(self, cost: int = DEFAULT_COST, workers: int = 1) -> None:
+        self.cost = cost
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bcrypt")
+        # Checked against when the user does not exist, so a miss costs the same time as a hit.
+        self._dummy_hash = bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(cost, prefix=b"2a"))
+
+    async def hash(self, password: str) -> str:
+        """base64 of the bcrypt hash, as etcd puts it into ``hashedPassword``."""
+        raw = password.encode("utf-8")
+        if len(raw) > BCRYPT_MAX_BYTES:
+            raise EtcdError(Err.PASSWORD_TOO_LONG)
+        loop = asyncio.get_running_loop()
+        hashed = await loop.run_in_executor(self._pool, _hashpw, raw, self.cost)
+        return base64.b64encode(hashed).decode("ascii")
+
+    async def check(self, password: str, stored_hash: bytes) -> bool:
+        """True when ``password`` matches; a malformed or empty stored hash never matches."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, _checkpw, password.encode("utf-8"), _normalize(stored_hash))
+
+    async def check_dummy(self, password: str) -> None:
+        """Spends the time of a real check, for unknown users (no user enumeration by timing)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, _checkpw, password.encode("utf-8"), self._dummy_hash)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _hashpw(raw: bytes, cost: int) -> bytes:
+    return bcrypt.hashpw(raw, bcrypt.gensalt(cost, prefix=b"2a"))
+
+
+def _checkpw(raw: bytes, hashed: bytes) -> bool:
+    if not hashed:
+        return False
+    try:
+        # Go's bcrypt ignores bytes past 72 when comparing; do the same instead of raising.
+        return bcrypt.checkpw(raw[:BCRYPT_MAX_BYTES], hashed)
+    except ValueError:
+        return False
+
+
+def _normalize(stored: bytes) -> bytes:
+    """The store keeps the raw bcrypt hash; tolerate a base64-wrapped one too."""
+    if not stored or stored.startswith(b"$2"):
+        return stored
+    try:
+        decoded = base64.b64decode(stored, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+    return decoded if decoded.startswith(b"$2") else b""

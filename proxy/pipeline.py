@@ -1,0 +1,195 @@
+"""The request pipeline, top to bottom: extract the token -> resolve it -> stamp the header ->
+forward to the store -> map the answer.
+
+Each step is a small function. The proxy never decides a permission: it only refuses early where
+the store would surely refuse too (an unusable token, a request over --max-request-bytes).
+Store errors reach the client with the store's code and message unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+
+from authstore.errors import Err, EtcdError, from_message
+from protos import wire
+from protos.etcdserverpb import rpc_pb2
+from proxy.authenticate import Authenticator
+from proxy.identity import Identity, Resolver
+from proxy.methods import Method
+from proxy.passwords import PasswordHasher
+from proxy.store_client import StoreClient
+from proxy.tokens.extract import extract_token
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext
+RANGE_STREAM_FIELD = 1  # RangeStreamResponse.range_response
+
+
+class MalformedRequest(ValueError):
+    """A request the proxy must parse (Authenticate, UserAdd, UserChangePassword) does not decode."""
+
+
+# --- the steps ----------------------------------------------------------------------------------
+
+
+def check_size(data: bytes, limit: int) -> None:
+    """etcd refuses an entry bigger than --max-request-bytes before it reaches consensus."""
+    if len(data) > limit:
+        raise EtcdError(Err.REQUEST_TOO_LARGE)
+
+
+def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
+    """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
+    return wire.build_internal_request(wire.encode_header(identity.username, identity.revision), method.field, request)
+
+
+def is_old_revision(error: grpc.aio.AioRpcError) -> bool:
+    return error.code() == Err.AUTH_OLD_REVISION.code and from_message(error.details() or "") is Err.AUTH_OLD_REVISION
+
+
+def timeout_of(context: Context) -> float | None:
+    """The client's remaining deadline, passed on to the store call."""
+    remaining = context.time_remaining()
+    return remaining if remaining is not None and remaining < 1e9 else None
+
+
+async def abort_with(context: Context, error: BaseException) -> NoReturn:
+    """Maps a failure to the client's status: etcd errors and store errors keep code and message."""
+    if isinstance(error, EtcdError):
+        await context.abort(error.code, error.message)
+    if isinstance(error, grpc.aio.AioRpcError):
+        await context.abort(error.code(), error.details() or "")
+    if isinstance(error, wire.WireError):
+        log.error("unexpected answer from the store: %s", error)
+        await context.abort(grpc.StatusCode.INTERNAL, "raftgate: unexpected answer from the store")
+    if isinstance(error, MalformedRequest):
+        # grpc-go's wording for a request that does not unmarshal
+        await context.abort(grpc.StatusCode.INTERNAL, "grpc: error unmarshalling request")
+    raise error
+
+
+HANDLED = (EtcdError, grpc.aio.AioRpcError, wire.WireError, MalformedRequest)
+
+
+# --- the pipeline -------------------------------------------------------------------------------
+
+
+class Pipeline:
+    def __init__(
+        self,
+        store: StoreClient,
+        resolver: Resolver,
+        authenticator: Authenticator,
+        hasher: PasswordHasher,
+        *,
+        max_request_bytes: int,
+    ) -> None:
+        self.store = store
+        self.resolver = resolver
+        self.authenticator = authenticator
+        self.hasher = hasher
+        self.max_request_bytes = max_request_bytes
+
+    async def forward(self, method: Method, request: bytes, context: Context) -> bytes:
+        """One request through every step; returns the response message bytes for the client."""
+        timeout = timeout_of(context)
+        token = extract_token(context.invocation_metadata())
+        identity = await self.resolver.resolve(token, timeout)
+        data = stamp(identity, method, request)
+        check_size(data, self.max_request_bytes)
+        try:
+            answer = await self.store.do(data, timeout)
+        except grpc.aio.AioRpcError as e:
+            if identity.simple_token is None or not is_old_revision(e):
+                raise
+            # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
+            self.resolver.invalidate(identity)
+            identity = await self.resolver.resolve(token, timeout)
+            answer = await self.store.do(stamp(identity, method, request), timeout)
+        return wire.unwrap_field(answer, method.field)
+
+    # --- handlers (raw bytes in, raw bytes out) -------------------------------------------------
+
+    async def unary(self, method: Method, request: bytes, context: Context) -> bytes:
+        try:
+            return await self.forward(method, request, context)
+        except HANDLED as e:
+            await abort_with(context, e)
+
+    async def authenticate(self, method: Method, request: bytes, context: Context) -> bytes:
+        try:
+            check_size(request, self.max_request_bytes)
+            parsed = _parse(rpc_pb2.AuthenticateRequest, request)
+            return await self.authenticator.authenticate(parsed, timeout_of(context))
+        except HANDLED as e:
+            await abort_with(context, e)
+
+    async def hash_password(self, method: Method, request: bytes, context: Context) -> bytes:
+        """UserAdd / UserChangePassword: bcrypt here, so plaintext never reaches the store's log."""
+        try:
+            if method.name == "UserAdd":
+                add = _parse(rpc_pb2.AuthUserAddRequest, request)
+                if add.options.no_password:
+                    add.hashedPassword = ""
+                else:
+                    add.hashedPassword = await self.hasher.hash(add.password)
+                add.password = ""
+                request = add.SerializeToString()
+            else:
+                change = _parse(rpc_pb2.AuthUserChangePasswordRequest, request)
+                # etcd: an empty password is not hashed (the user can no longer log in).
+                change.hashedPassword = await self.hasher.hash(change.password) if change.password else ""
+                change.password = ""
+                request = change.SerializeToString()
+            return await self.forward(method, request, context)
+        except HANDLED as e:
+            await abort_with(context, e)
+
+    async def range_stream(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
+        """KV.RangeStream: the whole Range result as one RangeStreamResponse."""
+        try:
+            answer = await self.forward(method, request, context)
+        except HANDLED as e:
+            await abort_with(context, e)
+        yield wire.length_delimited(RANGE_STREAM_FIELD, answer)
+
+    async def snapshot(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
+        """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive."""
+        try:
+            timeout = timeout_of(context)
+            identity = await self.resolver.resolve(extract_token(context.invocation_metadata()), timeout)
+            data = stamp(identity, method, request)
+            check_size(data, self.max_request_bytes)
+            async for chunk in self.store.snapshot(data, timeout):
+                yield chunk
+        except HANDLED as e:
+            await abort_with(context, e)
+
+    async def keepalive(self, method: Method, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
+        """Lease.LeaseKeepAlive: each client message is one lease_keep_alive call to the store."""
+        try:
+            async for request in requests:
+                yield await self.forward(method, request, context)
+        except HANDLED as e:
+            await abort_with(context, e)
+
+    async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:
+        name = f"{method.service}.{method.name}"
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: {name} is not served yet")
+        yield b""  # pragma: no cover - makes this an async generator
+
+
+def _parse(message_type: Any, data: bytes) -> Any:
+    try:
+        return message_type.FromString(data)
+    except Exception:  # protobuf's DecodeError; never echo client bytes (they may hold a password)
+        raise MalformedRequest() from None
+
+
+Handler = Callable[[Method, Any, Context], Awaitable[bytes] | AsyncIterator[bytes]]

@@ -1,0 +1,41 @@
+"""gRPC handlers for every etcd v3 service, built from the method table over raw bytes.
+
+No deserializers: requests reach the pipeline as the client's bytes and answers leave as the
+store's bytes, so the proxy only parses the three requests it must (Authenticate, UserAdd,
+UserChangePassword).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import grpc
+
+from proxy.methods import METHODS, Kind, Method
+from proxy.pipeline import Pipeline
+
+
+def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:
+    if method.kind is Kind.UNARY:
+        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.unary, method))
+    if method.kind is Kind.AUTHENTICATE:
+        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.authenticate, method))
+    if method.kind is Kind.HASH_PASSWORD:
+        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.hash_password, method))
+    if method.kind is Kind.RANGE_STREAM:
+        return grpc.unary_stream_rpc_method_handler(functools.partial(pipeline.range_stream, method))
+    if method.kind is Kind.SNAPSHOT:
+        return grpc.unary_stream_rpc_method_handler(functools.partial(pipeline.snapshot, method))
+    if method.kind is Kind.KEEPALIVE:
+        return grpc.stream_stream_rpc_method_handler(functools.partial(pipeline.keepalive, method))
+    if method.kind is Kind.UNIMPLEMENTED:
+        return grpc.stream_stream_rpc_method_handler(functools.partial(pipeline.unimplemented, method))
+    raise AssertionError(f"no handler for {method.kind}")
+
+
+def etcd_handlers(pipeline: Pipeline) -> list[grpc.GenericRpcHandler]:
+    """One generic handler per etcd service (KV, Watch, Lease, Cluster, Maintenance, Auth)."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for method in METHODS:
+        by_service.setdefault(method.full_service, {})[method.name] = _handler(pipeline, method)
+    return [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]

@@ -1,0 +1,100 @@
+"""Proxy configuration: defaults, env vars, etcd's silent corrections, and a clear error per bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> str:
+    path = tmp_path / "secret"
+    path.write_text("dev-secret\n")
+    return str(path)
+
+
+def base(secret: str, *more: str) -> list[str]:
+    return ["--store-endpoints=127.0.0.1:7000", f"--internal-secret-file={secret}", *more]
+
+
+def test_defaults(secret: str) -> None:
+    cfg = load(base(secret), env={})
+    assert cfg.listen == ("127.0.0.1:2379",)
+    assert cfg.store_target == "127.0.0.1:7000"
+    assert cfg.internal_secret == "dev-secret"
+    assert cfg.auth_token.kind == "simple" and cfg.jwt is None
+    assert (cfg.auth_token_ttl, cfg.bcrypt_cost, cfg.max_request_bytes) == (300, 10, 1572864)
+    assert cfg.grpc_max_receive_bytes == 1572864 + 512 * 1024
+    assert cfg.bcrypt_workers >= 1
+
+
+def test_env_and_flag_precedence(secret: str) -> None:
+    env = {
+        "RAFTGATE_PROXY_BCRYPT_COST": "12",
+        "RAFTGATE_PROXY_AUTH_TOKEN_TTL": "7",
+        "RAFTGATE_PROXY_LISTEN_CLIENT_URLS": "http://127.0.0.1:1,unix:///tmp/x.sock",
+    }
+    cfg = load(base(secret, "--auth-token-ttl=9"), env=env)
+    assert (cfg.bcrypt_cost, cfg.auth_token_ttl) == (12, 9)
+    assert cfg.listen == ("127.0.0.1:1", "unix:/tmp/x.sock")
+
+
+def test_etcd_corrections(secret: str) -> None:
+    cfg = load(base(secret, "--bcrypt-cost=3", "--auth-token-ttl=0"), env={})
+    assert (cfg.bcrypt_cost, cfg.auth_token_ttl) == (10, 300)
+    assert load(base(secret, "--bcrypt-cost=32", "--auth-token-ttl=-5"), env={}).bcrypt_cost == 10
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--bcrypt-cost=ten"], "--bcrypt-cost"),
+        (["--auth-token-ttl=1.5"], "--auth-token-ttl"),
+        (["--max-request-bytes=0"], "--max-request-bytes"),
+        (["--bcrypt-workers=0"], "--bcrypt-workers"),
+        (["--listen-client-urls=https://127.0.0.1:2379"], "https"),
+        (["--listen-client-urls=tcp://127.0.0.1:2379"], "http://"),
+        (["--listen-client-urls=http://127.0.0.1"], "host:port"),
+        (["--listen-client-urls=http://127.0.0.1:99999"], "host:port"),
+        (["--store-endpoints=nope"], "--store-endpoints"),
+        (["--auth-token=opaque"], "auth: invalid auth options"),
+        (["--auth-token=jwt,sign-method=RS256"], "auth: missing key data"),
+        (["--auth-token=jwt,sign-method=XX"], "auth: invalid auth signature method"),
+        (["--internal-cert=/x"], "together"),
+        (["--no-such-flag"], "unrecognized"),
+    ],
+)
+def test_bad_values(secret: str, args: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(base(secret, *args), env={})
+    assert needle in str(e.value)
+
+
+def test_credentials_required(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="internal credential"):
+        load(["--store-endpoints=127.0.0.1:7000"], env={})
+    with pytest.raises(ConfigError, match="--store-endpoints"):
+        load([f"--internal-secret-file={tmp_path / 'x'}"], env={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(["--store-endpoints=127.0.0.1:7000", f"--internal-secret-file={tmp_path / 'x'}"], env={})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        load(["--store-endpoints=127.0.0.1:7000", f"--internal-secret-file={tmp_path / 'empty'}"], env={})
+
+
+def test_mtls_files_loaded(tmp_path: Path) -> None:
+    for name in ("ca", "cert", "key"):
+        (tmp_path / name).write_bytes(name.encode())
+    cfg = load(
+        [
+            "--store-endpoints=127.0.0.1:7000",
+            f"--internal-ca={tmp_path / 'ca'}",
+            f"--internal-cert={tmp_path / 'cert'}",
+            f"--internal-key={tmp_path / 'key'}",
+        ],
+        env={},
+    )
+    assert cfg.internal_tls is not None and cfg.internal_tls.key == b"key" and cfg.internal_secret is None

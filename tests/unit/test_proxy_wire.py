@@ -1,0 +1,76 @@
+"""The byte-concatenation builder and the oneof unwrapper agree with protobuf's own codec."""
+
+from __future__ import annotations
+
+import pytest
+
+from protos import wire
+from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
+from protos.storepb import store_pb2
+from proxy.methods import METHODS, Kind
+
+REQUEST_FIELDS = {f.number: f.name for f in raft_internal_pb2.InternalRaftRequest.DESCRIPTOR.fields}
+RESPONSE_FIELDS = {f.number: f.name for f in store_pb2.InternalResponse.DESCRIPTOR.fields}
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 16383, 16384, 2**32, 2**63 - 1, 2**64 - 1])
+def test_varint_roundtrip(value: int) -> None:
+    encoded = wire.encode_varint(value)
+    assert wire.decode_varint(encoded, 0) == (value, len(encoded))
+
+
+def test_build_matches_protobuf() -> None:
+    put = rpc_pb2.PutRequest(key=b"k" * 300, value=b"\x00\xff" * 100, lease=7, prev_kv=True)
+    data = wire.build_internal_request(wire.encode_header("alice", 42), 4, put.SerializeToString())
+    decoded = raft_internal_pb2.InternalRaftRequest.FromString(data)
+    assert decoded.header.username == "alice" and decoded.header.auth_revision == 42
+    assert decoded.put == put
+    expected = raft_internal_pb2.InternalRaftRequest(
+        header=raft_internal_pb2.RequestHeader(username="alice", auth_revision=42), put=put
+    )
+    assert decoded == expected
+
+
+def test_empty_request_is_present() -> None:
+    data = wire.build_internal_request(wire.encode_header("", 0), 1000, b"")
+    decoded = raft_internal_pb2.InternalRaftRequest.FromString(data)
+    assert decoded.HasField("auth_enable") and decoded.HasField("header")
+    assert [f.name for f, _ in decoded.ListFields() if f.name not in ("header", "ID")] == ["auth_enable"]
+
+
+def test_unknown_fields_survive() -> None:
+    raw = rpc_pb2.RangeRequest(key=b"a").SerializeToString() + wire.length_delimited(999, b"future")
+    decoded = raft_internal_pb2.InternalRaftRequest.FromString(wire.build_internal_request(None, 3, raw))
+    assert decoded.range.key == b"a" and decoded.range.SerializeToString() == raw
+
+
+def test_every_method_maps_to_its_internal_field() -> None:
+    for method in METHODS:
+        if method.kind is Kind.UNIMPLEMENTED:
+            continue
+        assert method.field in REQUEST_FIELDS, method
+        decoded = raft_internal_pb2.InternalRaftRequest.FromString(wire.build_internal_request(None, method.field, b""))
+        assert decoded.HasField(REQUEST_FIELDS[method.field]), method
+        if method.kind not in (Kind.SNAPSHOT,):
+            assert RESPONSE_FIELDS.get(method.field) == REQUEST_FIELDS[method.field], method
+
+
+def test_unwrap_slices_the_oneof() -> None:
+    inner = rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=9), count=3, more=True)
+    data = store_pb2.InternalResponse(range=inner).SerializeToString()
+    assert wire.unwrap_field(data, 3) == inner.SerializeToString()
+    empty = store_pb2.InternalResponse(auth_enable=rpc_pb2.AuthEnableResponse()).SerializeToString()
+    assert wire.unwrap_field(empty, 1000) == b""
+
+
+def test_unwrap_skips_other_fields_and_rejects_missing() -> None:
+    data = wire.encode_varint(1 << 3) + wire.encode_varint(5) + wire.length_delimited(4, b"xy")
+    assert wire.unwrap_field(data, 4) == b"xy"
+    with pytest.raises(wire.WireError):
+        wire.unwrap_field(data, 3)
+    with pytest.raises(wire.WireError):
+        wire.unwrap_field(b"", 3)
+    with pytest.raises(wire.WireError):
+        wire.unwrap_field(wire.length_delimited(3, b"abc")[:-1], 3)
+    with pytest.raises(wire.WireError):
+        wire.unwrap_field(b"\x80", 3)
