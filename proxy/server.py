@@ -22,6 +22,8 @@ from proxy.store_client import StoreClient
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
 
+METADATA_LIMIT = 1 << 20
+
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +47,10 @@ class ProxyServer:
             options=[
                 ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
                 ("grpc.max_send_message_length", 2**31 - 1),
+                # grpc-core refuses metadata between its soft limit (8 KiB) and hard limit at
+                # random; etcd accepts large tokens, so both limits sit well above any real token.
+                ("grpc.max_metadata_size", METADATA_LIMIT),
+                ("grpc.absolute_max_metadata_size", METADATA_LIMIT),
             ]
         )
         self.server.add_generic_rpc_handlers(etcd_handlers(self.pipeline))

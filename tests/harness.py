@@ -1,0 +1,335 @@
+"""Process helpers for multi-process tests: free ports, `raftgate local`, a real etcd, and etcdctl.
+
+Every helper waits for a condition (a ready line, a file, a successful command), never for a fixed
+time, and every process it starts runs in its own process group that is always torn down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+ETCD = str(VENV_BIN / "etcd")
+ETCDCTL = str(VENV_BIN / "etcdctl")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Ports handed out by this process; never hand the same one out twice even if it is free again.
+_handed_out: set[int] = set()
+_port_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that we have not handed out before."""
+    with _port_lock:
+        for _ in range(200):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError("no free port found")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
+    """Poll `predicate` until it returns a truthy value; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = interval
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)  # polling interval of a condition wait, not a fixed sleep
+        delay = min(delay * 1.5, 0.25)
+
+
+def etcdctl(
+    endpoint: str,
+    *args: str,
+    user: str | None = None,
+    stdin: str | None = None,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    dial_timeout: str = "5s",
+) -> tuple[int, str, str]:
+    """Run etcdctl (API v3) against `endpoint`; return (exit code, stdout, stderr)."""
+    cmd = [ETCDCTL, f"--endpoints={endpoint}", f"--dial-timeout={dial_timeout}"]
+    if user is not None:
+        cmd.append(f"--user={user}")
+    cmd.extend(args)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
+    full_env["ETCDCTL_API"] = "3"
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        cmd,
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """SIGTERM the process group, then SIGKILL it after `timeout`; return the leader's exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    # Children that outlived the leader still belong to the group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+class _Server:
+    """Common lifecycle of a server subprocess: output capture, readiness, teardown."""
+
+    name = "server"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self._ready_line: str | None = None
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+        self.starts = 0
+        self.last_exit_code: int | None = None
+
+    # -- to override
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def is_ready(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def endpoint(self) -> str:
+        raise NotImplementedError
+
+    # -- lifecycle
+    def start(self, timeout: float = 60.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        self._ready.clear()
+        log = self.workdir / f"{self.name}.{self.starts}.log"
+        self.lines = []
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
+        self._reader.start()
+        try:
+            wait_for(self._ready_or_dead, timeout, f"{self.name} to become ready")
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before ready:\n" + "".join(self.lines[-40:])
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready_or_dead(self) -> bool:
+        return self.proc is None or self.proc.poll() is not None or self.is_ready()
+
+    def _pump(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        assert proc.stdout is not None
+        with open(log, "w", encoding="utf-8", errors="replace") as fh:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", errors="replace")
+                self.lines.append(line)
+                fh.write(line)
+                fh.flush()
+                if self._ready_line is not None and line.strip() == self._ready_line:
+                    self._ready.set()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `timeout`. Returns the exit code."""
+        if self.proc is None:
+            return self.last_exit_code
+        code = _kill_group(self.proc, timeout)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self.last_exit_code = code
+        self.proc = None
+        return code
+
+    def restart(self, timeout: float = 60.0) -> int | None:
+        code = self.stop()
+        self.start(timeout=timeout)
+        return code
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def __enter__(self) -> _Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- conveniences
+    def ctl(self, *args: str, user: str | None = None, stdin: str | None = None, **kw: object) -> tuple[int, str, str]:
+        return etcdctl(self.endpoint, *args, user=user, stdin=stdin, **kw)  # type: ignore[arg-type]
+
+    @property
+    def target(self) -> str:
+        """host:port for gRPC channels."""
+        return self.endpoint.removeprefix("http://")
+
+
+class RaftgateLocal(_Server):
+    """`raftgate local` in its own data dir; restartable on the same dir and port."""
+
+    name = "raftgate"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        auth_token: str | None = None,
+        auth_token_ttl: int | None = None,
+        bcrypt_cost: int = 4,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(workdir)
+        self.data_dir = self.workdir / "data"
+        self.port = free_port()
+        self.auth_token = auth_token
+        self.auth_token_ttl = auth_token_ttl
+        self.bcrypt_cost = bcrypt_cost
+        self.extra_args = list(extra_args)
+        self._ready_line = f"raftgate local: ready on 127.0.0.1:{self.port}"
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the product's entry point exists yet (the suite skips raftgate runs otherwise)."""
+        return (REPO_ROOT / "proxy" / "cli.py").exists()
+
+    def command(self) -> list[str]:
+        exe = VENV_BIN / "raftgate"
+        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+        cmd = base + ["local", "--data-dir", str(self.data_dir), "--client-port", str(self.port)]
+        if self.auth_token is not None:
+            cmd += ["--auth-token", self.auth_token]
+        if self.auth_token_ttl is not None:
+            cmd += ["--auth-token-ttl", str(self.auth_token_ttl)]
+        cmd += ["--bcrypt-cost", str(self.bcrypt_cost)]
+        return cmd + self.extra_args
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def local_json(self) -> dict[str, object] | None:
+        path = self.data_dir / "local.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def is_ready(self) -> bool:
+        if not (self._ready.is_set() or self.local_json() is not None):
+            return False
+        # 3.7 semantics: AuthStatus needs no credentials, so this works whether or not auth is enabled.
+        rc, out, _ = etcdctl(self.endpoint, "auth", "status", timeout=10, dial_timeout="1s")
+        return rc == 0 and out.startswith("Authentication Status:")
+
+
+class EtcdServer(_Server):
+    """A single-member real etcd (3.5.1) on free 127.0.0.1 ports, for side-by-side comparisons."""
+
+    name = "etcd"
+
+    def __init__(self, workdir: Path, *, extra_args: Sequence[str] = (), bcrypt_cost: int = 4) -> None:
+        super().__init__(workdir)
+        self.data_dir = self.workdir / "data"
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.extra_args = list(extra_args)
+        self.bcrypt_cost = bcrypt_cost
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which(ETCD) is not None
+
+    def command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            ETCD,
+            "--name=m1",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=m1={peer}",
+            "--initial-cluster-state=new",
+            "--initial-cluster-token=raftgate-tests",
+            f"--bcrypt-cost={self.bcrypt_cost}",
+            "--log-level=warn",
+            *self.extra_args,
+        ]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def is_ready(self) -> bool:
+        # etcd 3.5.1 serves Maintenance.Status without credentials even when auth is enabled.
+        rc, _, _ = etcdctl(self.endpoint, "endpoint", "status", timeout=10, dial_timeout="1s")
+        return rc == 0
+
+
+def pem_rsa_keypair(directory: Path) -> tuple[Path, Path]:
+    """Write an RSA private key and its public key (PEM) for JWT tests; returns (priv, pub)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    priv = Path(directory) / "jwt.key"
+    pub = Path(directory) / "jwt.pub"
+    priv.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return priv, pub
+
+
+def client_script_env() -> dict[str, str]:
+    """Environment for tests/clients scripts: python protobuf runtime (etcd3 0.12's generated code needs it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
+    env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+    env.pop("PYTHONPATH", None)
+    return env
