@@ -1,0 +1,134 @@
+"""The store trusts a RequestHeader only from an authenticated proxy: mTLS or an explicit secret."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness import _Server, etcdctl, free_port
+
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2
+from protos.storepb import store_pb2
+
+SECRET = "s3cret-for-tests-only-0123456789"
+
+
+class Program(_Server):
+    """`raftgate store` or `raftgate proxy` alone, ready once it prints its ready line."""
+
+    def __init__(self, workdir: Path, args: list[str], ready_prefix: str) -> None:
+        super().__init__(workdir)
+        self.name = args[0]
+        self.args = args
+        self.ready_prefix = ready_prefix
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "proxy.cli", *self.args]
+
+    def is_ready(self) -> bool:
+        return any(line.startswith(self.ready_prefix) for line in self.lines)
+
+
+def _do(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = None) -> store_pb2.InternalResponse:
+    call = channel.unary_unary("/raftgate.storepb.Store/Do",
+                               request_serializer=ipb.InternalRaftRequest.SerializeToString,
+                               response_deserializer=store_pb2.InternalResponse.FromString)
+    req = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=1),
+                                  auth_status=rpc_pb2.AuthStatusRequest())
+    return call(req, metadata=metadata, timeout=10)
+
+
+@pytest.fixture
+def secret_store(tmp_path: Path):
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    port = free_port()
+    store = Program(tmp_path / "store", ["store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls",
+                                         f"http://127.0.0.1:{port}", "--internal-secret-file", str(secret)],
+                    "raftgate store:")
+    store.start()
+    yield f"127.0.0.1:{port}"
+    store.stop()
+
+
+def test_internal_port_refuses_callers_without_the_secret(secret_store: str) -> None:
+    with grpc.insecure_channel(secret_store) as channel:
+        for metadata in (None, (("x-raftgate-internal-secret", "wrong"),)):
+            with pytest.raises(grpc.RpcError) as err:
+                _do(channel, metadata)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        answer = _do(channel, (("x-raftgate-internal-secret", SECRET),))
+        assert answer.auth_status.authRevision == 1
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no credentials
+
+
+def test_store_will_not_start_unauthenticated(tmp_path: Path) -> None:
+    store = Program(tmp_path, ["store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls",
+                               f"http://127.0.0.1:{free_port()}"], "raftgate store:")
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        store.start(timeout=30)
+    assert "the internal port must be authenticated" in store.output()
+
+
+def _cert(name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, issuer_key: ec.EllipticCurvePrivateKey,
+          *, ca: bool) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        builder = builder.add_extension(san, critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write_pki(d: Path) -> dict[str, Path]:
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raftgate test CA")])
+    ca = _cert("raftgate test CA", ca_key, ca_name, ca_key, ca=True)
+    files = {"ca": d / "ca.pem"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    for who in ("store", "proxy"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _cert(who, key, ca_name, ca_key, ca=False)
+        files[who + "_cert"] = d / f"{who}.pem"
+        files[who + "_key"] = d / f"{who}-key.pem"
+        files[who + "_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[who + "_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    return files
+
+
+def test_mtls_between_proxy_and_store(tmp_path: Path) -> None:
+    pki = _write_pki(tmp_path)
+    store_port, client_port = free_port(), free_port()
+    store = Program(tmp_path / "s", ["store", "--data-dir", str(tmp_path / "data"),
+                                     "--listen-internal-urls", f"https://127.0.0.1:{store_port}",
+                                     "--cert-file", str(pki["store_cert"]), "--key-file", str(pki["store_key"]),
+                                     "--trusted-ca-file", str(pki["ca"])], "raftgate store:")
+    proxy = Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+                                     "--store-endpoints", f"127.0.0.1:{store_port}",
+                                     "--internal-cert", str(pki["proxy_cert"]), "--internal-key",
+                                     str(pki["proxy_key"]), "--internal-ca", str(pki["ca"])], "raftgate proxy:")
+    with store, proxy:
+        endpoint = f"127.0.0.1:{client_port}"
+        assert etcdctl(endpoint, "put", "k", "v")[0] == 0
+        assert etcdctl(endpoint, "get", "k", "--print-value-only") == (0, "v\n", "")
+        # Without a client certificate the store does not even complete the handshake.
+        creds = grpc.ssl_channel_credentials(root_certificates=pki["ca"].read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{store_port}", creds) as channel, pytest.raises(grpc.RpcError) as err:
+            _do(channel)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
