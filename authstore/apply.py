@@ -9,21 +9,25 @@ authorization function, then the state change. Apply reads no clock: time comes 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lmdb
 from google.protobuf.message import DecodeError, Message
 
+from authstore import metrics
 from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
 from authstore.backend import Backend
 from authstore.errors import Err, EtcdError
 from authstore.lease.lessor import Lessor
-from authstore.log.wal import Entry
+from authstore.membership import Membership
 from authstore.mvcc import validate
 from authstore.mvcc.kvstore import KVStore
+from authstore.raft.codec import decode_conf_change
+from authstore.raft.types import Entry, EntryType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 
@@ -31,12 +35,6 @@ log = logging.getLogger("raftgate.store.apply")
 
 class AuthRevisionMoved(Exception):
     """Authenticate was refused because the auth revision moved after the password check."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    cluster_id: int
-    member_id: int
 
 
 def validate_request(kind: str, body: Message, max_txn_ops: int) -> None:
@@ -62,15 +60,12 @@ def is_read_only_txn(txn: pb.TxnRequest) -> bool:
 
 
 class Applier:
-    def __init__(self, backend: Backend, identity: Identity, max_txn_ops: int = 128) -> None:
+    def __init__(self, backend: Backend, member_id: int, max_txn_ops: int = 128) -> None:
         self.backend = backend
-        self.env: lmdb.Environment = backend.env
-        self.identity = identity
+        self.member_id = member_id
         self.max_txn_ops = max_txn_ops
-        self.kv = KVStore(self.env)
-        self.lessor = Lessor(self.env, self.kv)
-        self.auth = AuthStore(self.env)
         self.term = 1
+        self._open()
         self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {
             "put": lambda t, b, r: self.kv.put(t, b),
             "delete_range": lambda t, b, r: self.kv.delete_range(t, b),
@@ -97,36 +92,87 @@ class Applier:
             "auth_role_grant_permission": lambda t, b, r: self.auth.role_grant_permission(t, b),
             "auth_role_revoke_permission": lambda t, b, r: self.auth.role_revoke_permission(t, b),
             "expire_tokens": self._expire_tokens,
+            "member_update": self._member_update,
+            "member_attr_set": self._member_attr_set,
         }
 
+    def _open(self) -> None:
+        """Opens every component on the backend's environment (again, after a snapshot restore)."""
+        self.env: lmdb.Environment = self.backend.env
+        self.kv = KVStore(self.env)
+        self.lessor = Lessor(self.env, self.kv)
+        self.auth = AuthStore(self.env)
+        self.membership = Membership(self.env)
+        with self.env.begin() as txn:
+            self.cluster_id = self.membership.cluster_id(txn)
+            metrics.AUTH_REVISION.set(self.auth.revision(txn))
+
+    def restore(self, snapshot_file: Path) -> int:
+        """Replaces the whole state with a snapshot received from the leader; returns its index."""
+        self.backend.replace(snapshot_file)
+        self._open()
+        with self.env.begin() as txn:
+            return self.backend.applied_index(txn)
+
+    def applied_index(self) -> int:
+        with self.env.begin() as txn:
+            return self.backend.applied_index(txn)
+
     # ---- the log path ----
-    def apply_batch(self, entries: Sequence[Entry]) -> list[Any]:
-        """Applies entries in order; returns, per entry, the response or the exception refusing it."""
-        results: list[Any] = []
+    def apply_batch(self, entries: Sequence[Entry]) -> list[tuple[int, Any]]:
+        """Applies committed entries in order.
+
+        Returns, per entry, the ID of the request it carries (0 for none) and the response or the
+        exception refusing it. Entries at or below the recorded applied index are skipped: the
+        store already holds them (a replay after a crash, or entries a snapshot covered).
+        """
+        results: list[tuple[int, Any]] = []
+        started = time.perf_counter()
         with self.env.begin(write=True) as batch:
+            applied = self.backend.applied_index(batch)
             for entry in entries:
-                results.append(self._apply_entry(batch, entry))
-            self.backend.set_applied(batch, entries[-1].index, entries[-1].term)
+                if entry.index <= applied:
+                    results.append((0, None))
+                elif entry.type == EntryType.CONF_CHANGE:
+                    results.append(self._apply_conf_change(batch, entry))
+                elif not entry.data:
+                    results.append((0, None))  # a new leader's empty entry
+                else:
+                    results.append(self._apply_entry(batch, entry))
+            last = entries[-1]
+            if last.index > applied:
+                self.backend.set_applied(batch, last.index, last.term)
+            auth_revision = self.auth.revision(batch)
+        metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
         return results
 
-    def _apply_entry(self, batch: lmdb.Transaction, entry: Entry) -> Any:
+    def _apply_conf_change(self, batch: lmdb.Transaction, entry: Entry) -> tuple[int, Any]:
+        cc = decode_conf_change(entry.data)
+        request_id = self.membership.apply_conf_change(batch, cc)
+        if not self.cluster_id:
+            self.cluster_id = self.membership.cluster_id(batch)
+        resp = pb.MemberListResponse(members=self.membership.members(batch))
+        self.stamp(batch, resp)
+        return request_id, resp
+
+    def _apply_entry(self, batch: lmdb.Transaction, entry: Entry) -> tuple[int, Any]:
         try:
             req = ipb.InternalRaftRequest.FromString(entry.data)
         except DecodeError:
             log.error("entry %d does not decode; skipped", entry.index)
-            return EtcdError(Err.NOT_CAPABLE)
+            return 0, EtcdError(Err.NOT_CAPABLE)
         txn = self.env.begin(write=True, parent=batch)
         try:
             resp = self.execute(txn, req, index=entry.index, read=False)
         except (EtcdError, AuthRevisionMoved) as exc:
             txn.abort()
-            return exc
+            return req.ID, exc
         except Exception:  # a bug must not leave half an entry applied, nor stop the node
             txn.abort()
             log.exception("applying entry %d failed", entry.index)
-            return EtcdError(Err.NOT_CAPABLE)
+            return req.ID, EtcdError(Err.NOT_CAPABLE)
         txn.commit()
-        return resp
+        return req.ID, resp
 
     def execute(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, index: int, read: bool) -> Message:
         """Validates, authorizes and runs one request; used by apply (read=False) and reads."""
@@ -165,8 +211,8 @@ class Applier:
 
     def stamp(self, txn: lmdb.Transaction, resp: Message) -> None:
         header = resp.header
-        header.cluster_id = self.identity.cluster_id
-        header.member_id = self.identity.member_id
+        header.cluster_id = self.cluster_id
+        header.member_id = self.member_id
         header.revision = self.kv.current_revision(txn)
         header.raft_term = self.term
 
@@ -177,6 +223,14 @@ class Applier:
     def _expire_tokens(self, txn: lmdb.Transaction, body: ipb.ExpireTokensRequest, _r: Any) -> Message:
         self.auth.expire_tokens(txn, list(body.tokens))
         return pb.AuthStatusResponse()
+
+    def _member_update(self, txn: lmdb.Transaction, body: pb.MemberUpdateRequest, _r: Any) -> Message:
+        self.membership.update_peer_urls(txn, body.ID, list(body.peerURLs))
+        return pb.MemberUpdateResponse(members=self.membership.members(txn))
+
+    def _member_attr_set(self, txn: lmdb.Transaction, body: ipb.MemberAttrSetRequest, _r: Any) -> Message:
+        self.membership.set_attributes(txn, body.member_ID, body.name, list(body.client_urls))
+        return pb.MemberListResponse()
 
     _ALARMS = b"alarms"
 

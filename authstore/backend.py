@@ -7,6 +7,7 @@ the same write transaction as the entries it covers is what makes the replay ide
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -23,9 +24,36 @@ class Backend:
     def __init__(self, path: Path, map_size: int = DEFAULT_MAP_SIZE) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.env = lmdb.open(str(path), max_dbs=32, map_size=map_size, subdir=True, sync=False,
+        self.map_size = map_size
+        self._open()
+
+    def _open(self) -> None:
+        self.env = lmdb.open(str(self.path), max_dbs=32, map_size=self.map_size, subdir=True, sync=False,
                              metasync=False, writemap=False, max_readers=1024)
         self._meta = self.env.open_db(b"meta")
+
+    def copy_to(self, directory: Path) -> Path:
+        """A consistent, compacted copy of the whole store (snapshots for followers and clients)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.env.copy(str(directory), compact=True)
+        return directory / "data.mdb"
+
+    def replace(self, snapshot_file: Path) -> None:
+        """Swaps the store for a copy received from the leader, durably, then reopens it."""
+        self.env.close()
+        target = self.path / "data.mdb"
+        staged = self.path / "data.mdb.incoming"
+        os.replace(snapshot_file, staged)
+        with open(staged, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(staged, target)
+        (self.path / "lock.mdb").unlink(missing_ok=True)
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._open()
 
     def applied_index(self, txn: lmdb.Transaction) -> int:
         raw = txn.get(_APPLIED, db=self._meta)

@@ -31,7 +31,20 @@ class StoreConfig:
     trusted_ca_file: Path | None = None
     advertise_client_urls: list[str] = field(default_factory=list)
     peer_urls: list[str] = field(default_factory=list)
+    listen_peer_host: str = "127.0.0.1"
+    listen_peer_port: int = 2380
+    peer_tls: bool = False
+    peer_secret: bytes | None = None
+    peer_cert_file: Path | None = None
+    peer_key_file: Path | None = None
+    peer_trusted_ca_file: Path | None = None
+    initial_cluster: list[tuple[str, list[str]]] = field(default_factory=list)
+    initial_cluster_state: str = "new"
     initial_cluster_token: str = "etcd-cluster"
+    heartbeat_interval_ms: int = 100
+    election_timeout_ms: int = 1000
+    snapshot_count: int = 10_000
+    snapshot_catchup_entries: int = 5_000
     max_txn_ops: int = 128
     quota_backend_bytes: int = 2 << 30
     log_level: str = "info"
@@ -51,7 +64,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trusted-ca-file", default=None, help="CA that signs the proxies' client certificates")
     p.add_argument("--advertise-client-urls", default="", help="client URLs shown by MemberList (the proxies')")
     p.add_argument("--initial-advertise-peer-urls", default="http://127.0.0.1:2380", help="peer URLs of this member")
+    p.add_argument("--listen-peer-urls", default="http://127.0.0.1:2380",
+                   help="where other store nodes reach this one (https:// requires the --peer-* files)")
+    p.add_argument("--peer-cert-file", default=None, help="certificate for peer traffic (mTLS, both directions)")
+    p.add_argument("--peer-key-file", default=None, help="key for peer traffic")
+    p.add_argument("--peer-trusted-ca-file", default=None, help="CA that signs every store node's peer certificate")
+    p.add_argument("--peer-secret-file", default=None,
+                   help="development only: file with a shared secret every store node presents")
+    p.add_argument("--initial-cluster", default=None,
+                   help="name=peer-url,... of the members a new cluster starts with (default: this member alone)")
+    p.add_argument("--initial-cluster-state", default="new", choices=["new", "existing"],
+                   help="new: bootstrap a cluster; existing: join one after MemberAdd")
     p.add_argument("--initial-cluster-token", default="etcd-cluster")
+    p.add_argument("--heartbeat-interval", type=int, default=100, help="milliseconds between heartbeats")
+    p.add_argument("--election-timeout", type=int, default=1000, help="milliseconds before a follower campaigns")
+    p.add_argument("--snapshot-count", type=int, default=10_000,
+                   help="applied entries between snapshots (log compaction)")
+    p.add_argument("--snapshot-catchup-entries", type=int, default=5_000,
+                   help="entries kept after a snapshot for slow followers")
     p.add_argument("--max-txn-ops", type=int, default=128)
     p.add_argument("--quota-backend-bytes", type=int, default=2 << 30)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
@@ -69,6 +99,68 @@ def _env_defaults(p: argparse.ArgumentParser) -> None:
 
 def _urls(raw: str) -> list[str]:
     return [u.strip() for u in raw.split(",") if u.strip()]
+
+
+def _read_secret(flag: str, path: str) -> bytes:
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"--{flag}: {exc.strerror}") from exc
+    if len(secret) < 16:
+        raise ConfigError(f"--{flag}: the secret must be at least 16 bytes")
+    return secret
+
+
+def _host_port(flag: str, url: str) -> tuple[str, int, bool]:
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname or not u.port:
+        raise ConfigError(f"--{flag}: {url!r} is not http(s)://host:port")
+    return u.hostname, u.port, u.scheme == "https"
+
+
+def parse_initial_cluster(raw: str) -> list[tuple[str, list[str]]]:
+    """etcd's ``name=url,name=url`` (a name may repeat, one URL each)."""
+    members: dict[str, list[str]] = {}
+    for part in raw.split(","):
+        name, eq, url = part.strip().partition("=")
+        if not eq or not name or not url:
+            raise ConfigError(f"--initial-cluster: {part.strip()!r} is not name=url")
+        _host_port("initial-cluster", url)
+        members.setdefault(name, []).append(url)
+    return list(members.items())
+
+
+def _peer_config(cfg: StoreConfig, a: argparse.Namespace) -> None:
+    listen = _urls(a.listen_peer_urls)
+    if len(listen) != 1:
+        raise ConfigError("--listen-peer-urls: give exactly one URL")
+    cfg.listen_peer_host, cfg.listen_peer_port, cfg.peer_tls = _host_port("listen-peer-urls", listen[0])
+    for url in cfg.peer_urls:
+        _host_port("initial-advertise-peer-urls", url)
+    if cfg.peer_tls:
+        for flag in ("peer_cert_file", "peer_key_file", "peer_trusted_ca_file"):
+            value = getattr(a, flag)
+            if not value or not Path(value).is_file():
+                raise ConfigError(f"--{flag.replace('_', '-')}: an https peer URL needs this file (mTLS)")
+            setattr(cfg, flag, Path(value))
+    if a.peer_secret_file:
+        cfg.peer_secret = _read_secret("peer-secret-file", a.peer_secret_file)
+    if not cfg.peer_tls and cfg.peer_secret is None:
+        raise ConfigError("peer traffic must be authenticated: use https:// with --peer-cert-file/--peer-key-file/"
+                          "--peer-trusted-ca-file (mTLS), or --peer-secret-file in development")
+    cfg.initial_cluster = parse_initial_cluster(a.initial_cluster or f"{cfg.name}={','.join(cfg.peer_urls)}")
+    mine = dict(cfg.initial_cluster).get(cfg.name)
+    if mine is None:
+        raise ConfigError(f"--initial-cluster: has no member named {cfg.name!r} (--name)")
+    if sorted(mine) != sorted(cfg.peer_urls):
+        raise ConfigError(f"--initial-cluster: {cfg.name}'s URLs {mine} differ from --initial-advertise-peer-urls")
+    cfg.initial_cluster_state = a.initial_cluster_state
+    cfg.heartbeat_interval_ms, cfg.election_timeout_ms = a.heartbeat_interval, a.election_timeout
+    if cfg.heartbeat_interval_ms < 1 or cfg.election_timeout_ms < 5 * cfg.heartbeat_interval_ms:
+        raise ConfigError("--election-timeout must be at least 5 times --heartbeat-interval (etcd's rule)")
+    cfg.snapshot_count, cfg.snapshot_catchup_entries = a.snapshot_count, a.snapshot_catchup_entries
+    if cfg.snapshot_count < 1 or cfg.snapshot_catchup_entries < 0:
+        raise ConfigError("--snapshot-count must be positive and --snapshot-catchup-entries not negative")
 
 
 def parse(argv: list[str]) -> StoreConfig:
@@ -93,16 +185,11 @@ def parse(argv: list[str]) -> StoreConfig:
                 raise ConfigError(f"--{flag.replace('_', '-')}: an https internal URL needs this file (mTLS)")
             setattr(cfg, flag, Path(value))
     if a.internal_secret_file:
-        try:
-            secret = Path(a.internal_secret_file).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"--internal-secret-file: {exc.strerror}") from exc
-        if len(secret) < 16:
-            raise ConfigError("--internal-secret-file: the secret must be at least 16 bytes")
-        cfg.secret = secret
+        cfg.secret = _read_secret("internal-secret-file", a.internal_secret_file)
     if not tls and cfg.secret is None:
         raise ConfigError("the internal port must be authenticated: use https:// with --cert-file/--key-file/"
                           "--trusted-ca-file (mTLS), or --internal-secret-file in development")
+    _peer_config(cfg, a)
     if cfg.max_txn_ops < 1:
         raise ConfigError("--max-txn-ops must be at least 1")
     if cfg.quota_backend_bytes < 1 << 20:

@@ -1,23 +1,38 @@
-"""``raftgate store``: one authstore node."""
+"""``raftgate store``: one authstore node of a Raft group (or a group of one)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import struct
 import sys
 
 import grpc
 
 from authstore import config as store_config
-from authstore.apply import Applier, Identity
+from authstore.apply import Applier
 from authstore.backend import Backend
+from authstore.driver import RaftNode
 from authstore.log.wal import WAL, WALCorrupt
-from authstore.maintenance import Maintenance, MemberInfo, cluster_id, member_id
-from authstore.node import Node
+from authstore.maintenance import Maintenance, MemberInfo
+from authstore.membership import cluster_id, member_id
+from authstore.raft.codec import encode_conf_change
+from authstore.raft.storage import MemoryStorage
+from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
 from authstore.server import StoreService, build_server
+from authstore.transport import PeerSecurity, Transport, peer_address
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store")
+
+_MEMBER_ID_KEY = b"member_id"
+_U64 = struct.Struct(">Q")
+
+
+class StartupError(Exception):
+    pass
 
 
 def _credentials(cfg: store_config.StoreConfig) -> grpc.ServerCredentials | None:
@@ -29,31 +44,141 @@ def _credentials(cfg: store_config.StoreConfig) -> grpc.ServerCredentials | None
                                        require_client_auth=True)
 
 
+def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
+    if cfg.peer_tls:
+        assert cfg.peer_cert_file and cfg.peer_key_file and cfg.peer_trusted_ca_file
+        return PeerSecurity(cert=cfg.peer_cert_file.read_bytes(), key=cfg.peer_key_file.read_bytes(),
+                            ca=cfg.peer_trusted_ca_file.read_bytes(), secret=cfg.peer_secret)
+    return PeerSecurity(secret=cfg.peer_secret)
+
+
+def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardState]:
+    """A new cluster's first log entries: one committed conf change per initial member."""
+    ids = [member_id(urls, cfg.initial_cluster_token) for _, urls in cfg.initial_cluster]
+    cid = cluster_id(ids, cfg.initial_cluster_token)
+    entries = []
+    for i, ((name, urls), mid) in enumerate(zip(cfg.initial_cluster, ids, strict=True)):
+        ctx = spb.MemberContext(member=pb.Member(ID=mid, name=name, peerURLs=urls), cluster_id=cid)
+        cc = ConfChange(ConfChangeType.ADD_NODE, mid, ctx.SerializeToString())
+        entries.append(Entry(1, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc)))
+    return entries, HardState(term=1, vote=0, commit=len(entries))
+
+
+async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) -> int:
+    """A node joining after MemberAdd asks the cluster which member its peer URLs belong to."""
+    mine = set(cfg.peer_urls)
+    for _name, urls in cfg.initial_cluster:
+        if set(urls) == mine:
+            continue
+        for url in urls:
+            channel = security.channel(peer_address(url))
+            try:
+                call = channel.unary_unary("/raftgate.storepb.Peer/Members", request_serializer=None,
+                                           response_deserializer=pb.MemberListResponse.FromString)
+                resp = await call(b"", metadata=security.metadata(), timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not ask %s for the member list: %s", url, exc.code())
+                continue
+            finally:
+                await channel.close()
+            for m in resp.members:
+                if mine & set(m.peerURLs):
+                    return m.ID
+            raise StartupError(f"no member of the cluster has peer URLs {sorted(mine)}: run MemberAdd first")
+    raise StartupError("--initial-cluster-state existing: no other member could be reached")
+
+
+def _stored_member_id(backend: Backend) -> int:
+    with backend.env.begin() as txn:
+        raw = backend.meta_get(txn, _MEMBER_ID_KEY)
+    return _U64.unpack(raw)[0] if raw else 0
+
+
+def _store_member_id(backend: Backend, mid: int) -> None:
+    with backend.env.begin(write=True) as txn:
+        backend.meta_put(txn, _MEMBER_ID_KEY, _U64.pack(mid))
+    backend.sync()
+
+
+async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: PeerSecurity) -> RaftNode:
+    wal = WAL(cfg.data_dir / "wal")
+    replayed = wal.replayed
+    storage = MemoryStorage()
+    mid = _stored_member_id(backend)
+    fresh = not replayed.entries and replayed.snapshot.index == 0 and replayed.hard_state.is_empty()
+    if fresh and not mid:
+        if cfg.initial_cluster_state == "new":
+            mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
+            entries, hard_state = bootstrap_entries(cfg)
+            wal.save(hard_state, entries)
+            storage.append(entries)
+            storage.set_hard_state(hard_state)
+        else:
+            mid = await _find_own_id(cfg, security)
+        _store_member_id(backend, mid)
+    else:
+        if replayed.snapshot.index:
+            storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
+        storage.append(replayed.entries)
+        storage.set_hard_state(replayed.hard_state)
+    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops)
+    tick = cfg.heartbeat_interval_ms / 1000
+    return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
+                    snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
+                    election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
+                    snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
+
+
 async def serve(cfg: store_config.StoreConfig) -> None:
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
-    mid = member_id(cfg.name, cfg.peer_urls, cfg.initial_cluster_token)
-    identity = Identity(cluster_id=cluster_id([mid], cfg.initial_cluster_token), member_id=mid)
-    applier = Applier(backend, identity, max_txn_ops=cfg.max_txn_ops)
-    with backend.env.begin() as txn:
-        applied = backend.applied_index(txn)
-    wal = WAL(cfg.data_dir / "wal", applied_index=applied)
-    node = Node(wal, applier.apply_batch, applied, backend.sync)
-    node.replay()
+    security = _peer_security(cfg)
+    node = await open_node(cfg, backend, security)
+    applier = node.applier
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls)
-    service = StoreService(applier, node, Maintenance(applier, node, me, cfg.quota_backend_bytes))
+    maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
+    service = StoreService(applier, node, maintenance)
+    transport = Transport(node.id, security, node.step, node.receive_snapshot, node.report_unreachable,
+                          cfg.data_dir / "snap")
+    node.transport = transport
+    initial_peers = {member_id(urls, cfg.initial_cluster_token): peer_address(urls[0])
+                     for _, urls in cfg.initial_cluster}
+
+    def refresh_peers() -> None:
+        peers = dict(initial_peers) if not node.conf_state.voters else {}
+        with applier.env.begin() as txn:
+            for m in applier.membership.members(txn):
+                if m.peerURLs:
+                    peers[m.ID] = peer_address(m.peerURLs[0])
+        transport.set_peers(peers)
+
+    node.on_membership_change = refresh_peers
     address = f"{cfg.listen_host}:{cfg.listen_port}"
     server, _health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
+    peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
+    peer_creds = security.server_credentials()
+    peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"
+    bound = (peer_server.add_secure_port(peer_listen, peer_creds) if peer_creds
+             else peer_server.add_insecure_port(peer_listen))
+    if not bound:
+        raise OSError(f"cannot listen on {peer_listen}")
+    await peer_server.start()
     node.start()
-    sweeper = asyncio.get_running_loop().create_task(service.sweep_tokens())
+    refresh_peers()
+    background = [asyncio.get_running_loop().create_task(service.sweep_tokens()),
+                  asyncio.get_running_loop().create_task(maintenance.publish_attributes())]
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"raftgate store: {cfg.name} ready on {address} (member {mid:x})", flush=True)
+    print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
+          flush=True)
     await stop.wait()
+    for task in background:
+        task.cancel()
     await server.stop(grace=2)
-    sweeper.cancel()
+    await peer_server.stop(grace=1)
     await node.stop()
     backend.close()
 
@@ -71,7 +196,7 @@ def main(argv: list[str]) -> int:
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 1
     return 0

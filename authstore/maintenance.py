@@ -1,12 +1,14 @@
-"""Requests that etcd answers outside its log: status, hashes, membership, lease reads, defrag.
+"""Requests that etcd answers outside its apply loop: status, hashes, membership, lease reads.
 
 Each still goes through the one authorization function first (``Applier.check``); only the
-answer is computed here, from the node's local state.
+answer is computed here, from the node's local state or, for membership changes, through Raft.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import logging
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -14,12 +16,21 @@ import lmdb
 from google.protobuf.message import Message
 
 from authstore.apply import Applier
+from authstore.driver import RaftNode
 from authstore.errors import Err, EtcdError
-from authstore.node import Node
+from authstore.membership import member_id
+from authstore.raft.types import ConfChange, ConfChangeType
+from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb import store_pb2 as spb
+
+log = logging.getLogger("raftgate.store.maintenance")
 
 VERSION = "3.7.1"
 STORAGE_VERSION = "3.7.0"
+# etcd promotes a learner only once its log is within 10 % of the leader's.
+LEARNER_READY_PERCENT = 0.9
+MOVE_LEADER_WAIT = 5.0
 
 
 @dataclass
@@ -29,99 +40,161 @@ class MemberInfo:
     client_urls: list[str] = field(default_factory=list)
 
 
-def member_id(name: str, peer_urls: list[str], cluster_token: str) -> int:
-    """A stable 64-bit member ID from the member's identity, as etcd derives one."""
-    digest = hashlib.sha256("\n".join([name, *sorted(peer_urls), cluster_token]).encode()).digest()
-    return int.from_bytes(digest[:8], "big") or 1
-
-
-def cluster_id(member_ids: list[int], cluster_token: str) -> int:
-    raw = b"".join(m.to_bytes(8, "big") for m in sorted(member_ids)) + cluster_token.encode()
-    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big") or 1
-
-
 class Maintenance:
-    def __init__(self, applier: Applier, node: Node, me: MemberInfo, quota_bytes: int) -> None:
+    def __init__(self, applier: Applier, node: RaftNode, me: MemberInfo, quota_bytes: int,
+                 cluster_token: str) -> None:
         self.applier = applier
         self.node = node
         self.me = me
         self.quota_bytes = quota_bytes
+        self.cluster_token = cluster_token
 
     def handles(self, kind: str) -> bool:
         return hasattr(self, "_" + kind)
 
-    def answer(self, txn: lmdb.Transaction, kind: str, body: Message, now_ms: int) -> Message:
-        resp: Message = getattr(self, "_" + kind)(txn, body, now_ms)
-        self.applier.stamp(txn, resp)
+    async def answer(self, req: ipb.InternalRaftRequest, kind: str, now_ms: int) -> Message:
+        """Authorizes, then answers; membership changes go through the log."""
+        with self.applier.env.begin() as txn:
+            self.applier.check(txn, req, read=True)
+        resp: Message = await getattr(self, "_" + kind)(getattr(req, kind), now_ms)
+        with self.applier.env.begin() as txn:
+            self.applier.stamp(txn, resp)
         return resp
 
     def members(self) -> list[pb.Member]:
-        return [pb.Member(ID=self.applier.identity.member_id, name=self.me.name, peerURLs=self.me.peer_urls,
-                          clientURLs=self.me.client_urls)]
+        with self.applier.env.begin() as txn:
+            return self.applier.membership.members(txn)
+
+    def member_list_bytes(self) -> bytes:
+        return pb.MemberListResponse(members=self.members()).SerializeToString()
+
+    async def publish_attributes(self) -> None:
+        """Records this member's name and client URLs in the replicated member list (etcd does
+        the same once a member starts), retrying until a leader takes it."""
+        while True:
+            with self.applier.env.begin() as txn:
+                current = self.applier.membership.get(txn, self.node.id)
+            if current is not None and current.name == self.me.name and \
+                    list(current.clientURLs) == self.me.client_urls:
+                return
+            if current is not None and self.node.leader_id:
+                req = ipb.InternalRaftRequest(member_attr_set=ipb.MemberAttrSetRequest(
+                    member_ID=self.node.id, name=self.me.name, client_urls=self.me.client_urls))
+                try:
+                    await self.node.propose(req.SerializeToString())
+                    continue
+                except EtcdError as exc:
+                    log.debug("publishing member attributes: %s", exc.message)
+            await asyncio.sleep(0.5)
 
     # ---- Maintenance ----
-    def _status(self, txn: lmdb.Transaction, _b: pb.StatusRequest, _now: int) -> Message:
+    async def _status(self, _b: pb.StatusRequest, _now: int) -> Message:
         size, in_use = self.applier.backend.size()
-        mid = self.applier.identity.member_id
-        return pb.StatusResponse(version=VERSION, dbSize=size, dbSizeInUse=in_use, leader=mid,
+        return pb.StatusResponse(version=VERSION, dbSize=size, dbSizeInUse=in_use, leader=self.node.leader_id,
                                  raftIndex=self.node.last_index, raftTerm=self.node.term,
-                                 raftAppliedIndex=self.node.applied_index, isLearner=False,
+                                 raftAppliedIndex=self.node.applied_index, isLearner=self.node.is_learner,
                                  storageVersion=STORAGE_VERSION, dbSizeQuota=self.quota_bytes)
 
-    def _defragment(self, _t: lmdb.Transaction, _b: pb.DefragmentRequest, _now: int) -> Message:
+    async def _defragment(self, _b: pb.DefragmentRequest, _now: int) -> Message:
         # LMDB reuses freed pages itself; there is nothing to rewrite.
         return pb.DefragmentResponse()
 
-    def _hash(self, txn: lmdb.Transaction, _b: pb.HashRequest, _now: int) -> Message:
-        crc = 0
-        with txn.cursor() as cur:
-            for key, value in cur:
-                crc = zlib.crc32(value, zlib.crc32(key, crc))
+    async def _hash(self, _b: pb.HashRequest, _now: int) -> Message:
+        with self.applier.env.begin() as txn:
+            crc = _hash_all(self.applier.env, txn)
         return pb.HashResponse(hash=crc)
 
-    def _hash_kv(self, txn: lmdb.Transaction, body: pb.HashKVRequest, _now: int) -> Message:
-        digest, compact_rev, hash_rev = self.applier.kv.hash_kv(txn, body.revision)
+    async def _hash_kv(self, body: pb.HashKVRequest, _now: int) -> Message:
+        with self.applier.env.begin() as txn:
+            digest, compact_rev, hash_rev = self.applier.kv.hash_kv(txn, body.revision)
         return pb.HashKVResponse(hash=digest, compact_revision=compact_rev, hash_revision=hash_rev)
 
-    def _move_leader(self, _t: lmdb.Transaction, body: pb.MoveLeaderRequest, _now: int) -> Message:
-        if body.targetID != self.applier.identity.member_id:
+    async def _move_leader(self, body: pb.MoveLeaderRequest, _now: int) -> Message:
+        if not self.node.is_leader:
+            raise EtcdError(Err.NOT_LEADER)
+        if body.targetID not in self.node.conf_state.voters or body.targetID == self.node.id:
             raise EtcdError(Err.BAD_LEADER_TRANSFEREE)
+        self.node.transfer_leader(body.targetID)
+        deadline = time.monotonic() + MOVE_LEADER_WAIT
+        while self.node.leader_id != body.targetID:
+            if time.monotonic() > deadline:
+                raise EtcdError(Err.TIMEOUT)
+            await asyncio.sleep(0.02)
         return pb.MoveLeaderResponse()
 
-    def _downgrade(self, _t: lmdb.Transaction, _b: pb.DowngradeRequest, _now: int) -> Message:
+    async def _downgrade(self, _b: pb.DowngradeRequest, _now: int) -> Message:
         raise EtcdError(Err.INVALID_DOWNGRADE_TARGET)
 
     # ---- Cluster ----
-    def _member_list(self, _t: lmdb.Transaction, _b: pb.MemberListRequest, _now: int) -> Message:
+    async def _member_list(self, _b: pb.MemberListRequest, _now: int) -> Message:
         return pb.MemberListResponse(members=self.members())
 
-    def _member_add(self, _t: lmdb.Transaction, _b: pb.MemberAddRequest, _now: int) -> Message:
-        raise EtcdError(Err.NOT_CAPABLE)  # single-node store: membership changes come with Raft
+    async def _member_add(self, body: pb.MemberAddRequest, now: int) -> Message:
+        member = pb.Member(ID=member_id(list(body.peerURLs), self.cluster_token, salt=now),
+                           peerURLs=body.peerURLs, isLearner=body.isLearner)
+        with self.applier.env.begin() as txn:
+            self.applier.membership.check_add(txn, member)
+        kind = ConfChangeType.ADD_LEARNER_NODE if body.isLearner else ConfChangeType.ADD_NODE
+        members = await self._change(kind, member)
+        return pb.MemberAddResponse(member=member, members=members.members)
 
-    def _member_remove(self, _t: lmdb.Transaction, body: pb.MemberRemoveRequest, _now: int) -> Message:
-        if self.applier.identity.member_id != body.ID:
-            raise EtcdError(Err.MEMBER_NOT_FOUND)
-        raise EtcdError(Err.NOT_CAPABLE)
+    async def _member_remove(self, body: pb.MemberRemoveRequest, _now: int) -> Message:
+        member = self._existing(body.ID)
+        members = await self._change(ConfChangeType.REMOVE_NODE, member)
+        return pb.MemberRemoveResponse(members=members.members)
 
-    def _member_update(self, _t: lmdb.Transaction, body: pb.MemberUpdateRequest, _now: int) -> Message:
-        if self.applier.identity.member_id != body.ID:
-            raise EtcdError(Err.MEMBER_NOT_FOUND)
-        raise EtcdError(Err.NOT_CAPABLE)
+    async def _member_promote(self, body: pb.MemberPromoteRequest, _now: int) -> Message:
+        member = self._existing(body.ID)
+        if not member.isLearner:
+            raise EtcdError(Err.MEMBER_NOT_LEARNER)
+        if not self.node.is_leader:
+            raise EtcdError(Err.NOT_LEADER)
+        match = self.node.progress().get(body.ID, (0, 0, ""))[0]
+        if match < LEARNER_READY_PERCENT * self.node.last_index:
+            raise EtcdError(Err.LEARNER_NOT_READY)
+        members = await self._change(ConfChangeType.ADD_NODE, member)
+        return pb.MemberPromoteResponse(members=members.members)
 
-    def _member_promote(self, _t: lmdb.Transaction, body: pb.MemberPromoteRequest, _now: int) -> Message:
-        if self.applier.identity.member_id != body.ID:
+    def _existing(self, mid: int) -> pb.Member:
+        with self.applier.env.begin() as txn:
+            member = self.applier.membership.get(txn, mid)
+        if member is None:
             raise EtcdError(Err.MEMBER_NOT_FOUND)
-        raise EtcdError(Err.MEMBER_NOT_LEARNER)
+        return member
+
+    async def _change(self, kind: ConfChangeType, member: pb.Member) -> pb.MemberListResponse:
+        request_id = self.node.new_request_id()
+        ctx = spb.MemberContext(member=member, request_id=request_id)
+        result = await self.node.propose_conf_change(ConfChange(kind, member.ID, ctx.SerializeToString()),
+                                                     request_id)
+        assert isinstance(result, pb.MemberListResponse)
+        return result
 
     # ---- Lease reads ----
-    def _lease_time_to_live(self, txn: lmdb.Transaction, body: pb.LeaseTimeToLiveRequest, now: int) -> Message:
-        return self.applier.lessor.time_to_live(txn, body, now)
+    async def _lease_time_to_live(self, body: pb.LeaseTimeToLiveRequest, now: int) -> Message:
+        with self.applier.env.begin() as txn:
+            return self.applier.lessor.time_to_live(txn, body, now)
 
-    def _lease_leases(self, txn: lmdb.Transaction, _b: pb.LeaseLeasesRequest, _now: int) -> Message:
-        return self.applier.lessor.leases(txn)
+    async def _lease_leases(self, _b: pb.LeaseLeasesRequest, _now: int) -> Message:
+        with self.applier.env.begin() as txn:
+            return self.applier.lessor.leases(txn)
 
-    def _lease_keep_alive(self, txn: lmdb.Transaction, body: pb.LeaseKeepAliveRequest, now: int) -> Message:
-        ttl = self.applier.lessor.time_to_live(txn, pb.LeaseTimeToLiveRequest(ID=body.ID), now)
+    async def _lease_keep_alive(self, body: pb.LeaseKeepAliveRequest, now: int) -> Message:
+        with self.applier.env.begin() as txn:
+            ttl = self.applier.lessor.time_to_live(txn, pb.LeaseTimeToLiveRequest(ID=body.ID), now)
         if ttl.TTL < 0:
             raise EtcdError(Err.LEASE_NOT_FOUND)
         return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=ttl.grantedTTL)
+
+
+def _hash_all(env: lmdb.Environment, txn: lmdb.Transaction) -> int:
+    """CRC-32 over every sub-database but the node-local meta (applied index, member ID)."""
+    crc = 0
+    with txn.cursor() as names:
+        dbs = [name for name, _ in names if name != b"meta"]
+    for name in dbs:
+        db = env.open_db(name, txn=txn, create=False)
+        with txn.cursor(db=db) as cur:
+            for key, value in cur:
+                crc = zlib.crc32(value, zlib.crc32(key, crc))
+    return crc

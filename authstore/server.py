@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import lmdb
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.auth.authorize import request_kind
+from authstore.driver import RaftNode
 from authstore.errors import EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
-from authstore.node import Node
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -41,7 +42,6 @@ REVISION_MOVED = "raftgate: auth revision moved"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
 TOKEN_WAIT_SECONDS = 5.0
-TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 
 # Answered from applied state, after authorization: nothing to put into the log.
@@ -54,13 +54,17 @@ def now_ms() -> int:
 
 
 class StoreService:
-    def __init__(self, applier: Applier, node: Node, maintenance: Maintenance) -> None:
+    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance) -> None:
         self.applier = applier
         self.node = node
         self.maintenance = maintenance
-        self.env = applier.env
         # Sliding TTL of simple tokens: last use seen by this node (not replicated state).
         self._token_last_used: dict[str, int] = {}
+
+    @property
+    def env(self) -> lmdb.Environment:
+        """The applier's environment, which a snapshot from the leader replaces."""
+        return self.applier.env
 
     # ---- Do ----
     async def do(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -84,12 +88,8 @@ class StoreService:
                 await self.node.wait_applied(await self.node.read_index())
             return self._read(req, kind)
         if self.maintenance.handles(kind):
-            return self._maintenance(req, kind)
-        # Into the log, with the time stamped as data so that apply never reads a clock.
-        result = await self.node.propose(data + wire.varint_field(TIME_FIELD, now_ms()))
-        if isinstance(result, BaseException):
-            raise result
-        return result
+            return await self.maintenance.answer(req, kind, now_ms())
+        return await self.node.propose(data)
 
     def _read(self, req: ipb.InternalRaftRequest, kind: str) -> Any:
         with self.env.begin() as txn:
@@ -99,11 +99,6 @@ class StoreService:
                 self.applier.stamp(txn, resp)
                 return resp
             return self.applier.execute(txn, req, index=0, read=True)
-
-    def _maintenance(self, req: ipb.InternalRaftRequest, kind: str) -> Any:
-        with self.env.begin() as txn:
-            self.applier.check(txn, req, read=True)
-            return self.maintenance.answer(txn, kind, getattr(req, kind), now_ms())
 
     # ---- Snapshot ----
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -117,8 +112,7 @@ class StoreService:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
         tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
         try:
-            await asyncio.get_running_loop().run_in_executor(None, lambda: self.env.copy(str(tmp), compact=True))
-            path = tmp / "data.mdb"
+            path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
             # As etcd does, the stream ends with the sha256 of everything before it, which
             # etcdctl checks before it keeps the file.
             total = path.stat().st_size + hashlib.sha256().digest_size
@@ -182,6 +176,10 @@ class StoreService:
                 asyncio.get_running_loop().create_task(self._expire([token]))
         return resp.SerializeToString()
 
+    async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id,
+                                  raft_term=self.node.term).SerializeToString()
+
     async def _expire(self, tokens: list[str]) -> None:
         req = ipb.InternalRaftRequest(expire_tokens=ipb.ExpireTokensRequest(tokens=tokens))
         try:
@@ -193,6 +191,8 @@ class StoreService:
         """Drops expired simple tokens through the log, so every node forgets them together."""
         while True:
             await asyncio.sleep(interval)
+            if not self.node.is_leader:
+                continue  # token use is seen where proxies send requests: the leader
             now = now_ms()
             with self.env.begin() as txn:
                 expired = [t for t, (_, issued, ttl) in self.applier.auth.list_tokens(txn)
@@ -268,6 +268,7 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         "Snapshot": grpc.unary_stream_rpc_method_handler(service.snapshot),
         "Credentials": grpc.unary_unary_rpc_method_handler(service.credentials),
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
+        "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.aio.HealthServicer()

@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
@@ -28,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", default="./raftgate-data", help="where all state lives (default ./raftgate-data)")
     p.add_argument("--client-port", type=int, default=2379, help="etcd API port on 127.0.0.1 (default 2379)")
-    p.add_argument("--nodes", type=int, default=1, choices=[1], help="store nodes (1 until replication lands)")
+    p.add_argument("--nodes", type=int, default=3, choices=[1, 3, 5], help="store nodes (default 3)")
     p.add_argument(
         "--auth-token", default=None, help="simple (default) or jwt,pub-key=…,priv-key=…,sign-method=…,ttl=…"
     )
@@ -51,6 +52,21 @@ def _secret_file(data_dir: Path) -> Path:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
     return path
+
+
+def _layout(data_dir: Path, nodes: int) -> list[dict[str, Any]]:
+    """Names, ports and directories of the store nodes, kept in the data dir across restarts
+    (a member's peer URL is part of its identity)."""
+    path = data_dir / "layout.json"
+    if path.exists():
+        layout: list[dict[str, Any]] = json.loads(path.read_text())
+        if len(layout) != nodes:
+            raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
+        return layout
+    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": _free_port(),
+               "internal_port": _free_port()} for i in range(nodes)]  # fmt: skip
+    path.write_text(json.dumps(layout, indent=2))
+    return layout
 
 
 class Child:
@@ -110,40 +126,26 @@ async def run(a: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
-    internal_port = _free_port()
-    store = Child(
-        "store",
-        [
-            "store",
-            "--name",
-            "local",
-            "--data-dir",
-            str(data_dir / "node1"),
-            "--listen-internal-urls",
-            f"http://127.0.0.1:{internal_port}",
-            "--internal-secret-file",
-            str(secret),
-            "--advertise-client-urls",
-            client_url,
-            "--initial-advertise-peer-urls",
-            "http://127.0.0.1:2380",
-        ],
-    )
-    proxy_args = [
-        "proxy",
-        "--listen-client-urls",
-        client_url,
-        "--store-endpoints",
-        f"127.0.0.1:{internal_port}",
-        "--internal-secret-file",
-        str(secret),
-    ]
+    layout = _layout(data_dir, a.nodes)
+    initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
+    for n in layout:
+        n["argv"] = [
+            "store", "--name", n["name"], "--data-dir", n["data_dir"],
+            "--listen-internal-urls", f"http://127.0.0.1:{n['internal_port']}", "--internal-secret-file", str(secret),
+            "--listen-peer-urls", f"http://127.0.0.1:{n['peer_port']}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
+            "--initial-cluster", initial_cluster, "--advertise-client-urls", client_url,
+        ]  # fmt: skip
+    stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
+    endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
+    proxy_args = ["proxy", "--listen-client-urls", client_url, "--store-endpoints", endpoints,
+                  "--internal-secret-file", str(secret)]  # fmt: skip
     for flag in ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes"):
         value = getattr(a, flag)
         if value is not None:
             proxy_args += ["--" + flag.replace("_", "-"), str(value)]
     proxy = Child("proxy", proxy_args)
-    children = [store, proxy]
+    children = [*stores, proxy]
     state_file = data_dir / "local.json"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -151,31 +153,29 @@ async def run(a: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     code = 0
     try:
-        await store.start("raftgate store:")
+        await asyncio.gather(*(store.start("raftgate store:") for store in stores))
         await proxy.start("raftgate proxy:")
-        state = {
-            "client_url": client_url,
-            "data_dir": str(data_dir),
-            "processes": [
-                {
-                    "role": "store",
-                    "name": "local",
-                    "pid": store.proc.pid if store.proc else None,
-                    "internal_port": internal_port,
-                    "data_dir": str(data_dir / "node1"),
-                },
-                {"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None, "client_port": a.client_port},
-            ],
-        }
+        processes: list[dict[str, Any]] = [
+            {"role": "store", "pid": s.proc.pid if s.proc else None, **n} for s, n in zip(stores, layout, strict=True)
+        ]
+        processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
+                          "client_port": a.client_port, "argv": proxy_args})  # fmt: skip
+        state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
+                 "processes": processes}  # fmt: skip
         tmp = state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(state_file)
         print(f"raftgate local: ready on 127.0.0.1:{a.client_port}", flush=True)
-        waits = [asyncio.ensure_future(c.proc.wait()) for c in children if c.proc]
+        # A store node that dies is reported but does not stop the others: the cluster keeps
+        # serving while a quorum lives. The proxy is the endpoint: if it dies, everything stops.
+        for store in stores:
+            loop.create_task(_report_exit(store))
+        assert proxy.proc is not None
+        proxy_exit = asyncio.ensure_future(proxy.proc.wait())
         stopped = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait([stopped, *waits], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([stopped, proxy_exit], return_when=asyncio.FIRST_COMPLETED)
         if stopped not in done:
-            print("raftgate local: a child process exited; stopping", file=sys.stderr)
+            print("raftgate local: the proxy exited; stopping", file=sys.stderr)
             code = 1
         stopped.cancel()
     except RuntimeError as exc:
@@ -186,6 +186,12 @@ async def run(a: argparse.Namespace) -> int:
             await child.stop()
         state_file.unlink(missing_ok=True)
     return code
+
+
+async def _report_exit(child: Child) -> None:
+    assert child.proc is not None
+    code = await child.proc.wait()
+    print(f"raftgate local: {child.role} exited with code {code}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:

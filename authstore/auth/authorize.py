@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 
 import lmdb
 
+from authstore import metrics
 from authstore.auth.permissions import UserPermissions
 from authstore.auth.store import AuthStore, has_root_role
 from authstore.errors import Err, EtcdError
@@ -43,7 +44,7 @@ AUTHENTICATED_KINDS = frozenset({"status", "member_list", "lease_grant"})
 #: client RPC maps to them: the proxy only ever forwards a client's bytes under the field number of
 #: the RPC it serves. Checking them would add nothing either: whoever can reach the internal port
 #: can stamp any header, so the trust boundary there is mTLS / the shared secret, not this function.
-INTERNAL_KINDS = frozenset({"lease_checkpoint", "expire_tokens"})
+INTERNAL_KINDS = frozenset({"lease_checkpoint", "expire_tokens", "member_attr_set"})
 
 LeaseKeys = Callable[[int], list[bytes]]
 AllLeases = Callable[[], Iterable[int]]
@@ -78,7 +79,11 @@ def authorize(
     kind = request_kind(req)
     if kind in OPEN_KINDS or kind in INTERNAL_KINDS or not auth.is_enabled(txn):
         return
-    _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))
+    try:
+        _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))
+    except EtcdError as exc:
+        metrics.count_refusal(exc.err, kind, read=read)
+        raise
 
 
 class _Check:

@@ -1,8 +1,16 @@
-"""A write-ahead log of length-prefixed, CRC-checked records in segment files.
+"""Raft's write-ahead log: length-prefixed, CRC-checked records in segment files.
 
-Nothing is applied or acknowledged before the batch holding it is fsync'd here. A record torn by
-a crash can only be at the end of the newest segment: it is cut at start-up. A bad record anywhere
-else means the disk lost data, and the node refuses to start rather than guess.
+Three kinds of record: log entries, hard state (term, vote, commit) and snapshot markers. Replay
+reads them in order: a marker resets the log to the snapshot's index, a hard-state record
+replaces the previous one, and an entry at an index the log already holds replaces that entry
+and everything after it (a new leader overwrote an uncommitted suffix). Every batch is written
+and fsync'd once before anything that depends on it is sent or acknowledged.
+
+A record torn by a crash can only be at the end of the newest segment: it is cut at start-up.
+A bad record anywhere else means the disk lost data, and the node refuses to start rather than
+guess. The log stays small through checkpoints: after the state machine has durably applied up
+to a snapshot index, a new segment starts with the marker, the hard state and the entries still
+needed, and every older segment is deleted.
 """
 
 from __future__ import annotations
@@ -11,78 +19,102 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
+from authstore.raft.types import Entry, HardState, SnapshotMetadata
+from protos.raftpb import raft_pb2
 
 # record: u32 payload length | u32 crc32(payload) | payload
 _FRAME = struct.Struct(">II")
-# payload: u8 kind | u64 index | u64 term | data
-_ENTRY = struct.Struct(">BQQ")
-KIND_ENTRY = 1
+_KIND = struct.Struct(">B")
+_ENTRY = struct.Struct(">BQQB")  # kind, term, index, entry type; then data
+_HARD = struct.Struct(">BQQQ")  # kind, term, vote, commit
+_SNAP = struct.Struct(">BQQ")  # kind, index, term; then ConfState protobuf
+KIND_ENTRY, KIND_HARD_STATE, KIND_SNAPSHOT = 1, 2, 3
 SEGMENT_BYTES = 64 << 20
-MAX_RECORD = 64 << 20
+MAX_RECORD = 256 << 20
 
 
 class WALCorrupt(Exception):
-    """A record before the log's tail failed its checks."""
+    """A record before the log's tail failed its checks, or the records contradict each other."""
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    index: int
-    term: int
-    data: bytes
+@dataclass
+class Replayed:
+    """What the log holds after replay."""
+
+    snapshot: SnapshotMetadata = field(default_factory=SnapshotMetadata)
+    hard_state: HardState = field(default_factory=HardState)
+    entries: list[Entry] = field(default_factory=list)
 
 
-def _segment_name(first_index: int) -> str:
-    return f"{first_index:016x}.wal"
+def _segment_name(seq: int) -> str:
+    return f"{seq:016x}.wal"
+
+
+def _encode_entry(e: Entry) -> bytes:
+    return _ENTRY.pack(KIND_ENTRY, e.term, e.index, e.type) + e.data
+
+
+def _encode_hard_state(hs: HardState) -> bytes:
+    return _HARD.pack(KIND_HARD_STATE, hs.term, hs.vote, hs.commit)
+
+
+def _encode_snapshot(md: SnapshotMetadata) -> bytes:
+    return _SNAP.pack(KIND_SNAPSHOT, md.index, md.term) + conf_state_to_pb(md.conf_state).SerializeToString()
+
+
+def _frame(payload: bytes) -> bytes:
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
 class WAL:
-    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES, applied_index: int = 0) -> None:
-        """``applied_index`` is what the state machine already holds: the log continues after it
-        even when every segment up to it was released."""
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.dir = directory
         self.segment_bytes = segment_bytes
-        self.first_index = 0
-        self.last_index = 0
-        self.last_term = 0
-        self._segments: list[tuple[int, Path]] = []
-        self._load()
-        if self._segments and not self.last_index:
-            self.last_index = self._segments[-1][0] - 1  # an empty tail segment names its first index
-        if applied_index > self.last_index:
-            self.last_index = applied_index
-            self._segments = [s for s in self._segments if s[1].stat().st_size]
-            if self._segments:
-                raise WALCorrupt(f"the store has applied index {applied_index}, past the log's end")
-            for stale in self.dir.glob("*.wal"):
-                stale.unlink()
+        self._segments = sorted(directory.glob("*.wal"))
+        self.replayed = self._replay()
         self._fd = self._open_tail()
 
     # ---- start-up ----
-    def _load(self) -> None:
-        paths = sorted(self.dir.glob("*.wal"))
-        for i, path in enumerate(paths):
-            first = int(path.stem, 16)
-            self._segments.append((first, path))
-            is_tail = i == len(paths) - 1
+    def _replay(self) -> Replayed:
+        state = Replayed()
+        entries = state.entries
+        for i, path in enumerate(self._segments):
+            is_tail = i == len(self._segments) - 1
             good = 0
-            for entry, end in self._scan(path, is_tail):
-                if self.last_index and entry.index != self.last_index + 1:
-                    raise WALCorrupt(f"{path.name}: index {entry.index} follows {self.last_index}")
-                if not self.first_index:
-                    self.first_index = entry.index
-                self.last_index, self.last_term = entry.index, entry.term
+            for payload, end in self._records(path, is_tail):
+                kind = payload[0]
+                if kind == KIND_ENTRY:
+                    _, term, index, etype = _ENTRY.unpack_from(payload)
+                    last = entries[-1].index if entries else state.snapshot.index
+                    if index <= state.snapshot.index or index > last + 1:
+                        raise WALCorrupt(f"{path.name}: entry {index} does not follow {last}")
+                    if index <= last:
+                        del entries[index - state.snapshot.index - 1:]
+                    entries.append(Entry(term, index, etype, bytes(payload[_ENTRY.size:])))
+                elif kind == KIND_HARD_STATE:
+                    _, term, vote, commit = _HARD.unpack(payload)
+                    state.hard_state = HardState(term, vote, commit)
+                elif kind == KIND_SNAPSHOT:
+                    _, index, term = _SNAP.unpack_from(payload)
+                    cs = conf_state_from_pb(raft_pb2.ConfState.FromString(payload[_SNAP.size:]))
+                    state.snapshot = SnapshotMetadata(cs, index, term)
+                    entries.clear()
+                else:
+                    raise WALCorrupt(f"{path.name}: unknown record kind {kind}")
                 good = end
             if is_tail and good != path.stat().st_size:
                 with open(path, "r+b") as f:
                     f.truncate(good)
                     os.fsync(f.fileno())
+        return state
 
     @staticmethod
-    def _scan(path: Path, is_tail: bool) -> Iterator[tuple[Entry, int]]:
+    def _records(path: Path, is_tail: bool) -> Iterator[tuple[bytes, int]]:
         data = path.read_bytes()
         pos = 0
         while pos < len(data):
@@ -96,23 +128,26 @@ class WAL:
                     problem = "truncated record"
                 elif zlib.crc32(body) != crc:
                     problem = "checksum mismatch"
+                elif not body:
+                    problem = "empty record"
             if problem:
                 if is_tail:
                     return  # a torn write at the very end: cut it
                 raise WALCorrupt(f"{path.name} at byte {pos}: {problem}")
-            kind, index, term = _ENTRY.unpack_from(body)
             pos += _FRAME.size + length
-            if kind == KIND_ENTRY:
-                yield Entry(index, term, bytes(body[_ENTRY.size:])), pos
+            yield body, pos
 
     def _open_tail(self) -> int:
         if not self._segments:
-            path = self.dir / _segment_name(self.last_index + 1)
-            self._segments.append((self.last_index + 1, path))
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._fsync_dir()
-            return fd
-        return os.open(self._segments[-1][1], os.O_WRONLY | os.O_APPEND)
+            return self._new_segment(1)
+        return os.open(self._segments[-1], os.O_WRONLY | os.O_APPEND)
+
+    def _new_segment(self, seq: int) -> int:
+        path = self.dir / _segment_name(seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._segments.append(path)
+        self._fsync_dir()
+        return fd
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)
@@ -122,49 +157,47 @@ class WAL:
             os.close(fd)
 
     # ---- writing ----
-    def append(self, entries: list[Entry]) -> None:
-        """Writes a batch and fsyncs it once (group commit)."""
-        if not entries:
-            return
+    def save(self, hard_state: HardState | None, entries: list[Entry], sync: bool = True) -> None:
+        """Writes entries then the hard state, with one fsync (group commit).
+
+        ``sync=False`` is for a hard state whose only change is the commit index, which Raft
+        can always learn again from the leader.
+        """
         out = bytearray()
         for e in entries:
-            if e.index != self.last_index + 1:
-                raise ValueError(f"log gap: {e.index} after {self.last_index}")
-            body = _ENTRY.pack(KIND_ENTRY, e.index, e.term) + e.data
-            out += _FRAME.pack(len(body), zlib.crc32(body))
-            out += body
-            self.last_index, self.last_term = e.index, e.term
-            if not self.first_index:
-                self.first_index = e.index
+            out += _frame(_encode_entry(e))
+        if hard_state is not None:
+            out += _frame(_encode_hard_state(hard_state))
+        if not out:
+            return
+        os.write(self._fd, out)
+        if sync or entries:
+            os.fsync(self._fd)
+        if os.fstat(self._fd).st_size >= self.segment_bytes:
+            os.close(self._fd)
+            self._fd = self._new_segment(int(self._segments[-1].stem, 16) + 1)
+
+    def checkpoint(self, snapshot: SnapshotMetadata, hard_state: HardState, entries: list[Entry]) -> None:
+        """Starts a new segment from a snapshot the state machine holds durably; drops the rest.
+
+        ``entries`` are the log entries after ``snapshot.index`` that must survive a restart.
+        """
+        os.close(self._fd)
+        old = list(self._segments)
+        self._fd = self._new_segment(int(old[-1].stem, 16) + 1)
+        out = bytearray(_frame(_encode_snapshot(snapshot)))
+        for e in entries:
+            out += _frame(_encode_entry(e))
+        out += _frame(_encode_hard_state(hard_state))
         os.write(self._fd, out)
         os.fsync(self._fd)
-        if os.fstat(self._fd).st_size >= self.segment_bytes:
-            self._rotate()
-
-    def _rotate(self) -> None:
-        os.close(self._fd)
-        first = self.last_index + 1
-        path = self.dir / _segment_name(first)
-        self._segments.append((first, path))
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for path in old:
+            path.unlink(missing_ok=True)
+        self._segments = self._segments[len(old):]
         self._fsync_dir()
 
-    # ---- reading and releasing ----
-    def entries_from(self, index: int) -> Iterator[Entry]:
-        for i, (_first, path) in enumerate(self._segments):
-            nxt = self._segments[i + 1][0] if i + 1 < len(self._segments) else None
-            if nxt is not None and nxt <= index:
-                continue
-            for entry, _ in self._scan(path, is_tail=nxt is None):
-                if entry.index >= index:
-                    yield entry
-
-    def release(self, upto: int) -> None:
-        """Deletes whole segments whose entries are all <= upto (already durable in the store)."""
-        while len(self._segments) > 1 and self._segments[1][0] <= upto + 1:
-            _, path = self._segments.pop(0)
-            path.unlink(missing_ok=True)
-            self.first_index = self._segments[0][0]
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self._segments if p.exists())
 
     def close(self) -> None:
         os.close(self._fd)

@@ -7,6 +7,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LeaderRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaderResponse(_message.Message):
+    __slots__ = ("member_id", "leader_id", "raft_term")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    member_id: int
+    leader_id: int
+    raft_term: int
+    def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ...) -> None: ...
+
+class MemberContext(_message.Message):
+    __slots__ = ("member", "request_id", "cluster_id")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    member: _rpc_pb2.Member
+    request_id: int
+    cluster_id: int
+    def __init__(self, member: _Optional[_Union[_rpc_pb2.Member, _Mapping]] = ..., request_id: _Optional[int] = ..., cluster_id: _Optional[int] = ...) -> None: ...
+
 class InternalResponse(_message.Message):
     __slots__ = ("range", "put", "delete_range", "txn", "compaction", "lease_grant", "lease_revoke", "alarm", "lease_checkpoint", "auth_enable", "auth_disable", "authenticate", "auth_status", "auth_user_add", "auth_user_delete", "auth_user_get", "auth_user_change_password", "auth_user_grant_role", "auth_user_revoke_role", "auth_user_list", "auth_role_list", "auth_role_add", "auth_role_delete", "auth_role_get", "auth_role_grant_permission", "auth_role_revoke_permission", "status", "defragment", "hash", "hash_kv", "move_leader", "downgrade", "member_list", "member_add", "member_remove", "member_update", "member_promote", "lease_time_to_live", "lease_leases", "lease_keep_alive")
     RANGE_FIELD_NUMBER: _ClassVar[int]

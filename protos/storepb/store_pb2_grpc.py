@@ -56,6 +56,11 @@ class StoreStub:
                 request_serializer=protos_dot_storepb_dot_store__pb2.ResolveTokenRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.ResolveTokenResponse.FromString,
                 _registered_method=True)
+        self.Leader = channel.unary_unary(
+                '/raftgate.storepb.Store/Leader',
+                request_serializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.SerializeToString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServicer:
@@ -90,6 +95,13 @@ class StoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leader(self, request, context):
+        """Who this node is and whom it follows, so that proxies can send requests to the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +124,11 @@ def add_StoreServicer_to_server(servicer, server):
                     servicer.ResolveToken,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.ResolveTokenRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.ResolveTokenResponse.SerializeToString,
+            ),
+            'Leader': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leader,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.FromString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +239,33 @@ class Store:
             '/raftgate.storepb.Store/ResolveToken',
             protos_dot_storepb_dot_store__pb2.ResolveTokenRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.ResolveTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftgate.storepb.Store/Leader',
+            protos_dot_storepb_dot_store__pb2.LeaderRequest.SerializeToString,
+            protos_dot_storepb_dot_store__pb2.LeaderResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,237 @@
+"""Raft messages between store nodes over gRPC streams.
+
+Each peer gets one long-lived outbound stream fed from a bounded queue: Raft tolerates lost
+messages, so when a peer is slow or down its queue drops rather than growing, and the core is
+told the peer is unreachable so it probes instead of streaming. Snapshots travel separately, as
+chunks of a consistent store copy, so a large transfer never delays heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from authstore.raft.codec import decode_message, encode_message
+from authstore.raft.types import Message
+from protos.raftpb import raft_pb2
+from protos.storepb import peer_pb2
+
+log = logging.getLogger("raftgate.store.transport")
+
+SERVICE = "raftgate.storepb.Peer"
+SECRET_METADATA = "x-raftgate-peer-secret"
+QUEUE_LIMIT = 4096
+CHUNK = 256 << 10
+MAX_MESSAGE = 64 << 20
+BACKOFF = (0.05, 1.0)
+
+OnMessage = Callable[[Message], None]
+OnSnapshot = Callable[[Message, Path], Awaitable[None]]
+OnUnreachable = Callable[[int], None]
+
+
+class PeerSecurity:
+    """How peers prove who they are: mTLS credentials, or an explicit development secret."""
+
+    def __init__(self, *, secret: bytes | None = None, cert: bytes | None = None, key: bytes | None = None,
+                 ca: bytes | None = None) -> None:
+        if secret is None and not (cert and key and ca):
+            raise ValueError("peer traffic must be authenticated (mTLS or a development secret)")
+        self.secret = secret
+        self.cert, self.key, self.ca = cert, key, ca
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if not self.tls:
+            return None
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+        if self.tls:
+            creds = grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                                 certificate_chain=self.cert)
+            return grpc.aio.secure_channel(address, creds, options=options)
+        return grpc.aio.insecure_channel(address, options=options)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((SECRET_METADATA, self.secret.decode()),) if self.secret is not None else ()
+
+    def admits(self, context: grpc.aio.ServicerContext) -> bool:
+        if self.secret is None:
+            return True  # mTLS already verified the peer's certificate
+        given = dict(context.invocation_metadata() or ()).get(SECRET_METADATA, "")
+        return hmac.compare_digest(given.encode(), self.secret)
+
+
+class _Peer:
+    def __init__(self, peer_id: int, address: str) -> None:
+        self.id = peer_id
+        self.address = address
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_LIMIT)
+        self.task: asyncio.Task[None] | None = None
+
+
+class Transport:
+    def __init__(self, self_id: int, security: PeerSecurity, on_message: OnMessage, on_snapshot: OnSnapshot,
+                 on_unreachable: OnUnreachable, snapshot_dir: Path) -> None:
+        self.id = self_id
+        self.security = security
+        self.on_message = on_message
+        self.on_snapshot = on_snapshot
+        self.on_unreachable = on_unreachable
+        self.snapshot_dir = snapshot_dir
+        self._peers: dict[int, _Peer] = {}
+
+    # ---- peers ----
+    def set_peers(self, peers: dict[int, str]) -> None:
+        """Starts streams to new peers and stops those no longer in the cluster."""
+        for peer_id in list(self._peers):
+            if peer_id not in peers:
+                self._remove(peer_id)
+        for peer_id, address in peers.items():
+            if peer_id == self.id:
+                continue
+            current = self._peers.get(peer_id)
+            if current is not None and current.address == address:
+                continue
+            if current is not None:
+                self._remove(peer_id)
+            peer = _Peer(peer_id, address)
+            peer.task = asyncio.get_running_loop().create_task(self._stream(peer), name=f"peer-{peer_id:x}")
+            self._peers[peer_id] = peer
+
+    def _remove(self, peer_id: int) -> None:
+        peer = self._peers.pop(peer_id)
+        if peer.task:
+            peer.task.cancel()
+
+    async def close(self) -> None:
+        for peer_id in list(self._peers):
+            self._remove(peer_id)
+
+    # ---- sending ----
+    def send(self, msg: Message) -> None:
+        peer = self._peers.get(msg.to)
+        if peer is None:
+            return
+        try:
+            peer.queue.put_nowait(encode_message(msg))
+        except asyncio.QueueFull:
+            self.on_unreachable(msg.to)
+
+    async def _stream(self, peer: _Peer) -> None:
+        delay = BACKOFF[0]
+        while True:
+            channel = self.security.channel(peer.address)
+            try:
+                call = channel.stream_unary(f"/{SERVICE}/Messages", request_serializer=None,
+                                            response_deserializer=None)
+                await call(self._drain(peer), metadata=self.security.metadata())
+            except asyncio.CancelledError:
+                await channel.close()
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.debug("stream to %x broke: %s", peer.id, exc.code())
+            finally:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            self.on_unreachable(peer.id)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF[1])
+
+    @staticmethod
+    async def _drain(peer: _Peer) -> AsyncIterator[bytes]:
+        while True:
+            yield await peer.queue.get()
+
+    async def send_snapshot(self, msg: Message, path: Path) -> bool:
+        """Streams the store copy at ``path`` to ``msg.to``; True when the peer took it."""
+        peer = self._peers.get(msg.to)
+        if peer is None:
+            return False
+
+        async def chunks() -> AsyncIterator[bytes]:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                while data := f.read(CHUNK):
+                    digest.update(data)
+                    yield peer_pb2.SnapshotChunk(data=data).SerializeToString()
+            last = peer_pb2.SnapshotChunk(message=raft_pb2.Message.FromString(encode_message(msg)),
+                                          sha256=digest.digest())
+            yield last.SerializeToString()
+
+        channel = self.security.channel(peer.address)
+        try:
+            call = channel.stream_unary(f"/{SERVICE}/Snapshot", request_serializer=None, response_deserializer=None)
+            await call(chunks(), metadata=self.security.metadata())
+            return True
+        except grpc.aio.AioRpcError as exc:
+            log.warning("snapshot to %x failed: %s", msg.to, exc.code())
+            return False
+        finally:
+            await channel.close()
+
+    # ---- receiving ----
+    async def _receive_messages(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+        if not self.security.admits(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
+        async for data in requests:
+            self.on_message(decode_message(data))
+        return b""
+
+    async def _receive_snapshot(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+        if not self.security.admits(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
+        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        path = self.snapshot_dir / f"incoming-{id(context):x}.mdb"
+        digest = hashlib.sha256()
+        last: peer_pb2.SnapshotChunk | None = None
+        try:
+            with open(path, "wb") as f:
+                async for data in requests:
+                    chunk = peer_pb2.SnapshotChunk.FromString(data)
+                    if chunk.HasField("message"):
+                        last = chunk
+                        break
+                    digest.update(chunk.data)
+                    f.write(chunk.data)
+            if last is None or not hmac.compare_digest(digest.digest(), last.sha256):
+                await context.abort(grpc.StatusCode.DATA_LOSS, "raftgate: snapshot incomplete or corrupt")
+            assert last is not None
+            await self.on_snapshot(decode_message(last.message.SerializeToString()), path)
+        finally:
+            path.unlink(missing_ok=True)
+        return b""
+
+    def handler(self, members: Callable[[], bytes]) -> grpc.GenericRpcHandler:
+        """The Peer service; ``members`` answers a joining node's question about the member list."""
+
+        async def member_list(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if not self.security.admits(context):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
+            return members()
+
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Messages": grpc.stream_unary_rpc_method_handler(self._receive_messages),
+            "Snapshot": grpc.stream_unary_rpc_method_handler(self._receive_snapshot),
+            "Members": grpc.unary_unary_rpc_method_handler(member_list),
+        })
+
+
+def peer_address(url: str) -> str:
+    """host:port of a peer URL (http://host:port or https://host:port)."""
+    rest = url.split("://", 1)[-1]
+    return rest.rstrip("/")
+
+

@@ -1,0 +1,22 @@
+from protos.raftpb import raft_pb2 as _raft_pb2
+from protos.etcdserverpb import rpc_pb2 as _rpc_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PeerAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("data", "message", "sha256")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    message: _raft_pb2.Message
+    sha256: bytes
+    def __init__(self, data: _Optional[bytes] = ..., message: _Optional[_Union[_raft_pb2.Message, _Mapping]] = ..., sha256: _Optional[bytes] = ...) -> None: ...
