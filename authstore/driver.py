@@ -84,13 +84,20 @@ class RaftNode:
         self._incoming_snapshots: dict[int, Path] = {}
         self._snapshots_out: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._leader_waiters: list[asyncio.Future[None]] = []
+        self.election_seconds = tick_seconds * election_ticks
 
     # ---- life cycle ----
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name="raft-driver"),
                        loop.create_task(self._ticker(), name="raft-ticker")]
+        if self.conf_state_voters() == [self.id]:
+            self.rn.campaign()  # the only voter: no reason to wait an election timeout
         self._wake.set()
+
+    def conf_state_voters(self) -> list[int]:
+        return list(self.rn.raft.trk.conf_state().voters)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -211,6 +218,11 @@ class RaftNode:
                     if not fut.done():
                         fut.set_exception(EtcdError(Err.LEADER_CHANGED))
             self._reads_in_flight.clear()
+            if lead:
+                for fut in self._leader_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._leader_waiters.clear()
             self.on_leader_change(lead, self.term)
 
     # ---- snapshots ----
@@ -273,10 +285,7 @@ class RaftNode:
     # ---- the API the store service uses ----
     async def propose(self, data: bytes) -> Any:
         """Puts a request into the log; returns the apply stage's answer (or raises its error)."""
-        if self.removed:
-            raise EtcdError(Err.STOPPED)
-        if self.leader_id == 0:
-            raise EtcdError(Err.NO_LEADER)
+        await self._await_leader()
         request_id = next(self._ids)
         payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now_ms())
         return await self._propose(request_id, lambda: self.rn.propose(payload))
@@ -308,10 +317,7 @@ class RaftNode:
 
     async def read_index(self) -> int:
         """A linearizable read point confirmed by a quorum (ReadIndex); many readers share one."""
-        if self.removed:
-            raise EtcdError(Err.STOPPED)
-        if self.leader_id == 0:
-            raise EtcdError(Err.NO_LEADER)
+        await self._await_leader()
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending_reads.append(fut)
         self._wake.set()
@@ -319,6 +325,22 @@ class RaftNode:
             return await asyncio.wait_for(asyncio.shield(fut), self.request_timeout)
         except TimeoutError:
             raise EtcdError(Err.TIMEOUT) from None
+
+    async def _await_leader(self) -> None:
+        """During an election, waits up to two election timeouts for a leader before answering
+        etcd's `no leader`: a client should not see the blink of a normal failover."""
+        if self.removed:
+            raise EtcdError(Err.STOPPED)
+        if self.leader_id:
+            return
+        deadline = time.monotonic() + 2 * self.election_seconds
+        while not self.leader_id:
+            if time.monotonic() >= deadline:
+                raise EtcdError(Err.NO_LEADER)
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._leader_waiters.append(fut)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, max(deadline - time.monotonic(), 0.001))
 
     def _issue_reads(self) -> None:
         if not self._pending_reads:

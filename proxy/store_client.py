@@ -1,19 +1,35 @@
-"""The proxy's connection to the store's internal service (raftgate.storepb.Store).
+"""The proxy's connection to the store cluster's internal service (raftgate.storepb.Store).
 
-Do and Snapshot move raw bytes (no (de)serialization: the proxy builds and unwraps them by
-slicing); Credentials and ResolveToken are small typed calls. Every call carries the internal
-credential: mTLS on the channel and/or the shared-secret metadata.
+The proxy knows every store node and sends each request to the leader, which it learns by asking
+the nodes (``Store.Leader``). When the leader changes or a node is down it finds the new leader
+and retries what is safe to retry: any request the store surely never took (the node could not
+be reached, or answered that it has no leader), and reads whatever happened. A write whose
+outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
+`leader changed`) and decides, as with etcd.
+
+Do and Snapshot move raw bytes (the proxy builds and unwraps them by slicing); Credentials,
+ResolveToken and Leader are small typed calls. Every call carries the internal credential: mTLS
+on the channel and/or the shared-secret metadata.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import grpc.aio
 
+from authstore.errors import Err, from_message
+from protos import wire
 from protos.storepb import store_pb2
+
+log = logging.getLogger(__name__)
 
 SECRET_METADATA_KEY = "x-raftgate-internal-secret"
 _SERVICE = "/raftgate.storepb.Store/"
@@ -22,6 +38,19 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.max_send_message_length", 2**31 - 1),
 ]
+HEADER_FIELD = 100
+# Requests that only read: retrying them can never apply anything twice.
+READ_FIELDS = frozenset({3, 1013, 1102, 1106, 1107, 1202, 3000, 3002, 3003, 3010, 3020, 3021})
+# Answers proving the request never entered the log.
+NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
+# Answers after which a read may be retried (the write's outcome is unknown).
+READ_RETRY = frozenset({Err.TIMEOUT, Err.TIMEOUT_DUE_TO_LEADER_FAIL, Err.LEADER_CHANGED})
+DEFAULT_DEADLINE = 10.0
+PROBE_TIMEOUT = 1.0
+REFRESH_SECONDS = 2.0
+BACKOFF = 0.05
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,46 +60,158 @@ class InternalTLS:
     key: bytes
 
 
-class StoreClient:
-    def __init__(self, target: str, *, secret: str | None = None, tls: InternalTLS | None = None) -> None:
-        if tls is not None:
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
-            )
-            self._channel = grpc.aio.secure_channel(target, creds, options=_CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        self._metadata: tuple[tuple[str, str], ...] = ((SECRET_METADATA_KEY, secret),) if secret else ()
-        ch = self._channel
-        self._do = ch.unary_unary(_SERVICE + "Do")
-        self._snapshot = ch.unary_stream(_SERVICE + "Snapshot")
-        self._credentials = ch.unary_unary(
+class _Endpoint:
+    def __init__(self, target: str, channel: grpc.aio.Channel) -> None:
+        self.target = target
+        self.channel = channel
+        self.do = channel.unary_unary(_SERVICE + "Do")
+        self.snapshot = channel.unary_stream(_SERVICE + "Snapshot")
+        self.credentials = channel.unary_unary(
             _SERVICE + "Credentials",
             request_serializer=store_pb2.CredentialsRequest.SerializeToString,
             response_deserializer=store_pb2.CredentialsResponse.FromString,
         )
-        self._resolve = ch.unary_unary(
+        self.resolve = channel.unary_unary(
             _SERVICE + "ResolveToken",
             request_serializer=store_pb2.ResolveTokenRequest.SerializeToString,
             response_deserializer=store_pb2.ResolveTokenResponse.FromString,
         )
+        self.leader = channel.unary_unary(
+            _SERVICE + "Leader",
+            request_serializer=store_pb2.LeaderRequest.SerializeToString,
+            response_deserializer=store_pb2.LeaderResponse.FromString,
+        )
 
+
+def request_field(internal_request: bytes) -> int:
+    """The field number of the request inside InternalRaftRequest bytes (after the header)."""
+    pos = 0
+    while pos < len(internal_request):
+        key, pos = wire.decode_varint(internal_request, pos)
+        if key & 7 != 2:
+            return 0
+        length, pos = wire.decode_varint(internal_request, pos)
+        if key >> 3 != HEADER_FIELD:
+            return key >> 3
+        pos += length
+    return 0
+
+
+def _unreached(error: grpc.aio.AioRpcError) -> bool:
+    """The call never reached a store node (nothing listening, or no connection at all)."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if from_message(error.details() or "") is not None:
+        return False  # an etcd error from the store itself
+    details = (error.details() or "").lower()
+    return "failed to connect" in details or "connection refused" in details or "connect failed" in details
+
+
+def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
+    err = from_message(error.details() or "")
+    return err if err is not None and err.code == error.code() else None
+
+
+class StoreClient:
+    def __init__(self, targets: str | list[str] | tuple[str, ...], *, secret: str | None = None,
+                 tls: InternalTLS | None = None) -> None:
+        if isinstance(targets, str):
+            targets = [targets]
+        self._metadata: tuple[tuple[str, str], ...] = ((SECRET_METADATA_KEY, secret),) if secret else ()
+        self._endpoints = [_Endpoint(t, self._channel(t, tls)) for t in targets]
+        self._leader = self._endpoints[0]
+        self._discovery: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _channel(target: str, tls: InternalTLS | None) -> grpc.aio.Channel:
+        if tls is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key,
+                                                 certificate_chain=tls.cert)
+            return grpc.aio.secure_channel(target, creds, options=_CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+
+    # ---- leader discovery ----
+    def start(self) -> None:
+        """Keeps the leader guess fresh in the background, so requests rarely meet a stale one."""
+        if len(self._endpoints) > 1 and self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            with contextlib.suppress(Exception):
+                await self._discover()
+
+    async def _discover(self) -> None:
+        """Asks every node whom it follows; the answer with the highest term wins."""
+        if len(self._endpoints) == 1:
+            return
+
+        async def ask(ep: _Endpoint) -> store_pb2.LeaderResponse | None:
+            try:
+                return await ep.leader(store_pb2.LeaderRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata)
+            except grpc.aio.AioRpcError:
+                return None
+
+        answers = await asyncio.gather(*(ask(ep) for ep in self._endpoints))
+        by_id = {a.member_id: ep for ep, a in zip(self._endpoints, answers, strict=True) if a is not None}
+        best = max((a for a in answers if a is not None and a.leader_id), key=lambda a: a.raft_term, default=None)
+        if best is not None and best.leader_id in by_id:
+            if by_id[best.leader_id] is not self._leader:
+                log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
+            self._leader = by_id[best.leader_id]
+
+    async def _rediscover(self) -> None:
+        """One discovery at a time, shared by every request that noticed the leader is gone."""
+        if self._discovery is None or self._discovery.done():
+            self._discovery = asyncio.get_running_loop().create_task(self._discover())
+        await asyncio.shield(self._discovery)
+
+    async def _call(self, invoke: Callable[[_Endpoint, float | None], Awaitable[T]], timeout: float | None,
+                    *, read: bool) -> T:
+        deadline = time.monotonic() + (timeout if timeout is not None else DEFAULT_DEADLINE)
+        while True:
+            endpoint = self._leader
+            left = deadline - time.monotonic()
+            try:
+                return await invoke(endpoint, max(left, 0.001))
+            except grpc.aio.AioRpcError as error:
+                err = _etcd_error(error)
+                retry = _unreached(error) or err in NOT_TAKEN or (read and (
+                    err in READ_RETRY or (err is None and error.code() == grpc.StatusCode.UNAVAILABLE)))
+                if not retry or time.monotonic() + BACKOFF >= deadline:
+                    raise
+                await self._rediscover()
+                if self._leader is endpoint:
+                    await asyncio.sleep(BACKOFF)
+
+    # ---- the calls ----
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError."""
-        return await self._do(internal_request, timeout=timeout, metadata=self._metadata)
+        read = request_field(internal_request) in READ_FIELDS
+        return await self._call(lambda ep, t: ep.do(internal_request, timeout=t, metadata=self._metadata),
+                                timeout, read=read)
 
-    def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
-        """The raw SnapshotResponse messages of Store.Snapshot."""
-        return self._snapshot(internal_request, timeout=timeout, metadata=self._metadata)
+    async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
+        """The raw SnapshotResponse messages of Store.Snapshot, from the leader."""
+        async for chunk in self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata):
+            yield chunk
 
     async def credentials(self, name: str, timeout: float | None = None) -> store_pb2.CredentialsResponse:
-        return await self._credentials(
-            store_pb2.CredentialsRequest(name=name), timeout=timeout, metadata=self._metadata
-        )
+        req = store_pb2.CredentialsRequest(name=name)
+        return await self._call(lambda ep, t: ep.credentials(req, timeout=t, metadata=self._metadata),
+                                timeout, read=True)
 
     async def resolve_token(self, token: str, timeout: float | None = None) -> store_pb2.ResolveTokenResponse:
         req = store_pb2.ResolveTokenRequest(token=token)
-        return await self._resolve(req, timeout=timeout, metadata=self._metadata)
+        return await self._call(lambda ep, t: ep.resolve(req, timeout=t, metadata=self._metadata),
+                                timeout, read=True)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for task in (self._refresher, self._discovery):
+            if task is not None:
+                task.cancel()
+        for ep in self._endpoints:
+            await ep.channel.close()
+

@@ -6,7 +6,8 @@ the caller's `now_ms`, so every member applying the same log holds the same leas
 Layout:
   lease           id (8 bytes, signed big-endian) -> record (ttl, refreshed_at_ms, deadline_ms,
                   remaining_ttl for a checkpoint; 0 = none)
-  lease_keys      id + key -> b""   (keys attached to a lease, in key order)
+  lease_keys      id + index key -> b"" for a short key, the full key for a long one (index keys
+                  as in mvcc/index.py: a key over index.PREFIX bytes is its prefix + SHA-256)
   lease_deadline  deadline_ms + id -> b""   (leases by expiry, so expiry is a cursor walk)
   lease_meta      b"next_id_seq" -> counter for IDs picked by the store
 """
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import lmdb
 
 from authstore.errors import Err, EtcdError
+from authstore.mvcc.index import PREFIX, index_key
 from authstore.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 
@@ -150,10 +152,13 @@ class Lessor:
 
     # ---- key attachments (called by KVStore) ----
     def attach(self, txn: lmdb.Transaction, lease_id: int, key: bytes) -> None:
-        txn.put(_ID.pack(lease_id) + key, b"", db=self._keys)
+        if len(key) <= PREFIX:
+            txn.put(_ID.pack(lease_id) + key, b"", db=self._keys)
+        else:
+            txn.put(_ID.pack(lease_id) + index_key(key), key, db=self._keys)
 
     def detach(self, txn: lmdb.Transaction, lease_id: int, key: bytes) -> None:
-        txn.delete(_ID.pack(lease_id) + key, db=self._keys)
+        txn.delete(_ID.pack(lease_id) + (key if len(key) <= PREFIX else index_key(key)), db=self._keys)
 
     def _attached(self, txn: lmdb.Transaction, lease_id: int) -> list[bytes]:
         prefix = _ID.pack(lease_id)
@@ -161,10 +166,17 @@ class Lessor:
         out: list[bytes] = []
         if not cur.set_range(prefix):
             return out
-        for k in cur.iternext(keys=True, values=False):
+        has_long = False
+        for k, v in cur.iternext(keys=True, values=True):
             if not k.startswith(prefix):
                 break
-            out.append(k[len(prefix) :])
+            if v:  # a long key: the entry holds the full key
+                out.append(v)
+                has_long = True
+            else:
+                out.append(k[8:])
+        if has_long:  # long keys sharing a prefix sit in hash order; everything else is in order
+            out.sort()
         return out
 
     def attached_keys(self, txn: lmdb.Transaction, lease_id: int) -> list[bytes]:

@@ -7,10 +7,22 @@ and puts, keys-only reads, counts and revision filters never touch the value rec
 
 An entry whose version is 0 is a tombstone: the key was deleted at that revision. A key's entries
 read oldest to newest form etcd's "generations"; a tombstone closes one.
+
+Long keys. LMDB caps a key at 511 bytes, etcd caps a key only by the request size (1.5 MiB). A
+key of at most PREFIX bytes is its own index key (so short keys pay nothing). A longer key is
+indexed as its first PREFIX bytes + the SHA-256 of the whole key (`index_key`), and the full key is
+kept in `mvcc_longkey` (index key -> key). Length alone tells the two kinds apart: an index key
+longer than PREFIX is a long one. This keeps index order equal to key order everywhere except
+among long keys sharing their first PREFIX bytes (a "bucket"), which sit together in hash order;
+`scan` reads such a bucket whole, sorts it by full key and applies the true range bounds. Proof
+sketch: a short key s and a long key L with prefix P = L[:PREFIX] compare like s and P + hash
+(they differ before byte PREFIX, or s is a prefix of P and so of L), and two long keys with
+different prefixes compare like their prefixes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -24,6 +36,24 @@ _ENTRY = struct.Struct(">QQQQq")
 ENTRY_SIZE = _ENTRY.size
 
 DB_NAME = b"mvcc_index"
+LONG_DB_NAME = b"mvcc_longkey"
+
+#: keys up to this length are their own index key; longer ones become PREFIX bytes + SHA-256
+PREFIX = 400
+#: length of the index key of every long key
+LONG_INDEX_KEY = PREFIX + hashlib.sha256().digest_size
+
+
+def index_key(key: bytes) -> bytes:
+    """The LMDB key under which `key` is indexed (the key itself unless longer than PREFIX)."""
+    if len(key) <= PREFIX:
+        return key
+    return key[:PREFIX] + hashlib.sha256(key).digest()
+
+
+def is_long(ikey: bytes) -> bool:
+    """Whether an index key stands for a long key (whose full key is stored apart)."""
+    return len(ikey) > PREFIX
 
 
 class Entry(NamedTuple):
@@ -62,33 +92,35 @@ class KeyIndex:
     """Key -> revisions, with point and range lookups at any retained revision."""
 
     def __init__(self, env: lmdb.Environment, txn: lmdb.Transaction) -> None:
+        if env.max_key_size() < LONG_INDEX_KEY + 8:  # + 8: the lessor prefixes a lease id
+            raise RuntimeError(f"LMDB max key size {env.max_key_size()} is below {LONG_INDEX_KEY + 8}")
         self._db = env.open_db(DB_NAME, txn=txn, dupsort=True, dupfixed=True)
-        # LMDB refuses keys longer than this; longer keys can never be stored, so lookups skip them
-        self.max_key = env.max_key_size()
+        self._long = env.open_db(LONG_DB_NAME, txn=txn)
 
     # ---- lookups ----
     def latest(self, txn: lmdb.Transaction, key: bytes) -> Entry | None:
         """The newest entry of `key` (possibly a tombstone), or None if the key has no history."""
-        if not key or len(key) > self.max_key:
+        if not key:
             return None
         cur = txn.cursor(db=self._db)
-        if not cur.set_key(key):
+        if not cur.set_key(key if len(key) <= PREFIX else index_key(key)):
             return None
         cur.last_dup()
         return unpack(cur.value())
 
     def get(self, txn: lmdb.Transaction, key: bytes, at_rev: int | None = None) -> Entry | None:
         """The live entry of `key` at revision `at_rev` (None = newest); None if absent there."""
-        if not key or len(key) > self.max_key:
+        if not key:
             return None
+        ikey = key if len(key) <= PREFIX else index_key(key)
         cur = txn.cursor(db=self._db)
-        if not cur.set_key(key):
+        if not cur.set_key(ikey):
             return None
-        raw = self._visible(cur, key, at_rev)
+        raw = self._visible(cur, ikey, at_rev)
         return unpack(raw) if raw is not None else None
 
     def _visible(self, cur: lmdb.Cursor, key: bytes, at_rev: int | None) -> bytes | None:
-        """Raw live entry at `at_rev` for the key the cursor sits on; leaves the cursor on that key."""
+        """Raw live entry at `at_rev` for the index key the cursor sits on; leaves the cursor on it."""
         if at_rev is None:
             cur.last_dup()
             raw = cur.value()
@@ -104,35 +136,77 @@ class KeyIndex:
             raw = cur.value()
         return raw if _is_live(raw) else None
 
+    def full_key(self, txn: lmdb.Transaction, ikey: bytes) -> bytes:
+        """The key an index key stands for."""
+        if len(ikey) <= PREFIX:
+            return ikey
+        key = txn.get(ikey, db=self._long)
+        if key is None:  # written with the first entry, dropped with the last: a miss is corruption
+            raise RuntimeError("mvcc: no full key stored for a long index key")
+        return key
+
     def scan(
         self, txn: lmdb.Transaction, key: bytes, end: bytes | None, at_rev: int | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        """(key, raw entry) of every key live at `at_rev` in [key, end), ascending.
+        """(key, raw entry) of every key live at `at_rev` in [key, end), ascending by key.
 
         `end` None means the single key; b"" means no upper bound.
         """
         if end is None:
-            if key and len(key) <= self.max_key:
+            if key:
+                ikey = key if len(key) <= PREFIX else index_key(key)
                 cur = txn.cursor(db=self._db)
-                if cur.set_key(key):
-                    raw = self._visible(cur, key, at_rev)
+                if cur.set_key(ikey):
+                    raw = self._visible(cur, ikey, at_rev)
                     if raw is not None:
                         yield key, raw
             return
         if end and end <= key:
             return
         cur = txn.cursor(db=self._db)
-        if not cur.set_range(key[: self.max_key]):
+        # a long start key: its bucket begins at its prefix (a short key equal to the prefix sorts
+        # before the start and is skipped by the bound check below)
+        if not cur.set_range(key if len(key) <= PREFIX else key[:PREFIX]):
             return
+        visible, step, current = self._visible, cur.next_nodup, cur.key
+        k = current()
         while True:
-            k = cur.key()
-            if end and k >= end:
+            if len(k) <= PREFIX:  # a short key: index order is key order
+                if end and k >= end:
+                    return
+                if k >= key:
+                    raw = visible(cur, k, at_rev)
+                    if raw is not None:
+                        yield k, raw
+                if not step():
+                    return
+                k = current()
+                continue
+            # a bucket of long keys sharing prefix p: every key in it is > p, and every index key
+            # after it is greater than all of them
+            p = k[:PREFIX]
+            if end and end <= p:
                 return
-            if k >= key:
+            live: list[tuple[bytes, bytes]] = []
+            more = True
+            while True:
                 raw = self._visible(cur, k, at_rev)
                 if raw is not None:
-                    yield k, raw
-            if not cur.next_nodup():
+                    live.append((k, raw))
+                if not cur.next_nodup():
+                    more = False
+                    break
+                k = cur.key()
+                if len(k) <= PREFIX or k[:PREFIX] != p:
+                    break
+            rows = sorted((self.full_key(txn, ik), raw) for ik, raw in live)
+            for full, raw in rows:
+                if full < key:
+                    continue
+                if end and full >= end:
+                    return
+                yield full, raw
+            if not more:
                 return
 
     def count(self, txn: lmdb.Transaction, key: bytes, end: bytes | None, at_rev: int | None = None) -> int:
@@ -141,17 +215,22 @@ class KeyIndex:
 
     def history(self, txn: lmdb.Transaction, key: bytes) -> list[Entry]:
         """Every retained entry of `key`, oldest first (for watch and for tests)."""
-        if not key or len(key) > self.max_key:
+        if not key:
             return []
         cur = txn.cursor(db=self._db)
-        if not cur.set_key(key):
+        if not cur.set_key(index_key(key)):
             return []
         return [unpack(v) for v in cur.iternext_dup()]
 
     # ---- writes ----
     def append(self, txn: lmdb.Transaction, key: bytes, entry: bytes) -> None:
         """Records a new revision of `key`; revisions only ever grow, so it lands last."""
-        txn.put(key, entry, db=self._db, dupdata=True)
+        if len(key) <= PREFIX:
+            txn.put(key, entry, db=self._db, dupdata=True)
+            return
+        ikey = index_key(key)
+        txn.put(ikey, key, db=self._long, overwrite=False)
+        txn.put(ikey, entry, db=self._db, dupdata=True)
 
     def compact(self, txn: lmdb.Transaction, at_rev: int) -> list[bytes]:
         """Drops history no read at revision >= `at_rev` can see; returns the dropped record keys.
@@ -176,6 +255,12 @@ class KeyIndex:
                 drop = older if (not _is_live(last) and revision.main_of(last) < at_rev) else older[:-1]
                 doomed.extend((key, raw) for raw in drop)
             ok = cur.set_key(key) and cur.next_nodup()  # iterating dups to the end unpositions
+        emptied: set[bytes] = set()
         for key, raw in doomed:
             txn.delete(key, raw, db=self._db)
+            if len(key) > PREFIX:
+                emptied.add(key)
+        for ikey in emptied:  # a long key whose whole history went no longer needs its full key
+            if txn.get(ikey, db=self._db) is None:
+                txn.delete(ikey, db=self._long)
         return [raw[: revision.SIZE] for _, raw in doomed]

@@ -3,7 +3,9 @@
 Layout (all in the caller's LMDB environment):
   mvcc_kv     revision (16 bytes) -> serialized mvccpb.KeyValue; a tombstone is KeyValue{key,
               mod_revision} with version 0, so history can later be replayed as watch events.
-  mvcc_index  key -> index entries (see index.py).
+  mvcc_index  key -> index entries (see index.py); a key longer than index.PREFIX is indexed
+              under its prefix + SHA-256, with the full key in mvcc_longkey. Keys of any length
+              are accepted; their size is bounded only by the request size limit, as in etcd.
   mvcc_meta   current and compacted revision.
 
 Every method takes the LMDB transaction to use, keeps no state outside LMDB and raises EtcdError
@@ -127,8 +129,6 @@ class KVStore:
         self._meta = env.open_db(b"mvcc_meta", txn=txn)
         self._kv = env.open_db(b"mvcc_kv", txn=txn)
         self._index = KeyIndex(env, txn)
-        # a leased key is also stored as lease id (8 bytes) + key, which LMDB caps like any key
-        self.max_key_size = self._index.max_key - 8
 
     # ---- revisions ----
     def current_revision(self, txn: lmdb.Transaction) -> int:
@@ -259,8 +259,6 @@ class KVStore:
             raise EtcdError(Err.LEASE_NOT_FOUND)
         if not req.key:
             raise EtcdError(Err.EMPTY_KEY)
-        if len(req.key) > self.max_key_size:
-            raise EtcdError(Err.REQUEST_TOO_LARGE)
         if (req.ignore_value or req.ignore_lease) and self._index.get(txn, req.key) is None:
             raise EtcdError(Err.KEY_NOT_FOUND)
 

@@ -313,6 +313,22 @@ class Raft:
         if self.election_elapsed >= self.randomized_election_timeout and self.promotable():
             self.election_elapsed = 0
             self.step(Message(MsgHup, frm=self.id))
+        elif self.state == PRE_CANDIDATE and self.election_elapsed % self.heartbeat_timeout == 0:
+            self._repoll()
+
+    def _repoll(self) -> None:
+        """Asks again, every heartbeat, the voters that have not answered a pre-vote.
+
+        A follower still inside its leader lease ignores pre-votes; once the lease runs out it
+        would grant one, but without a new request the pre-candidate waits a whole randomized
+        election timeout. Pre-votes change no term, so asking again is harmless, and a failover
+        then takes about one election timeout instead of up to three.
+        """
+        trk = self.trk
+        last, last_term = self.log.last_index(), self.log.last_term()
+        for id in sorted(trk.voters):
+            if id != self.id and id not in trk.votes:
+                self.msgs.append(Message(MsgPreVote, id, self.id, self.term + 1, last_term, last))
 
     def _tick_heartbeat(self) -> None:
         self.heartbeat_elapsed += 1

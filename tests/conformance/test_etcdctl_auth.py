@@ -417,7 +417,7 @@ def test_maintenance_and_cluster(authed: tuple[Server, Ctl], tmp_path: Path) -> 
         err="Failed to get the status of endpoint {ep} (etcdserver: user name is empty)\n",
         v35={"rc": 0, "out": None, "out_re": status_re, "err": ""},
     )
-    member_re = r"[0-9a-f]+, started, \S+, \S+, http://127\.0\.0\.1:\d+, false\n"
+    member_re = r"([0-9a-f]+, started, \S+, \S+, http://127\.0\.0\.1:\d+, false\n)+"
     ctl("member", "list", user=TU, out=None, out_re=member_re)
     ctl("member", "list", user=ROOT, out=None, out_re=member_re)
     ctl("member", "list", rc=1, err=USER_EMPTY, v35={"rc": 0, "out": None, "out_re": member_re, "err": ""})

@@ -36,7 +36,8 @@ class Program(_Server):
         return [sys.executable, "-m", "proxy.cli", *self.args]
 
     def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) for line in self.lines)
+        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
+                   for line in self.lines)
 
 
 def _do(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = None) -> store_pb2.InternalResponse:
@@ -54,8 +55,8 @@ def secret_store(tmp_path: Path):
     secret.write_text(SECRET)
     port = free_port()
     store = Program(tmp_path / "store", ["store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls",
-                                         f"http://127.0.0.1:{port}", "--internal-secret-file", str(secret)],
-                    "raftgate store:")
+                                         f"http://127.0.0.1:{port}", "--internal-secret-file", str(secret),
+                                         *_peer_flags(secret)], "raftgate store:")
     store.start()
     yield f"127.0.0.1:{port}"
     store.stop()
@@ -73,9 +74,16 @@ def test_internal_port_refuses_callers_without_the_secret(secret_store: str) -> 
         assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no credentials
 
 
+def _peer_flags(secret: Path) -> list[str]:
+    peer = f"http://127.0.0.1:{free_port()}"
+    return ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--peer-secret-file", str(secret)]
+
+
 def test_store_will_not_start_unauthenticated(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
     store = Program(tmp_path, ["store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls",
-                               f"http://127.0.0.1:{free_port()}"], "raftgate store:")
+                               f"http://127.0.0.1:{free_port()}", *_peer_flags(secret)], "raftgate store:")
     with pytest.raises(RuntimeError, match="exited with 2"):
         store.start(timeout=30)
     assert "the internal port must be authenticated" in store.output()
@@ -114,11 +122,13 @@ def _write_pki(d: Path) -> dict[str, Path]:
 
 def test_mtls_between_proxy_and_store(tmp_path: Path) -> None:
     pki = _write_pki(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
     store_port, client_port = free_port(), free_port()
     store = Program(tmp_path / "s", ["store", "--data-dir", str(tmp_path / "data"),
                                      "--listen-internal-urls", f"https://127.0.0.1:{store_port}",
                                      "--cert-file", str(pki["store_cert"]), "--key-file", str(pki["store_key"]),
-                                     "--trusted-ca-file", str(pki["ca"])], "raftgate store:")
+                                     "--trusted-ca-file", str(pki["ca"]), *_peer_flags(secret)], "raftgate store:")
     proxy = Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{client_port}",
                                      "--store-endpoints", f"127.0.0.1:{store_port}",
                                      "--internal-cert", str(pki["proxy_cert"]), "--internal-key",
