@@ -60,10 +60,12 @@ def is_read_only_txn(txn: pb.TxnRequest) -> bool:
 
 
 class Applier:
-    def __init__(self, backend: Backend, member_id: int, max_txn_ops: int = 128) -> None:
+    def __init__(self, backend: Backend, member_id: int, max_txn_ops: int = 128,
+                 quota_bytes: int = 2 << 30) -> None:
         self.backend = backend
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
+        self.quota_bytes = quota_bytes
         self.term = 1
         self._open()
         self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {
@@ -161,12 +163,18 @@ class Applier:
         except DecodeError:
             log.error("entry %d does not decode; skipped", entry.index)
             return 0, EtcdError(Err.NOT_CAPABLE)
+        if self._refused_for_space(batch, req, len(entry.data)):
+            return req.ID, EtcdError(Err.NO_SPACE)
         txn = self.env.begin(write=True, parent=batch)
         try:
             resp = self.execute(txn, req, index=entry.index, read=False)
         except (EtcdError, AuthRevisionMoved) as exc:
             txn.abort()
             return req.ID, exc
+        except lmdb.MapFullError:
+            txn.abort()
+            self._raise_nospace_alarm(batch)
+            return req.ID, EtcdError(Err.NO_SPACE)
         except Exception:  # a bug must not leave half an entry applied, nor stop the node
             txn.abort()
             log.exception("applying entry %d failed", entry.index)
@@ -179,6 +187,8 @@ class Applier:
         kind = request_kind(req)
         body = getattr(req, kind)
         if kind == "authenticate":
+            if req.time_unix_ms:
+                body.issued_at_unix_ms = req.time_unix_ms  # one clock: the node that logged the entry
             try:
                 token = self.auth.authenticate(txn, body, index)
             except RevisionMoved as exc:
@@ -194,6 +204,28 @@ class Applier:
             resp = handler(txn, body, req)
         self.stamp(txn, resp)
         return resp
+
+    def _refused_for_space(self, batch: lmdb.Transaction, req: ipb.InternalRaftRequest, size: int) -> bool:
+        """etcd's quota: once the store passes --quota-backend-bytes, a NOSPACE alarm is raised and
+        writes that add data (Put, Txn with a Put, LeaseGrant) are refused until it is disarmed;
+        deletes and compaction still go through, so space can be won back."""
+        adds = req.HasField("put") or req.HasField("lease_grant") or (
+            req.HasField("txn") and not is_read_only_txn(req.txn))
+        if not adds:
+            return False
+        if any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms):
+            return True
+        if self.backend.size()[1] + size <= self.quota_bytes:
+            return False
+        self._raise_nospace_alarm(batch)
+        return True
+
+    def _raise_nospace_alarm(self, batch: lmdb.Transaction) -> None:
+        current = self.alarms(batch)
+        if not any(a.alarm == pb.NOSPACE and a.memberID == self.member_id for a in current.alarms):
+            current.alarms.add(memberID=self.member_id, alarm=pb.NOSPACE)
+            self.backend.meta_put(batch, self._ALARMS, current.SerializeToString())
+            log.warning("the store passed its quota of %d bytes: NOSPACE alarm raised", self.quota_bytes)
 
     def check(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, read: bool) -> str:
         """Validation and authorization alone, for requests answered outside the handlers here."""
@@ -221,7 +253,7 @@ class Applier:
         return pb.LeaseRevokeResponse()
 
     def _expire_tokens(self, txn: lmdb.Transaction, body: ipb.ExpireTokensRequest, _r: Any) -> Message:
-        self.auth.expire_tokens(txn, list(body.tokens))
+        self.auth.expire_tokens(txn, list(body.token_digests))
         return pb.AuthStatusResponse()
 
     def _member_update(self, txn: lmdb.Transaction, body: pb.MemberUpdateRequest, _r: Any) -> Message:

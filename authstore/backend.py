@@ -1,8 +1,9 @@
 """The store node's one LMDB environment, and the record of which log index it has applied.
 
-Durability comes from the fsync'd log, not from LMDB: the environment is opened without sync, and
-after a crash the log is replayed from the applied index recorded here. Recording that index in
-the same write transaction as the entries it covers is what makes the replay idempotent.
+Every commit is synced (LMDB without sync can be corrupted by a machine crash, not only lose
+its last transactions); only the meta page sync is relaxed, which at worst undoes the newest
+transaction, which the log then replays. Recording the applied index in the same write
+transaction as the entries it covers is what makes the replay idempotent.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Backend:
         self._open()
 
     def _open(self) -> None:
-        self.env = lmdb.open(str(self.path), max_dbs=32, map_size=self.map_size, subdir=True, sync=False,
+        self.env = lmdb.open(str(self.path), max_dbs=32, map_size=self.map_size, subdir=True, sync=True,
                              metasync=False, writemap=False, max_readers=1024)
         self._meta = self.env.open_db(b"meta")
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from authstore.observe import ObserveConfig, add_observe_flags, observe_config
+
 
 class ConfigError(Exception):
     pass
@@ -48,6 +50,7 @@ class StoreConfig:
     max_txn_ops: int = 128
     quota_backend_bytes: int = 2 << 30
     log_level: str = "info"
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-txn-ops", type=int, default=128)
     p.add_argument("--quota-backend-bytes", type=int, default=2 << 30)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+    add_observe_flags(p)
     return p
 
 
@@ -194,4 +198,5 @@ def parse(argv: list[str]) -> StoreConfig:
         raise ConfigError("--max-txn-ops must be at least 1")
     if cfg.quota_backend_bytes < 1 << 20:
         raise ConfigError("--quota-backend-bytes must be at least 1 MiB")
+    cfg.observe = observe_config(a, ConfigError)
     return cfg

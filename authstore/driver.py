@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import random
 import secrets
 import shutil
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from authstore import metrics
 from authstore.apply import Applier
 from authstore.errors import Err, EtcdError
 from authstore.log.wal import WAL
@@ -41,6 +43,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 log = logging.getLogger("raftgate.store.driver")
 
 T = TypeVar("T")
+MAX_APPLY_LAG = 5000
 ID_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["ID"].number
 TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 
@@ -146,6 +149,16 @@ class RaftNode:
 
     # ---- the loop ----
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            # Fail-stop: a node that cannot persist or apply must not keep answering as if it could.
+            log.critical("the Raft driver failed; the node stops", exc_info=True)
+            os._exit(70)
+
+    async def _loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -166,7 +179,10 @@ class RaftNode:
             self.applier.term = self.term
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
+        if rd.soft_state is not None or rd.hard_state is not None:
+            metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
         if rd.entries or rd.hard_state is not None:
+            metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
             if rd.entries:
                 self.storage.append(rd.entries)
@@ -184,6 +200,7 @@ class RaftNode:
                 if not fut.done():
                     fut.set_result(rs.index)
         self.rn.advance(rd)
+        metrics.observe_indexes(committed=self.storage.hard_state.commit, applied=self.applied_index)
 
     async def _apply(self, rd: Ready) -> None:
         entries = rd.committed_entries
@@ -286,6 +303,8 @@ class RaftNode:
     async def propose(self, data: bytes) -> Any:
         """Puts a request into the log; returns the apply stage's answer (or raises its error)."""
         await self._await_leader()
+        if self.storage.hard_state.commit - self.applied_index > MAX_APPLY_LAG:
+            raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
         payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now_ms())
         return await self._propose(request_id, lambda: self.rn.propose(payload))
@@ -305,6 +324,7 @@ class RaftNode:
         except ProposalDroppedError:
             self._waiters.pop(request_id, None)
             raise EtcdError(Err.NO_LEADER) from None
+        metrics.observe_proposal()
         self._wake.set()
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), self.request_timeout)

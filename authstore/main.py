@@ -17,6 +17,7 @@ from authstore.driver import RaftNode
 from authstore.log.wal import WAL, WALCorrupt
 from authstore.maintenance import Maintenance, MemberInfo
 from authstore.membership import cluster_id, member_id
+from authstore.observe import start_observability
 from authstore.raft.codec import encode_conf_change
 from authstore.raft.storage import MemoryStorage
 from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
@@ -121,7 +122,7 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops)
+    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, quota_bytes=cfg.quota_backend_bytes)
     tick = cfg.heartbeat_interval_ms / 1000
     return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
@@ -152,8 +153,14 @@ async def serve(cfg: store_config.StoreConfig) -> None:
         transport.set_peers(peers)
 
     node.on_membership_change = refresh_peers
+
+    def leader_changed(leader: int, _term: int) -> None:
+        if leader == node.id:
+            service.tokens.became_leader()
+
+    node.on_leader_change = leader_changed
     address = f"{cfg.listen_host}:{cfg.listen_port}"
-    server, _health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
+    server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
     peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
@@ -165,9 +172,10 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     await peer_server.start()
     node.start()
     refresh_peers()
-    background = [asyncio.get_running_loop().create_task(service.sweep_tokens()),
+    background = [asyncio.get_running_loop().create_task(service.tokens.sweep(lambda: node.is_leader)),
                   asyncio.get_running_loop().create_task(maintenance.publish_attributes())]
     await server.start()
+    observability = await start_observability(cfg.observe, health)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,9 +183,11 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
           flush=True)
     await stop.wait()
+    await observability.begin_shutdown()
     for task in background:
         task.cancel()
     await server.stop(grace=2)
+    await observability.close()
     await peer_server.stop(grace=1)
     await node.stop()
     backend.close()

@@ -13,8 +13,8 @@ import hashlib
 import hmac
 import logging
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.auth.authorize import request_kind
+from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
 from authstore.errors import EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
@@ -41,7 +42,7 @@ SECRET_METADATA = "x-raftgate-internal-secret"
 REVISION_MOVED = "raftgate: auth revision moved"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
-TOKEN_WAIT_SECONDS = 5.0
+READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 
 # Answered from applied state, after authorization: nothing to put into the log.
@@ -49,17 +50,16 @@ READ_KINDS = frozenset({"range", "auth_status", "auth_user_get", "auth_user_list
                         "auth_role_list"})
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class StoreService:
     def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance) -> None:
         self.applier = applier
         self.node = node
         self.maintenance = maintenance
-        # Sliding TTL of simple tokens: last use seen by this node (not replicated state).
-        self._token_last_used: dict[str, int] = {}
+        # Reads run off the event loop (a large Range must not stall every other request); each
+        # LMDB read transaction lives and dies in the worker thread that opened it.
+        self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
+        self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
+                                   node.wait_applied, lambda: node.last_index)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -75,6 +75,8 @@ class StoreService:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
         try:
             resp = await self._dispatch(req, kind, data)
+            if kind.startswith("member_"):
+                resp.header.revision = 0  # etcd's Cluster service header has no KV revision
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
         except AuthRevisionMoved:
@@ -86,7 +88,7 @@ class StoreService:
                 kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
             if not _serializable(req, kind):
                 await self.node.wait_applied(await self.node.read_index())
-            return self._read(req, kind)
+            return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
         if self.maintenance.handles(kind):
             return await self.maintenance.answer(req, kind, now_ms())
         return await self.node.propose(data)
@@ -151,56 +153,11 @@ class StoreService:
 
     async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         token = spb.ResolveTokenRequest.FromString(data).token
-        resp = spb.ResolveTokenResponse()
-        index = _token_index(token)
-        if index is not None and index <= self.node.last_index:
-            try:
-                await asyncio.wait_for(self.node.wait_applied(index), TOKEN_WAIT_SECONDS)
-            except TimeoutError:
-                index = None
-        with self.env.begin() as txn:
-            auth = self.applier.auth
-            resp.auth_enabled = auth.is_enabled(txn)
-            resp.auth_revision = auth.revision(txn)
-            found = auth.lookup_token(txn, token) if index is not None else None
-        if found is not None:
-            username, issued_at, ttl_seconds = found
-            now = now_ms()
-            last = self._token_last_used.get(token, issued_at)
-            if now - last <= ttl_seconds * 1000:
-                self._token_last_used[token] = now
-                resp.valid = True
-                resp.username = username
-            else:
-                self._token_last_used.pop(token, None)
-                asyncio.get_running_loop().create_task(self._expire([token]))
-        return resp.SerializeToString()
+        return (await self.tokens.resolve(token)).SerializeToString()
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id,
                                   raft_term=self.node.term).SerializeToString()
-
-    async def _expire(self, tokens: list[str]) -> None:
-        req = ipb.InternalRaftRequest(expire_tokens=ipb.ExpireTokensRequest(tokens=tokens))
-        try:
-            await self.node.propose(req.SerializeToString())
-        except Exception:  # best effort: an expired token stays refused either way
-            log.warning("could not record %d expired tokens", len(tokens))
-
-    async def sweep_tokens(self, interval: float = 1.0) -> None:
-        """Drops expired simple tokens through the log, so every node forgets them together."""
-        while True:
-            await asyncio.sleep(interval)
-            if not self.node.is_leader:
-                continue  # token use is seen where proxies send requests: the leader
-            now = now_ms()
-            with self.env.begin() as txn:
-                expired = [t for t, (_, issued, ttl) in self.applier.auth.list_tokens(txn)
-                           if now - self._token_last_used.get(t, issued) > ttl * 1000]
-            for t in expired:
-                self._token_last_used.pop(t, None)
-            if expired:
-                await self._expire(expired)
 
 
 def _serializable(req: ipb.InternalRaftRequest, kind: str) -> bool:
@@ -221,15 +178,6 @@ def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
         elif which == "request_txn":
             out.extend(_txn_ranges(op.request_txn))
     return out
-
-
-def _token_index(token: str) -> int | None:
-    prefix, dot, index = token.rpartition(".")
-    if not dot or len(prefix) != 16 or not prefix.isascii() or not prefix.isalpha() or not index.isdigit():
-        return None
-    if len(index) > 20:
-        return None
-    return int(index)
 
 
 class _SecretCheck(grpc.aio.ServerInterceptor):

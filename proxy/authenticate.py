@@ -20,6 +20,7 @@ import grpc.aio
 from authstore.errors import Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
+from proxy import metrics
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
@@ -34,6 +35,15 @@ REVISION_MOVED = "raftgate: auth revision moved"
 
 def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
     return error.code() == grpc.StatusCode.ABORTED and REVISION_MOVED in (error.details() or "")
+
+
+class _Refused(Exception):
+    """An Authenticate refusal and the metrics result it counts as (the client sees only ``err``)."""
+
+    def __init__(self, err: Err, result: metrics.AuthResult) -> None:
+        super().__init__(err.message)
+        self.err = err
+        self.result = result
 
 
 class Authenticator:
@@ -55,8 +65,21 @@ class Authenticator:
 
     async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None) -> bytes:
         """The serialized AuthenticateResponse, or EtcdError / AioRpcError."""
-        name, password = request.name, request.password
-        for _ in range(MAX_ATTEMPTS):
+        try:
+            answer = await self._authenticate(request.name, request.password, timeout)
+        except _Refused as e:
+            metrics.authentication(e.result)
+            raise EtcdError(e.err) from None
+        except Exception:
+            metrics.authentication("error")
+            raise
+        metrics.authentication("ok")
+        return answer
+
+    async def _authenticate(self, name: str, password: str, timeout: float | None) -> bytes:
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                metrics.AUTHENTICATE_REVISION_RETRIES.inc()
             checked_revision = await self._check_password(name, password, timeout)
             try:
                 return await self._commit(name, checked_revision, timeout)
@@ -64,23 +87,24 @@ class Authenticator:
                 if not is_revision_moved(e):
                     raise
                 log.info("auth revision moved during Authenticate; retrying")
-        raise EtcdError(Err.AUTH_FAILED)
+        raise _Refused(Err.AUTH_FAILED, "revision_retry_exhausted")
 
     async def _check_password(self, name: str, password: str, timeout: float | None) -> int:
         creds = await self._store.credentials(name, timeout)
         if not creds.auth_enabled:
-            raise EtcdError(Err.AUTH_NOT_ENABLED)
+            raise _Refused(Err.AUTH_NOT_ENABLED, "not_enabled")
         if not creds.found:
             await self._hasher.check_dummy(password)
-            raise EtcdError(Err.AUTH_FAILED)
+            raise _Refused(Err.AUTH_FAILED, "auth_failed")
         if creds.no_password:
-            raise EtcdError(Err.NO_PASSWORD_USER)
+            raise _Refused(Err.NO_PASSWORD_USER, "no_password")
         if not await self._hasher.check(password, creds.password_hash):
-            raise EtcdError(Err.AUTH_FAILED)
+            raise _Refused(Err.AUTH_FAILED, "auth_failed")
         if self._jwt is not None and self._jwt.verify_only:
-            raise EtcdError(Err.VERIFY_ONLY)
+            raise _Refused(Err.VERIFY_ONLY, "verify_only")
         if self._jwt is None and self._simple_ttl is None:
-            raise EtcdError(Err.AUTH_FAILED)  # --auth-token "": etcd's nop provider issues nothing
+            # --auth-token "": etcd's nop provider issues nothing
+            raise _Refused(Err.AUTH_FAILED, "no_token_provider")
         return creds.auth_revision
 
     async def _commit(self, name: str, checked_revision: int, timeout: float | None) -> bytes:

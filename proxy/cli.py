@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: raftgate {store,proxy,local} [flags]
+USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth} [flags]
 
   store   run one authstore node (the replicated key-value and auth store)
   proxy   run the authproxy: the etcd v3 API in front of the store
   local   run a store node and a proxy together in the foreground (development)
+  bootstrap-auth  create the root user and role and enable authentication, once (Helm hook)
 
 Run `raftgate <command> --help` for the flags of each."""
 
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.main import main as run
     elif command == "local":
         from proxy.local import main as run
+    elif command == "bootstrap-auth":
+        from proxy.bootstrap import main as run
     else:
         print(f"raftgate: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

@@ -12,10 +12,16 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from authstore.observe import ObserveConfig, add_observe_flags, observe_config
+from proxy.identity_file import JWT as IDENTITY_JWT
+from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
+from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
 from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST
+from proxy.sidecar import is_local_listener
 from proxy.store_client import InternalTLS
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.options import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
@@ -49,6 +55,10 @@ class ProxyConfig:
     bcrypt_cost: int
     max_request_bytes: int
     bcrypt_workers: int
+    #: --metrics-addr / --health-addr (both off by default).
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    #: Sidecar identity mode (--identity-file / --identity-jwt-file), lent on local listeners only.
+    identity: IdentitySpec | None = None
 
     @property
     def store_target(self) -> str:
@@ -80,6 +90,18 @@ def _parser() -> _Parser:
     )
     p.add_argument("--max-request-bytes", help=f"largest request accepted (default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--bcrypt-workers", help="threads checking passwords (default: CPU count)")
+    add_observe_flags(p)
+    p.add_argument(
+        "--identity-file",
+        help="sidecar identity mode: a directory with files 'username' and 'password' (a mounted Secret) "
+        "or a file of two lines (user name, password); token-less requests from loopback or unix:// "
+        "clients are sent as this user",
+    )
+    p.add_argument(
+        "--identity-jwt-file",
+        help="sidecar identity mode with an externally minted JWT (etcd claims username/revision; "
+        "needs --auth-token jwt with the matching key): a file, or a directory holding 'token'",
+    )
     return p
 
 
@@ -123,6 +145,10 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     workers = _int("--bcrypt-workers", get("bcrypt_workers", str(os.cpu_count() or 1)))
     if workers < 1:
         raise ConfigError(f"--bcrypt-workers must be at least 1, got {workers}")
+    observe = observe_config(
+        argparse.Namespace(metrics_addr=get("metrics_addr"), health_addr=get("health_addr")), ConfigError
+    )
+    identity = _identity(get("identity_file"), get("identity_jwt_file"), listen, spec, jwt)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -134,6 +160,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_cost=cost,
         max_request_bytes=max_bytes,
         bcrypt_workers=workers,
+        observe=observe,
+        identity=identity,
     )
 
 
@@ -222,6 +250,41 @@ def _read_tls(cert: str | None, key: str | None, ca: str | None) -> InternalTLS 
         cert=_read_file("--internal-cert", cert),
         key=_read_file("--internal-key", key),
     )
+
+
+def _identity(
+    password_path: str | None,
+    jwt_path: str | None,
+    listen: tuple[str, ...],
+    spec: AuthTokenSpec,
+    jwt: JwtProvider | None,
+) -> IdentitySpec | None:
+    """Checks the sidecar identity can work with this configuration, and reads its files once."""
+    if password_path and jwt_path:
+        raise ConfigError("--identity-file and --identity-jwt-file are mutually exclusive")
+    if not password_path and not jwt_path:
+        return None
+    flag = "--identity-file" if password_path else "--identity-jwt-file"
+    if password_path:
+        identity = IdentitySpec(IDENTITY_PASSWORD, password_path)
+    else:
+        identity = IdentitySpec(IDENTITY_JWT, jwt_path or "")
+    if not any(is_local_listener(address) for address in listen):
+        raise ConfigError(
+            f"{flag}: the identity is lent only on loopback or unix:// listeners, and "
+            "--listen-client-urls has none"
+        )
+    if identity.kind == IDENTITY_PASSWORD and (spec.kind not in (SIMPLE, JWT) or (jwt is not None and jwt.verify_only)):
+        raise ConfigError(
+            f"{flag}: this --auth-token cannot issue tokens; with a verify-only JWT key use --identity-jwt-file"
+        )
+    if identity.kind == IDENTITY_JWT and jwt is None:
+        raise ConfigError(f"{flag}: needs --auth-token jwt,... with the key that verifies the token")
+    try:
+        read_credential(identity.kind, Path(identity.path))
+    except IdentityFileError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    return identity
 
 
 def _auth_token(text: str) -> tuple[AuthTokenSpec, JwtProvider | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from authstore.errors import Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
+from proxy import metrics
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import fingerprint
 from proxy.tokens.jwt import JwtProvider
@@ -57,6 +58,8 @@ class Resolver:
             identity = await self._resolve_simple(token, timeout)
             if identity is not None:
                 return identity
+        elif self._simple is not None:
+            metrics.token_validation("simple", "invalid")
         return await self._refuse(token, timeout)
 
     def invalidate(self, identity: Identity) -> None:
@@ -68,6 +71,7 @@ class Resolver:
         assert self._simple is not None
         cached = self._simple.get(token)
         if cached is not None:
+            metrics.token_validation("simple", "cache_hit")
             return Identity(cached.username, cached.revision, token)
         # One store lookup per token at a time; concurrent requests share it.
         pending = self._inflight.get(token)
@@ -82,8 +86,10 @@ class Resolver:
             elif answer.valid:
                 self._simple.put(token, answer.username, answer.auth_revision)
                 result = Identity(answer.username, answer.auth_revision, token)
+                metrics.token_validation("simple", "valid")
             else:
                 result = None
+                metrics.token_validation("simple", "invalid")
             future.set_result(result)
             return result
         except BaseException as e:

@@ -10,11 +10,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import bcrypt
 
 from authstore.errors import Err, EtcdError
+from proxy import metrics
+
+T = TypeVar("T")
 
 DEFAULT_COST = 10
 MIN_COST = 4
@@ -35,22 +42,45 @@ class PasswordHasher:
         raw = password.encode("utf-8")
         if len(raw) > BCRYPT_MAX_BYTES:
             raise EtcdError(Err.PASSWORD_TOO_LONG)
-        loop = asyncio.get_running_loop()
-        hashed = await loop.run_in_executor(self._pool, _hashpw, raw, self.cost)
+        hashed = await self._run("hash", _hashpw, raw, self.cost)
         return base64.b64encode(hashed).decode("ascii")
 
     async def check(self, password: str, stored_hash: bytes) -> bool:
         """True when ``password`` matches; a malformed or empty stored hash never matches."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _checkpw, password.encode("utf-8"), _normalize(stored_hash))
+        return await self._run("check", _checkpw, password.encode("utf-8"), _normalize(stored_hash))
 
     async def check_dummy(self, password: str) -> None:
         """Spends the time of a real check, for unknown users (no user enumeration by timing)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, _checkpw, password.encode("utf-8"), self._dummy_hash)
+        await self._run("check", _checkpw, password.encode("utf-8"), self._dummy_hash)
+
+    async def _run(self, operation: metrics.BcryptOperation, fn: Callable[..., T], *args: object) -> T:
+        """Runs ``fn`` on the pool, counted in the queue-depth gauge until a worker picks it up."""
+
+        def timed() -> T:
+            metrics.BCRYPT_QUEUE_DEPTH.dec()
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                metrics.BCRYPT_DURATION.labels(operation).observe(time.perf_counter() - started)
+
+        metrics.BCRYPT_QUEUE_DEPTH.inc()
+        try:
+            future = self._pool.submit(timed)
+        except RuntimeError:  # the pool is shut down
+            metrics.BCRYPT_QUEUE_DEPTH.dec()
+            raise
+        future.add_done_callback(_uncount_if_cancelled)
+        return await asyncio.wrap_future(future)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _uncount_if_cancelled(future: concurrent.futures.Future[object]) -> None:
+    """A job cancelled before a worker took it never ran ``timed``, so it is still in the gauge."""
+    if future.cancelled():
+        metrics.BCRYPT_QUEUE_DEPTH.dec()
 
 
 def _hashpw(raw: bytes, cost: int) -> bytes:

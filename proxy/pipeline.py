@@ -18,10 +18,12 @@ import grpc.aio
 from authstore.errors import Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
+from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.methods import Method
 from proxy.passwords import PasswordHasher
+from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
 
@@ -51,6 +53,17 @@ def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
 
 def is_old_revision(error: grpc.aio.AioRpcError) -> bool:
     return error.code() == Err.AUTH_OLD_REVISION.code and from_message(error.details() or "") is Err.AUTH_OLD_REVISION
+
+
+def refresh_reason(error: BaseException) -> metrics.RefreshReason | None:
+    """Why a lent identity needs a new token after this refusal, or None if it does not."""
+    if isinstance(error, EtcdError):
+        return REFRESH_ON.get(error.err)
+    if isinstance(error, grpc.aio.AioRpcError):
+        err = from_message(error.details() or "")
+        if err is not None and err.code == error.code():
+            return REFRESH_ON.get(err)
+    return None
 
 
 def timeout_of(context: Context) -> float | None:
@@ -89,23 +102,48 @@ class Pipeline:
         hasher: PasswordHasher,
         *,
         max_request_bytes: int,
+        sidecar: Sidecar | None = None,
     ) -> None:
+        """``sidecar`` set: token-less requests from local peers are sent as the sidecar identity
+        (give it only to the pipeline behind local listeners)."""
         self.store = store
         self.resolver = resolver
         self.authenticator = authenticator
         self.hasher = hasher
         self.max_request_bytes = max_request_bytes
+        self.sidecar = sidecar
+
+    async def token_of(self, context: Context) -> tuple[str | None, bool]:
+        """The client's token, or the lent sidecar token; and whether it was lent."""
+        token = extract_token(context.invocation_metadata())
+        if token is None and self.sidecar is not None and is_local_peer(context.peer()):
+            return await self.sidecar.token(), True
+        return token, False
 
     async def forward(self, method: Method, request: bytes, context: Context) -> bytes:
         """One request through every step; returns the response message bytes for the client."""
         timeout = timeout_of(context)
-        token = extract_token(context.invocation_metadata())
+        token, lent = await self.token_of(context)
+        try:
+            return await self.forward_as(token, method, request, timeout)
+        except HANDLED as e:
+            reason = refresh_reason(e) if lent else None
+            if reason is None:
+                raise
+            assert self.sidecar is not None
+            # Refused without effect (before or instead of the state change): new token, retry once.
+            token = await self.sidecar.refresh(token, reason)
+            return await self.forward_as(token, method, request, timeout)
+
+    async def forward_as(self, token: str | None, method: Method, request: bytes, timeout: float | None) -> bytes:
+        """Resolve -> stamp -> forward -> unwrap, for a given token."""
         identity = await self.resolver.resolve(token, timeout)
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
             answer = await self.store.do(data, timeout)
         except grpc.aio.AioRpcError as e:
+            metrics.store_refusal(method.field, e.code(), e.details() or "")
             if identity.simple_token is None or not is_old_revision(e):
                 raise
             # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
@@ -163,7 +201,8 @@ class Pipeline:
         """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive."""
         try:
             timeout = timeout_of(context)
-            identity = await self.resolver.resolve(extract_token(context.invocation_metadata()), timeout)
+            token, _lent = await self.token_of(context)
+            identity = await self.resolver.resolve(token, timeout)
             data = stamp(identity, method, request)
             check_size(data, self.max_request_bytes)
             async for chunk in self.store.snapshot(data, timeout):

@@ -1,5 +1,11 @@
-"""Assembles the proxy: store client, token providers, bcrypt pool, pipeline, and the gRPC server
-serving the etcd v3 services plus grpc.health.v1 and reflection on the client port."""
+"""Assembles the proxy: store client, token providers, bcrypt pool, pipeline, and the gRPC servers
+serving the etcd v3 services plus grpc.health.v1 and reflection on the client ports; and the
+optional side servers (``--metrics-addr``, ``--health-addr``).
+
+In sidecar identity mode the local listeners (loopback, unix://) get their own gRPC server whose
+pipeline lends the identity; every other listener is served without it, so the identity never
+reaches the network.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from authstore.observe import Observability, start_observability
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.identity import Resolver
+from proxy.identity_file import IdentityFiles
 from proxy.methods import ETCD_PACKAGE, SERVICES
 from proxy.passwords import PasswordHasher
 from proxy.pipeline import Pipeline
 from proxy.services import etcd_handlers
+from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
@@ -30,7 +39,7 @@ log = logging.getLogger(__name__)
 class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.store = StoreClient(config.store_target, secret=config.internal_secret, tls=config.internal_tls)
+        self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls)
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(
@@ -42,10 +51,31 @@ class ProxyServer:
         self.pipeline = Pipeline(
             self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes
         )
+        self.sidecar: Sidecar | None = None
+        if config.identity is not None:
+            files = IdentityFiles(config.identity.kind, config.identity.path)
+            self.sidecar = Sidecar(files, self.authenticator, config.jwt)
         self.health = HealthServicer()
-        self.server = grpc.aio.server(
+        self._service_names = [f"{ETCD_PACKAGE}.{s}" for s in SERVICES]
+        # (server, its listen addresses); the lending one first when there is one.
+        self._servers: list[tuple[grpc.aio.Server, list[str]]] = []
+        local = [a for a in config.listen if is_local_listener(a)] if self.sidecar else []
+        others = [a for a in config.listen if a not in local]
+        if local:
+            lending = Pipeline(
+                self.store, self.resolver, self.authenticator, self.hasher,
+                max_request_bytes=config.max_request_bytes, sidecar=self.sidecar,
+            )
+            self._servers.append((self._grpc_server(lending), local))
+        if others:
+            self._servers.append((self._grpc_server(self.pipeline), others))
+        self.observability: Observability | None = None
+        self.addresses: list[str] = []
+
+    def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:
+        server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
+                ("grpc.max_receive_message_length", self.config.grpc_max_receive_bytes),
                 ("grpc.max_send_message_length", 2**31 - 1),
                 # grpc-core refuses metadata between its soft limit (8 KiB) and hard limit at
                 # random; etcd accepts large tokens, so both limits sit well above any real token.
@@ -53,40 +83,56 @@ class ProxyServer:
                 ("grpc.absolute_max_metadata_size", METADATA_LIMIT),
             ]
         )
-        self.server.add_generic_rpc_handlers(etcd_handlers(self.pipeline))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [f"{ETCD_PACKAGE}.{s}" for s in SERVICES]
+        server.add_generic_rpc_handlers(etcd_handlers(pipeline))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], self.server
+            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
         )
-        self._service_names = names
-        self.addresses: list[str] = []
+        return server
 
     async def start(self) -> list[str]:
         """Binds every listen address and starts serving; returns the bound addresses (real ports)."""
-        for address in self.config.listen:
-            try:
-                port = self.server.add_insecure_port(address)
-            except RuntimeError as e:  # grpc reports a failed bind this way
-                raise OSError(f"cannot listen on {address}: {e}") from None
-            if address.startswith("unix:"):
-                self.addresses.append(address)
-            else:
-                if port == 0:
-                    raise OSError(f"cannot listen on {address}")
-                host = address.rsplit(":", 1)[0]
-                self.addresses.append(f"{host}:{port}")
-        await self.server.start()
+        self.store.start()
+        for server, listen in self._servers:
+            for address in listen:
+                self.addresses.append(_bind(server, address))
+        for server, _ in self._servers:
+            await server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ["", *self._service_names]:
             await self.health.set(name, serving)
+        self.observability = await start_observability(self.config.observe, self.health)
+        if self.sidecar is not None and self._servers:
+            lent_on = ", ".join(self._servers[0][1])
+            log.info("sidecar identity mode: token-less local requests on %s are sent as the configured identity",
+                     lent_on)
         return self.addresses
 
     async def stop(self, grace: float | None = 5.0) -> None:
+        """NOT_SERVING first (probes see the proxy going), then the client ports, then the side servers."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        for server, _ in self._servers:
+            await server.stop(grace)
+        if self.observability is not None:
+            await self.observability.close()
         await self.store.close()
         self.hasher.close()
 
     async def wait(self) -> None:
-        await self.server.wait_for_termination()
+        for server, _ in self._servers:
+            await server.wait_for_termination()
+
+
+def _bind(server: grpc.aio.Server, address: str) -> str:
+    """Adds one listen address; returns it with the real port."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:  # grpc reports a failed bind this way
+        raise OSError(f"cannot listen on {address}: {e}") from None
+    if address.startswith("unix:"):
+        return address
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    host = address.rsplit(":", 1)[0]
+    return f"{host}:{port}"

@@ -8,28 +8,36 @@ UserChangePassword).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import grpc
 
+from proxy import instrument
 from proxy.methods import METHODS, Kind, Method
 from proxy.pipeline import Pipeline
 
 
 def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:
+    def unary(behaviour: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(instrument.unary(method, functools.partial(behaviour, method)))
+
+    def stream(behaviour: Any) -> Any:
+        return instrument.stream(method, functools.partial(behaviour, method))
+
     if method.kind is Kind.UNARY:
-        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.unary, method))
+        return unary(pipeline.unary)
     if method.kind is Kind.AUTHENTICATE:
-        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.authenticate, method))
+        return unary(pipeline.authenticate)
     if method.kind is Kind.HASH_PASSWORD:
-        return grpc.unary_unary_rpc_method_handler(functools.partial(pipeline.hash_password, method))
+        return unary(pipeline.hash_password)
     if method.kind is Kind.RANGE_STREAM:
-        return grpc.unary_stream_rpc_method_handler(functools.partial(pipeline.range_stream, method))
+        return grpc.unary_stream_rpc_method_handler(stream(pipeline.range_stream))
     if method.kind is Kind.SNAPSHOT:
-        return grpc.unary_stream_rpc_method_handler(functools.partial(pipeline.snapshot, method))
+        return grpc.unary_stream_rpc_method_handler(stream(pipeline.snapshot))
     if method.kind is Kind.KEEPALIVE:
-        return grpc.stream_stream_rpc_method_handler(functools.partial(pipeline.keepalive, method))
+        return grpc.stream_stream_rpc_method_handler(stream(pipeline.keepalive))
     if method.kind is Kind.UNIMPLEMENTED:
-        return grpc.stream_stream_rpc_method_handler(functools.partial(pipeline.unimplemented, method))
+        return grpc.stream_stream_rpc_method_handler(stream(pipeline.unimplemented))
     raise AssertionError(f"no handler for {method.kind}")
 
 

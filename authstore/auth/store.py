@@ -32,7 +32,9 @@ ROOT_ROLE = "root"
 DB_META = b"auth_meta"  # b"enabled" -> b"\x00"/b"\x01"; b"revision" -> uint64 big-endian
 DB_USERS = b"auth_users"  # name key -> authpb.User
 DB_ROLES = b"auth_roles"  # name key -> authpb.Role
-DB_TOKENS = b"auth_tokens"  # token key -> int64 issued_at_unix_ms, int64 ttl_seconds, username (utf-8)
+# Simple tokens are bearer secrets: only their sha256 is stored, so neither the store's files nor a
+# Maintenance.Snapshot taken by root hold a usable token.
+DB_TOKENS = b"auth_tokens"  # sha256(token) -> int64 issued_at_unix_ms, int64 ttl_seconds, username
 DB_USER_TOKENS = b"auth_user_tokens"  # dupsort: username key -> token key (to drop a user's tokens)
 
 _ENABLED = b"enabled"
@@ -58,6 +60,10 @@ def is_valid_permission_range(key: bytes, range_end: bytes) -> bool:
     if not range_end:
         return True
     return key < range_end or range_end == b"\x00"
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 class RevisionMoved(Exception):
@@ -397,7 +403,7 @@ class AuthStore:
         if not req.simple_token:
             return ""
         token = f"{req.simple_token}.{index}"
-        tkey = self._key(token)
+        tkey = token_digest(token)
         value = _TOKEN_HEAD.pack(req.issued_at_unix_ms, req.ttl_seconds) + req.name.encode()
         txn.put(tkey, value, db=self._tokens)
         txn.put(self._key(req.name), tkey, db=self._user_tokens)  # dupsort: a no-op if already there
@@ -407,7 +413,7 @@ class AuthStore:
         """(username, issued_at_unix_ms, ttl_seconds) of a live simple token, else None."""
         if not token:
             return None
-        raw = txn.get(self._key(token), db=self._tokens)
+        raw = txn.get(token_digest(token), db=self._tokens)
         if raw is None:
             return None
         issued, ttl = _TOKEN_HEAD.unpack_from(raw)
@@ -418,24 +424,25 @@ class AuthStore:
         found = self.lookup_token(txn, token)
         return found[0] if found is not None else None
 
-    def expire_tokens(self, txn: lmdb.Transaction, tokens: Iterable[str]) -> None:
-        """Drops tokens whose TTL ran out; unknown tokens are ignored (expiry may race a delete)."""
-        for token in tokens:
-            if not token:
+    def expire_tokens(self, txn: lmdb.Transaction, digests: Iterable[bytes]) -> None:
+        """Drops tokens (by digest) whose TTL ran out; unknown ones are ignored (expiry may race a
+        delete)."""
+        for tkey in digests:
+            if not tkey:
                 continue
-            tkey = self._key(token)
             raw = txn.get(tkey, db=self._tokens)
             if raw is None:
                 continue
             txn.delete(tkey, db=self._tokens)
             txn.delete(self._key(raw[_TOKEN_HEAD.size :]), tkey, db=self._user_tokens)
 
-    def list_tokens(self, txn: lmdb.Transaction) -> list[tuple[str, tuple[str, int, int]]]:
-        """Every live simple token as (token, (username, issued_at_unix_ms, ttl_seconds)), for the sweeper."""
-        out: list[tuple[str, tuple[str, int, int]]] = []
+    def list_tokens(self, txn: lmdb.Transaction) -> list[tuple[bytes, tuple[str, int, int]]]:
+        """Every live simple token as (digest, (username, issued_at_unix_ms, ttl_seconds)), for the
+        sweeper."""
+        out: list[tuple[bytes, tuple[str, int, int]]] = []
         for tkey, raw in txn.cursor(db=self._tokens):
             issued, ttl = _TOKEN_HEAD.unpack_from(raw)
-            out.append((tkey.decode(errors="replace"), (raw[_TOKEN_HEAD.size :].decode(), issued, ttl)))
+            out.append((bytes(tkey), (raw[_TOKEN_HEAD.size :].decode(), issued, ttl)))
         return out
 
     def _drop_user_tokens(self, txn: lmdb.Transaction, name: str) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from authstore import metrics
 from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
 from authstore.raft.types import Entry, HardState, SnapshotMetadata
 from protos.raftpb import raft_pb2
@@ -119,6 +120,7 @@ class WAL:
         pos = 0
         while pos < len(data):
             problem = None
+            length = 0
             if pos + _FRAME.size > len(data):
                 problem = "truncated frame"
             else:
@@ -131,8 +133,11 @@ class WAL:
                 elif not body:
                     problem = "empty record"
             if problem:
-                if is_tail:
-                    return  # a torn write at the very end: cut it
+                # Only the last record of the newest segment can be torn by a crash (a short or
+                # unfinished write); a bad record with data after it is lost data, not a tear.
+                torn = problem in ("truncated frame", "truncated record") or pos + _FRAME.size + length >= len(data)
+                if is_tail and torn:
+                    return
                 raise WALCorrupt(f"{path.name} at byte {pos}: {problem}")
             pos += _FRAME.size + length
             yield body, pos
@@ -172,7 +177,8 @@ class WAL:
             return
         os.write(self._fd, out)
         if sync or entries:
-            os.fsync(self._fd)
+            with metrics.WAL_FSYNC_DURATION.time():
+                os.fsync(self._fd)
         if os.fstat(self._fd).st_size >= self.segment_bytes:
             os.close(self._fd)
             self._fd = self._new_segment(int(self._segments[-1].stem, 16) + 1)
@@ -190,7 +196,8 @@ class WAL:
             out += _frame(_encode_entry(e))
         out += _frame(_encode_hard_state(hard_state))
         os.write(self._fd, out)
-        os.fsync(self._fd)
+        with metrics.WAL_FSYNC_DURATION.time():
+            os.fsync(self._fd)
         for path in old:
             path.unlink(missing_ok=True)
         self._segments = self._segments[len(old):]

@@ -168,19 +168,45 @@ class KeyIndex:
         # before the start and is skipped by the bound check below)
         if not cur.set_range(key if len(key) <= PREFIX else key[:PREFIX]):
             return
-        visible, step, current = self._visible, cur.next_nodup, cur.key
-        k = current()
+        longs = txn.cursor(db=self._long)  # long index keys, in index order
+        k = cur.key()
         while True:
-            if len(k) <= PREFIX:  # a short key: index order is key order
+            # every index key below the prefix of the next long key (and below `end`) is a short
+            # key, in key order: walk those with no per-key work beyond the original comparisons
+            lim = end
+            if longs.set_range(k):
+                nxt = longs.key()[:PREFIX]
+                if not lim or nxt < lim:
+                    lim = nxt
+            if lim:
+                while k < lim:
+                    if k >= key:
+                        raw = self._visible(cur, k, at_rev)
+                        if raw is not None:
+                            yield k, raw
+                    if not cur.next_nodup():
+                        return
+                    k = cur.key()
+            else:
+                while True:
+                    if k >= key:
+                        raw = self._visible(cur, k, at_rev)
+                        if raw is not None:
+                            yield k, raw
+                    if not cur.next_nodup():
+                        return
+                    k = cur.key()
+            if len(k) <= PREFIX:
                 if end and k >= end:
                     return
+                # the short key equal to the next bucket's prefix: it sorts before the whole bucket
                 if k >= key:
-                    raw = visible(cur, k, at_rev)
+                    raw = self._visible(cur, k, at_rev)
                     if raw is not None:
                         yield k, raw
-                if not step():
+                if not cur.next_nodup():
                     return
-                k = current()
+                k = cur.key()
                 continue
             # a bucket of long keys sharing prefix p: every key in it is > p, and every index key
             # after it is greater than all of them

@@ -140,7 +140,7 @@ class MemberAttrSetRequest(_message.Message):
     def __init__(self, member_ID: _Optional[int] = ..., name: _Optional[str] = ..., client_urls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExpireTokensRequest(_message.Message):
-    __slots__ = ("tokens",)
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    tokens: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tokens: _Optional[_Iterable[str]] = ...) -> None: ...
+    __slots__ = ("token_digests",)
+    TOKEN_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    token_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, token_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...

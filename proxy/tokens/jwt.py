@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import HMACAlgorithm
 
 from authstore.errors import Err, EtcdError
+from proxy import metrics
 from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.extract import fingerprint
 from proxy.tokens.options import (
@@ -210,10 +211,13 @@ class JwtProvider:
         if hit is not None:
             if hit.expires_at is None or now < hit.expires_at:
                 self._cache.move_to_end(token)
+                metrics.token_validation("jwt", "cache_hit")
                 return hit
             del self._cache[token]
+            metrics.token_validation("jwt", "expired")
             return None
-        identity = self._verify_uncached(token)
+        identity, result = self._verify_with_result(token)
+        metrics.token_validation("jwt", result)
         if identity is not None:
             self._cache[token] = identity
             if len(self._cache) > CACHE_SIZE:
@@ -221,17 +225,26 @@ class JwtProvider:
         return identity
 
     def _verify_uncached(self, token: str) -> JwtIdentity | None:
+        return self._verify_with_result(token)[0]
+
+    def _verify_with_result(self, token: str) -> tuple[JwtIdentity | None, metrics.TokenResult]:
+        """The identity, and the result label a validation counts as (``expired`` vs ``invalid``)."""
         if len(token) > MAX_TOKEN_BYTES:
-            return None
+            return None, "invalid"
         try:
             decoded = self._jws.decode_complete(token, key=self._verify_key, algorithms=[self.algorithm])
             claims = json.loads(decoded["payload"])
         except (pyjwt.PyJWTError, ValueError, TypeError) as e:
             log.info("invalid JWT %s: %s", fingerprint(token), type(e).__name__)
-            return None
+            return None, "invalid"
         if decoded["header"].get("alg") != self.algorithm or not isinstance(claims, dict):
-            return None
-        return self._check_claims(claims, token)
+            return None, "invalid"
+        identity = self._check_claims(claims, token)
+        if identity is not None:
+            return identity, "valid"
+        exp = claims.get("exp")
+        expired = _is_number(exp) and not self._clock() < exp
+        return None, "expired" if expired else "invalid"
 
     def _check_claims(self, claims: dict[str, Any], token: str) -> JwtIdentity | None:
         now = self._clock()

@@ -11,7 +11,7 @@ import bcrypt
 import lmdb
 import pytest
 
-from authstore.auth.store import AuthStore, RevisionMoved, is_valid_permission_range
+from authstore.auth.store import AuthStore, RevisionMoved, is_valid_permission_range, token_digest
 from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
@@ -518,10 +518,19 @@ def test_expire_tokens_drops_given_tokens_and_ignores_unknown(h: Harness) -> Non
     h.enable_with_root()
     t1, t2 = h.authenticate("root", index=1), h.authenticate("root", index=2)
     with h.env.begin(write=True) as txn:
-        h.store.expire_tokens(txn, [t1, "unknown.9", ""])
+        h.store.expire_tokens(txn, [token_digest(t1), token_digest("unknown.9"), b""])
     assert h.token(t1) is None and h.token(t2) is not None
     h("user_change_password", pb.AuthUserChangePasswordRequest(name="root", hashedPassword=hashed("x")))
     assert h.token(t2) is None
+
+
+def test_only_digests_of_tokens_are_stored(h: Harness) -> None:
+    h.enable_with_root()
+    token = h.authenticate("root", index=7)
+    with h.env.begin() as txn:
+        stored = [bytes(k) for k, _ in txn.cursor(db=h.env.open_db(b"auth_tokens", txn=txn))]
+    assert stored == [token_digest(token)]
+    assert token.encode() not in b"".join(stored)
 
 
 def test_reapplying_an_authenticate_entry_is_idempotent(h: Harness) -> None:

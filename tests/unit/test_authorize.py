@@ -137,7 +137,7 @@ def test_authenticate_and_auth_status_are_open(w: World, user: str) -> None:
 
 @pytest.mark.parametrize("user", ["", "nobody", "alice"])
 def test_store_internal_entries_carry_no_identity_and_are_not_checked(w: World, user: str) -> None:
-    assert w.check("expire_tokens", ipb.ExpireTokensRequest(tokens=["x.1"]), user) is None
+    assert w.check("expire_tokens", ipb.ExpireTokensRequest(token_digests=[b"x" * 32]), user) is None
     assert w.check("lease_checkpoint", pb.LeaseCheckpointRequest(), user) is None
 
 

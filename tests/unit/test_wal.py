@@ -97,3 +97,15 @@ def test_checkpoint_keeps_only_what_is_needed(tmp_path: Path) -> None:
     assert (got.snapshot.index, got.snapshot.term, got.snapshot.conf_state) == (25, 3, ConfState([1, 2, 3], [4]))
     assert [e.index for e in got.entries] == [26, 27, 28, 29, 30, 31]
     assert got.hard_state == HardState(3, 1, 31)
+
+
+def test_a_bad_record_followed_by_good_ones_is_not_a_tear(tmp_path: Path) -> None:
+    wal = WAL(tmp_path)
+    wal.save(HardState(1, 0, 3), _entries(1, 3))
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    data = bytearray(segment.read_bytes())
+    data[20] ^= 0xFF  # inside the first record; fsync'd records follow it
+    segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorrupt, match="checksum mismatch"):
+        WAL(tmp_path)

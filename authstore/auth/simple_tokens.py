@@ -1,0 +1,117 @@
+"""Simple tokens' sliding TTL: resolution, and expiry through the log.
+
+Which tokens exist is replicated state (the auth store, by digest). When each was last used is
+not: proxies resolve tokens at the leader, so the leader keeps the last-use times and, once a
+token has been idle longer than its TTL, proposes its expiry so every node drops it in log order.
+A node that becomes leader has not seen recent uses, so it counts every token as used at that
+moment: a token then outlives its TTL by at most one TTL after a failover, and an active session
+never dies because the leader changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import lmdb
+
+from authstore.auth.store import AuthStore, token_digest
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.storepb import store_pb2 as spb
+
+log = logging.getLogger("raftgate.store.tokens")
+
+TOKEN_WAIT_SECONDS = 5.0
+PREFIX_LETTERS = 16
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def token_index(token: str) -> int | None:
+    """The log index a ``<16 letters>.<index>`` token names, or None for anything else."""
+    prefix, dot, index = token.rpartition(".")
+    if not dot or len(prefix) != PREFIX_LETTERS or not prefix.isascii() or not prefix.isalpha():
+        return None
+    if not index.isdigit() or len(index) > 20:
+        return None
+    return int(index)
+
+
+class SimpleTokens:
+    def __init__(self, env: Callable[[], lmdb.Environment], auth: Callable[[], AuthStore],
+                 propose: Callable[[bytes], Awaitable[object]], wait_applied: Callable[[int], Awaitable[None]],
+                 last_index: Callable[[], int]) -> None:
+        self._env = env
+        self._auth = auth
+        self._propose = propose
+        self._wait_applied = wait_applied
+        self._last_index = last_index
+        self._last_used: dict[bytes, int] = {}
+        self._grace_from = 0
+        self._expiring: set[asyncio.Task[None]] = set()
+
+    def became_leader(self) -> None:
+        self._grace_from = now_ms()
+
+    async def resolve(self, token: str) -> spb.ResolveTokenResponse:
+        """Waits until the entry that issued the token is applied here, then looks it up."""
+        resp = spb.ResolveTokenResponse()
+        index = token_index(token)
+        if index is not None and index <= self._last_index():
+            try:
+                await asyncio.wait_for(self._wait_applied(index), TOKEN_WAIT_SECONDS)
+            except (TimeoutError, Exception):
+                index = None
+        else:
+            index = None
+        with self._env().begin() as txn:
+            auth = self._auth()
+            resp.auth_enabled = auth.is_enabled(txn)
+            resp.auth_revision = auth.revision(txn)
+            found = auth.lookup_token(txn, token) if index is not None else None
+        if found is None:
+            return resp
+        username, issued_at, ttl_seconds = found
+        digest = token_digest(token)
+        now = now_ms()
+        if now - self._last_use(digest, issued_at) <= ttl_seconds * 1000:
+            self._last_used[digest] = now
+            resp.valid = True
+            resp.username = username
+        else:
+            self._expire_soon([digest])
+        return resp
+
+    def _last_use(self, digest: bytes, issued_at: int) -> int:
+        return max(self._last_used.get(digest, issued_at), self._grace_from)
+
+    def _expire_soon(self, digests: list[bytes]) -> None:
+        for d in digests:
+            self._last_used.pop(d, None)
+        task = asyncio.get_running_loop().create_task(self._expire(digests))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+
+    async def _expire(self, digests: list[bytes]) -> None:
+        req = ipb.InternalRaftRequest(expire_tokens=ipb.ExpireTokensRequest(token_digests=digests))
+        try:
+            await self._propose(req.SerializeToString())
+        except Exception:  # best effort: an expired token is refused either way, and swept again
+            log.warning("could not record %d expired tokens", len(digests))
+
+    async def sweep(self, is_leader: Callable[[], bool], interval: float = 1.0) -> None:
+        """On the leader, proposes the expiry of every token idle for longer than its TTL."""
+        while True:
+            await asyncio.sleep(interval)
+            if not is_leader():
+                continue
+            now = now_ms()
+            with self._env().begin() as txn:
+                expired = [d for d, (_, issued, ttl) in self._auth().list_tokens(txn)
+                           if now - self._last_use(d, issued) > ttl * 1000]
+            if expired:
+                self._expire_soon(expired)

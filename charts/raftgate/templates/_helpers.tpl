@@ -1,0 +1,233 @@
+{{/*
+Names. The chart's name is always "raftgate" (not .Chart.Name), so an application chart that
+includes the sidecar helper computes the same names as the raftgate release it talks to.
+*/}}
+{{- define "raftgate.name" -}}
+{{- default "raftgate" .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name from (dict "values" V "release" RELEASE-NAME); at most 40 characters. */}}
+{{- define "raftgate.fullnameOf" -}}
+{{- if .values.fullnameOverride -}}
+{{- .values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default "raftgate" .values.nameOverride -}}
+{{- if contains $name .release -}}
+{{- .release | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .release $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "raftgate.fullname" -}}
+{{- include "raftgate.fullnameOf" (dict "values" .Values "release" .Release.Name) -}}
+{{- end -}}
+
+{{- define "raftgate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "raftgate.store.fullname" -}}{{ include "raftgate.fullname" . }}-store{{- end -}}
+{{- define "raftgate.store.headless" -}}{{ include "raftgate.fullname" . }}-store-headless{{- end -}}
+{{- define "raftgate.proxy.fullname" -}}{{ include "raftgate.fullname" . }}-proxy{{- end -}}
+{{/* The client Service (etcd API, port 2379) has the release's full name, as in the etcd chart. */}}
+{{- define "raftgate.client.service" -}}{{ include "raftgate.fullname" . }}{{- end -}}
+
+{{/*
+Labels: (dict "context" $ "component" "store|proxy|bootstrap|tls")
+*/}}
+{{- define "raftgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "raftgate.name" .context }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{- define "raftgate.labels" -}}
+helm.sh/chart: {{ include "raftgate.chart" .context }}
+{{ include "raftgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .context.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .context.Release.Service }}
+app.kubernetes.io/part-of: raftgate
+{{- with .context.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The label that marks a pod running a raftgate proxy: the NetworkPolicy lets only these reach the store. */}}
+{{- define "raftgate.proxyLabelKey" -}}raftgate.io/proxy-for{{- end -}}
+
+{{- define "raftgate.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- if .Values.image.registry -}}{{- $repo = printf "%s/%s" .Values.image.registry $repo -}}{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repo .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (toString .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "raftgate.imagePullSecrets" -}}
+{{- with .Values.image.pullSecrets -}}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{- define "raftgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "raftgate.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Raft needs an odd number of voters: 2 nodes tolerate no more failures than 1, 4 no more than 3. */}}
+{{- define "raftgate.replicaCount" -}}
+{{- $n := int .Values.replicaCount -}}
+{{- if not (has $n (list 1 3 5 7)) -}}
+{{- fail (printf "replicaCount must be odd (1, 3, 5 or 7), got %d: a Raft cluster of an even size tolerates no more failures than one node fewer" $n) -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
+
+{{/* Checks of value combinations the schema cannot express; renders nothing. */}}
+{{- define "raftgate.validate" -}}
+{{- $_ := include "raftgate.replicaCount" . -}}
+{{- if and .Values.tls.enabled (eq .Values.tls.provider "existingSecret") -}}
+{{- range $k := list "internal" "proxy" "peer" -}}
+{{- if not (index $.Values.tls.existingSecret $k) -}}
+{{- fail (printf "tls.provider=existingSecret needs tls.existingSecret.%s (a Secret with tls.crt, tls.key and ca.crt)" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq .Values.auth.token.type "jwt") (not .Values.auth.token.privateKey.existingSecret) -}}
+{{- if not (regexMatch "^(RS|PS)(256|384|512)$" .Values.auth.token.signMethod) -}}
+{{- fail (printf "auth.token.signMethod=%s needs auth.token.privateKey.existingSecret: the generated key is RSA (RS256/384/512, PS256/384/512)" .Values.auth.token.signMethod) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ---- Store addressing ---- */}}
+
+{{- define "raftgate.scheme" -}}{{ ternary "https" "http" .Values.tls.enabled }}{{- end -}}
+
+{{/* The DNS suffix of the store pods: <headless>.<namespace>.svc.<clusterDomain> */}}
+{{- define "raftgate.store.domain" -}}
+{{- printf "%s.%s.svc.%s" (include "raftgate.store.headless" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* --initial-cluster: <pod>=<scheme>://<pod>.<headless>.<ns>.svc.<domain>:<peer>, one per replica. */}}
+{{- define "raftgate.initialCluster" -}}
+{{- $store := include "raftgate.store.fullname" . -}}
+{{- $domain := include "raftgate.store.domain" . -}}
+{{- $scheme := include "raftgate.scheme" . -}}
+{{- $members := list -}}
+{{- range $i := until (int (include "raftgate.replicaCount" .)) -}}
+{{- $members = append $members (printf "%s-%d=%s://%s-%d.%s:%d" $store $i $scheme $store $i $domain (int $.Values.ports.peer)) -}}
+{{- end -}}
+{{- join "," $members -}}
+{{- end -}}
+
+{{/*
+--store-endpoints: every store pod's internal port, from
+(dict "fullname" F "namespace" NS "clusterDomain" D "replicaCount" N "port" P)
+*/}}
+{{- define "raftgate.storeEndpointsOf" -}}
+{{- $endpoints := list -}}
+{{- range $i := until (int .replicaCount) -}}
+{{- $endpoints = append $endpoints (printf "%s-store-%d.%s-store-headless.%s.svc.%s:%d" $.fullname $i $.fullname $.namespace $.clusterDomain (int $.port)) -}}
+{{- end -}}
+{{- join "," $endpoints -}}
+{{- end -}}
+
+{{- define "raftgate.storeEndpoints" -}}
+{{- include "raftgate.storeEndpointsOf" (dict "fullname" (include "raftgate.fullname" .) "namespace" .Release.Namespace "clusterDomain" .Values.clusterDomain "replicaCount" (include "raftgate.replicaCount" .) "port" .Values.ports.internal) -}}
+{{- end -}}
+
+{{/* ---- Secrets: names ---- */}}
+
+{{- define "raftgate.secret.root" -}}
+{{- default (printf "%s-auth" (include "raftgate.fullname" .)) .Values.auth.rbac.existingSecret -}}
+{{- end -}}
+
+{{- define "raftgate.secret.jwt" -}}
+{{- default (printf "%s-jwt" (include "raftgate.fullname" .)) .Values.auth.token.privateKey.existingSecret -}}
+{{- end -}}
+
+{{- define "raftgate.secret.shared" -}}{{ include "raftgate.fullname" . }}-shared-secret{{- end -}}
+{{- define "raftgate.secret.tlsCA" -}}{{ include "raftgate.fullname" . }}-tls-ca{{- end -}}
+
+{{/* TLS Secret of one role: (dict "context" $ "role" "internal|proxy|peer") */}}
+{{- define "raftgate.secret.tls" -}}
+{{- $v := .context.Values -}}
+{{- if eq $v.tls.provider "existingSecret" -}}
+{{- index $v.tls.existingSecret .role -}}
+{{- else -}}
+{{- printf "%s-%s-tls" (include "raftgate.fullname" .context) .role -}}
+{{- end -}}
+{{- end -}}
+
+{{/* etcd's --auth-token value for the proxies; the key files are mounted at /etc/raftgate/jwt. */}}
+{{- define "raftgate.authToken" -}}
+{{- $t := .Values.auth.token -}}
+{{- if eq $t.type "jwt" -}}
+{{- $opts := list "jwt" -}}
+{{- if $t.publicKey.filename -}}
+{{- $opts = append $opts (printf "pub-key=/etc/raftgate/jwt/%s" $t.publicKey.filename) -}}
+{{- end -}}
+{{- $opts = append $opts (printf "priv-key=/etc/raftgate/jwt/%s" $t.privateKey.filename) -}}
+{{- $opts = append $opts (printf "sign-method=%s" $t.signMethod) -}}
+{{- $opts = append $opts (printf "ttl=%s" $t.ttl) -}}
+{{- join "," $opts -}}
+{{- else -}}
+simple
+{{- end -}}
+{{- end -}}
+
+{{/*
+Pod anti-affinity from a preset: (dict "context" $ "component" C "preset" "soft|hard|")
+*/}}
+{{- define "raftgate.podAntiAffinity" -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "raftgate.selectorLabels" . | fromYaml)) -}}
+{{- if eq .preset "hard" -}}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - {{- toYaml $term | nindent 6 }}
+{{- else if eq .preset "soft" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        {{- toYaml $term | nindent 8 }}
+{{- end }}
+{{- end -}}
+
+{{/* A gRPC health probe on the plaintext health port (kubelet probes cannot do mTLS). */}}
+{{- define "raftgate.grpcProbe" -}}
+grpc:
+  port: {{ int .port }}
+initialDelaySeconds: {{ .probe.initialDelaySeconds }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- end -}}
+
+{{- define "raftgate.secret.rootKey" -}}
+{{- if .Values.auth.rbac.existingSecret -}}{{ .Values.auth.rbac.existingSecretPasswordKey }}{{- else -}}root-password{{- end -}}
+{{- end -}}
+
+{{/*
+A value kept across upgrades: (dict "context" $ "secret" NAME "key" KEY "new" GENERATED-B64)
+→ the base64 value already in the cluster's Secret, or the new one. (Offline rendering, such as
+`helm template`, sees no cluster and always generates.)
+*/}}
+{{- define "raftgate.keep" -}}
+{{- $existing := lookup "v1" "Secret" .context.Release.Namespace .secret -}}
+{{- $old := dig "data" .key "" $existing -}}
+{{- if $old -}}{{ $old }}{{- else -}}{{ .new }}{{- end -}}
+{{- end -}}

@@ -1,0 +1,251 @@
+{{/*
+The authproxy container, shared by the standalone proxy Deployment, the bootstrap Job and the
+sidecar helper an application chart includes. Public entry points (see the chart README):
+
+  containers:  {{ include "raftgate.proxySidecar" (dict "values" .Values.raftgate "context" $) }}
+  volumes:     {{ include "raftgate.proxySidecarVolumes" (dict "values" .Values.raftgate "context" $) }}
+  pod labels:  {{ include "raftgate.proxySidecarPodLabels" (dict "values" .Values.raftgate "context" $) }}
+
+"values" is this chart's values (an application chart that depends on raftgate passes
+.Values.raftgate, which Helm fills with this chart's defaults), "context" the including chart's root.
+With sidecar.native (the default) the container belongs under initContainers (restartPolicy Always).
+*/}}
+
+{{/* Mount points: every flag that names a file points under one of these. */}}
+{{- define "raftgate.path.proxyTls" -}}/etc/raftgate/tls/proxy{{- end -}}
+{{- define "raftgate.path.jwt" -}}/etc/raftgate/jwt{{- end -}}
+{{- define "raftgate.path.shared" -}}/etc/raftgate/secret{{- end -}}
+{{- define "raftgate.path.identity" -}}/etc/raftgate/identity{{- end -}}
+{{- define "raftgate.path.saToken" -}}/var/run/secrets/raftgate{{- end -}}
+
+{{/* Sidecar parameters from (dict "values" V "context" C), as YAML. */}}
+{{- define "raftgate.sidecar.params" -}}
+{{- $v := .values -}}
+{{- $ctx := .context -}}
+{{- $root := dict "Values" $v "Release" $ctx.Release "Chart" $ctx.Chart -}}
+{{- $fullname := default (include "raftgate.fullname" $root) $v.sidecar.store.fullname -}}
+{{- $ns := default $ctx.Release.Namespace $v.sidecar.store.namespace -}}
+{{- $proxyTls := printf "%s-proxy-tls" $fullname -}}
+{{- if eq $v.tls.provider "existingSecret" -}}{{- $proxyTls = $v.tls.existingSecret.proxy -}}{{- end -}}
+{{- $jwt := default (printf "%s-jwt" $fullname) $v.auth.token.privateKey.existingSecret -}}
+name: raftgate-proxy
+image: {{ include "raftgate.image" $root }}
+pullPolicy: {{ $v.image.pullPolicy }}
+native: {{ $v.sidecar.native }}
+fullname: {{ $fullname }}
+listen: {{ $v.sidecar.listenClientUrls }}
+storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "replicaCount" (include "raftgate.replicaCount" $root) "port" $v.ports.internal) }}
+tls: {{ $v.tls.enabled }}
+proxyTlsSecret: {{ default $proxyTls $v.sidecar.secrets.proxyTls }}
+sharedSecret: {{ default (printf "%s-shared-secret" $fullname) $v.sidecar.secrets.sharedSecret }}
+jwt: {{ eq $v.auth.token.type "jwt" }}
+jwtSecret: {{ default $jwt $v.sidecar.secrets.jwt }}
+authToken: {{ include "raftgate.authToken" $root }}
+authTokenTtl: {{ $v.auth.token.simpleTtl }}
+bcryptCost: {{ $v.auth.bcryptCost }}
+metricsPort: {{ $v.sidecar.metricsPort }}
+healthPort: {{ $v.sidecar.healthPort }}
+clientPort: 0
+portPrefix: rg-
+identitySecret: {{ $v.sidecar.identity.existingSecret | quote }}
+saToken: {{ $v.sidecar.identity.serviceAccountToken.enabled }}
+saTokenAudience: {{ $v.sidecar.identity.serviceAccountToken.audience }}
+saTokenExpirationSeconds: {{ $v.sidecar.identity.serviceAccountToken.expirationSeconds }}
+resources:
+  {{- toYaml $v.sidecar.resources | nindent 2 }}
+securityContext:
+  {{- toYaml $v.containerSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Public: the proxy as a sidecar container (one list item). */}}
+{{- define "raftgate.proxySidecar" -}}
+{{ include "raftgate.proxyContainer" (include "raftgate.sidecar.params" . | fromYaml) }}
+{{- end -}}
+
+{{/* Public: the sidecar's volumes (list items). */}}
+{{- define "raftgate.proxySidecarVolumes" -}}
+{{ include "raftgate.proxyVolumes" (include "raftgate.sidecar.params" . | fromYaml) }}
+{{- end -}}
+
+{{/* Public: labels the application pod needs so the store's NetworkPolicy admits its sidecar. */}}
+{{- define "raftgate.proxySidecarPodLabels" -}}
+{{- $p := include "raftgate.sidecar.params" . | fromYaml -}}
+{{ include "raftgate.proxyLabelKey" . }}: {{ $p.fullname }}
+{{- end -}}
+
+{{/* The standalone Deployment's parameters (this release), as YAML. */}}
+{{- define "raftgate.proxy.params" -}}
+{{- $p := include "raftgate.sidecar.params" (dict "values" .Values "context" .) | fromYaml -}}
+{{- $_ := set $p "name" "proxy" -}}
+{{- $_ := set $p "native" false -}}
+{{- $_ := set $p "listen" (printf "http://0.0.0.0:%d" (int .Values.ports.client)) -}}
+{{- $_ := set $p "clientPort" .Values.ports.client -}}
+{{- $_ := set $p "portPrefix" "" -}}
+{{- $_ := set $p "metricsPort" .Values.ports.metrics -}}
+{{- $_ := set $p "healthPort" .Values.ports.health -}}
+{{- $_ := set $p "identitySecret" "" -}}
+{{- $_ := set $p "saToken" false -}}
+{{- $_ := set $p "resources" .Values.proxy.resources -}}
+{{- $_ := set $p "extraArgs" .Values.proxy.extraArgs -}}
+{{- $_ := set $p "extraEnv" .Values.proxy.extraEnv -}}
+{{- toYaml $p -}}
+{{- end -}}
+
+{{/* The container, from the parameters above (one list item). */}}
+{{- define "raftgate.proxyContainer" -}}
+- name: {{ .name }}
+  image: {{ .image }}
+  imagePullPolicy: {{ .pullPolicy }}
+  {{- if .native }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - proxy
+    - --listen-client-urls={{ .listen }}
+    - --store-endpoints={{ .storeEndpoints }}
+    {{- if .tls }}
+    - --internal-cert={{ include "raftgate.path.proxyTls" . }}/tls.crt
+    - --internal-key={{ include "raftgate.path.proxyTls" . }}/tls.key
+    - --internal-ca={{ include "raftgate.path.proxyTls" . }}/ca.crt
+    {{- else }}
+    - --internal-secret-file={{ include "raftgate.path.shared" . }}/internal-secret
+    {{- end }}
+    - --auth-token={{ .authToken }}
+    - --auth-token-ttl={{ .authTokenTtl }}
+    - --bcrypt-cost={{ .bcryptCost }}
+    - --metrics-addr=0.0.0.0:{{ .metricsPort }}
+    - --health-addr=0.0.0.0:{{ .healthPort }}
+    {{- if .identitySecret }}
+    - --identity-file={{ include "raftgate.path.identity" . }}
+    {{- end }}
+    {{- if .saToken }}
+    - --identity-jwt-file={{ include "raftgate.path.saToken" . }}/token
+    {{- end }}
+    {{- range .extraArgs }}
+    - {{ . }}
+    {{- end }}
+  {{- with .extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    {{- if .clientPort }}
+    - name: client
+      containerPort: {{ .clientPort }}
+      protocol: TCP
+    {{- end }}
+    - name: {{ .portPrefix }}metrics
+      containerPort: {{ .metricsPort }}
+      protocol: TCP
+    - name: {{ .portPrefix }}health
+      containerPort: {{ .healthPort }}
+      protocol: TCP
+  {{- if .native }}
+  startupProbe:
+    grpc:
+      port: {{ .healthPort }}
+    periodSeconds: 1
+    failureThreshold: 120
+  {{- end }}
+  readinessProbe:
+    grpc:
+      port: {{ .healthPort }}
+    periodSeconds: 5
+    timeoutSeconds: 3
+    failureThreshold: 3
+  livenessProbe:
+    grpc:
+      port: {{ .healthPort }}
+    initialDelaySeconds: 10
+    periodSeconds: 10
+    timeoutSeconds: 5
+    failureThreshold: 6
+  resources:
+    {{- toYaml .resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .securityContext | nindent 4 }}
+  volumeMounts:
+    - name: raftgate-tmp
+      mountPath: /tmp
+    {{- if .tls }}
+    - name: raftgate-proxy-tls
+      mountPath: {{ include "raftgate.path.proxyTls" . }}
+      readOnly: true
+    {{- else }}
+    - name: raftgate-shared-secret
+      mountPath: {{ include "raftgate.path.shared" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .jwt }}
+    - name: raftgate-jwt
+      mountPath: {{ include "raftgate.path.jwt" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .identitySecret }}
+    - name: raftgate-identity
+      mountPath: {{ include "raftgate.path.identity" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .saToken }}
+    - name: raftgate-sa-token
+      mountPath: {{ include "raftgate.path.saToken" . }}
+      readOnly: true
+    {{- end }}
+    {{- if hasPrefix "unix://" .listen }}
+    - name: raftgate-run
+      mountPath: {{ dir (trimPrefix "unix://" .listen) }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+The volumes the container above mounts (list items). Mode 0444: an application pod may set no
+fsGroup, and these volumes are mounted only into the proxy container.
+*/}}
+{{- define "raftgate.proxyVolumes" -}}
+- name: raftgate-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 16Mi
+{{- if .tls }}
+- name: raftgate-proxy-tls
+  secret:
+    secretName: {{ .proxyTlsSecret }}
+    defaultMode: 0444
+{{- else }}
+- name: raftgate-shared-secret
+  secret:
+    secretName: {{ .sharedSecret }}
+    defaultMode: 0444
+    items:
+      - key: internal-secret
+        path: internal-secret
+{{- end }}
+{{- if .jwt }}
+- name: raftgate-jwt
+  secret:
+    secretName: {{ .jwtSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if .identitySecret }}
+- name: raftgate-identity
+  secret:
+    secretName: {{ .identitySecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if .saToken }}
+- name: raftgate-sa-token
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken:
+          audience: {{ .saTokenAudience }}
+          expirationSeconds: {{ .saTokenExpirationSeconds }}
+          path: token
+{{- end }}
+{{- if hasPrefix "unix://" .listen }}
+- name: raftgate-run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end }}
+{{- end -}}
