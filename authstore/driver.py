@@ -172,11 +172,11 @@ class RaftNode:
             await self._maybe_snapshot()
 
     async def _handle(self, rd: Ready) -> None:
-        if rd.soft_state is not None:
-            self._on_soft_state(rd.soft_state.lead, rd.soft_state.state)
         if rd.hard_state is not None:
             self.term = rd.hard_state.term
             self.applier.term = self.term
+        if rd.soft_state is not None:
+            self._on_soft_state(rd.soft_state.lead, rd.soft_state.state)
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
         if rd.soft_state is not None or rd.hard_state is not None:
