@@ -22,7 +22,7 @@ from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
 from authstore.backend import Backend
 from authstore.errors import Err, EtcdError
-from authstore.lease.lessor import Lessor
+from authstore.lease.lessor import DEFAULT_MIN_TTL, Lessor
 from authstore.membership import Membership
 from authstore.mvcc import validate
 from authstore.mvcc.kvstore import KVStore
@@ -61,12 +61,16 @@ def is_read_only_txn(txn: pb.TxnRequest) -> bool:
 
 class Applier:
     def __init__(self, backend: Backend, member_id: int, max_txn_ops: int = 128,
-                 quota_bytes: int = 2 << 30) -> None:
+                 quota_bytes: int = 2 << 30, min_lease_ttl: int = DEFAULT_MIN_TTL) -> None:
         self.backend = backend
+        self.min_lease_ttl = min_lease_ttl
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
         self.quota_bytes = quota_bytes
         self.term = 1
+        #: Called on the apply thread after each applied request entry, inside the batch's
+        #: transaction (authstore/watch/hub.py); it must only read and never wait.
+        self.after_entry: Callable[[lmdb.Transaction], None] | None = None
         self._open()
         self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {
             "put": lambda t, b, r: self.kv.put(t, b),
@@ -76,6 +80,8 @@ class Applier:
             "compaction": lambda t, b, r: self.kv.compact(t, b),
             "lease_grant": lambda t, b, r: self.lessor.grant(t, b, r.time_unix_ms),
             "lease_revoke": self._lease_revoke,
+            "lease_renew": self._lease_renew,
+            "lease_expire": self._lease_expire,
             "alarm": self._alarm,
             "auth_enable": lambda t, b, r: self.auth.enable(t, b),
             "auth_disable": lambda t, b, r: self.auth.disable(t, b),
@@ -102,7 +108,7 @@ class Applier:
         """Opens every component on the backend's environment (again, after a snapshot restore)."""
         self.env: lmdb.Environment = self.backend.env
         self.kv = KVStore(self.env)
-        self.lessor = Lessor(self.env, self.kv)
+        self.lessor = Lessor(self.env, self.kv, min_ttl=self.min_lease_ttl)
         self.auth = AuthStore(self.env)
         self.membership = Membership(self.env)
         with self.env.begin() as txn:
@@ -141,6 +147,8 @@ class Applier:
                     results.append((0, None))  # a new leader's empty entry
                 else:
                     results.append(self._apply_entry(batch, entry))
+                    if self.after_entry is not None:
+                        self.after_entry(batch)  # the watch hub's tap: events and auth changes
             last = entries[-1]
             if last.index > applied:
                 self.backend.set_applied(batch, last.index, last.term)
@@ -250,6 +258,16 @@ class Applier:
 
     def _lease_revoke(self, txn: lmdb.Transaction, body: pb.LeaseRevokeRequest, _r: Any) -> Message:
         self.lessor.revoke(txn, body.ID)
+        return pb.LeaseRevokeResponse()
+
+    def _lease_renew(self, txn: lmdb.Transaction, body: ipb.LeaseRenewEntry, r: ipb.InternalRaftRequest) -> Message:
+        """A keep-alive the leader logged: the deadline is the entry's time + TTL (no clock read)."""
+        ttl = self.lessor.renew(txn, body.ID, r.time_unix_ms)
+        return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=ttl)
+
+    def _lease_expire(self, txn: lmdb.Transaction, body: ipb.LeaseExpireEntry, _r: Any) -> Message:
+        """The leader's revoke of an expired lease (no client identity: an internal kind)."""
+        self.lessor.expire(txn, body.ID, body.deadline_ms)
         return pb.LeaseRevokeResponse()
 
     def _expire_tokens(self, txn: lmdb.Transaction, body: ipb.ExpireTokensRequest, _r: Any) -> Message:

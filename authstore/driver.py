@@ -34,7 +34,16 @@ from authstore.raft.codec import decode_conf_change
 from authstore.raft.raft import Config, ProposalDroppedError
 from authstore.raft.rawnode import RawNode, Ready
 from authstore.raft.storage import MemoryStorage
-from authstore.raft.types import ConfChange, ConfChangeType, ConfState, EntryType, Message, MessageType, StateType
+from authstore.raft.types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+    StateType,
+)
 from authstore.transport import Transport
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
@@ -75,6 +84,10 @@ class RaftNode:
         self.removed = False
         self.on_membership_change: Callable[[], None] = lambda: None
         self.on_leader_change: Callable[[int, int], None] = lambda leader, term: None
+        #: Called with each applied batch and its results before anything else runs (the lease keeper).
+        self.on_batch_results: Callable[[list[Entry], list[tuple[int, Any]]], None] = lambda entries, results: None
+        #: Called on the event loop after each applied batch (the watch hub delivers its events).
+        self.on_applied: Callable[[], None] = lambda: None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raft-io")
         self._wake = asyncio.Event()
         self._ticks = 0
@@ -205,6 +218,7 @@ class RaftNode:
     async def _apply(self, rd: Ready) -> None:
         entries = rd.committed_entries
         results = await self._io(self.applier.apply_batch, entries)
+        self.on_applied()
         membership_changed = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
             if entry.type == EntryType.CONF_CHANGE:
@@ -221,6 +235,7 @@ class RaftNode:
                 if fut is not None and not fut.done():
                     fut.set_result(result)
         self.applied_index = entries[-1].index
+        self.on_batch_results(entries, results)
         if membership_changed:
             self.on_membership_change()
         self._wake_applied()
@@ -334,6 +349,10 @@ class RaftNode:
         if isinstance(result, BaseException):
             raise result
         return result
+
+    async def between_batches(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn` on the apply thread between two batches: it sees a whole batch or none."""
+        return await self._io(fn, *args)
 
     async def read_index(self) -> int:
         """A linearizable read point confirmed by a quorum (ReadIndex); many readers share one."""

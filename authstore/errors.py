@@ -13,6 +13,14 @@ import grpc
 
 C = grpc.StatusCode
 
+#: raftgate-internal (store -> proxy, never seen by clients): ABORTED with this text refuses an
+#: Authenticate entry whose password was checked at an auth revision that has since moved.
+REVISION_MOVED = "raftgate: auth revision moved"
+
+#: grpc-go's status message for a request that does not unmarshal (code Internal); the reason
+#: follows the colon.
+UNMARSHAL_ERROR_PREFIX = "grpc: error unmarshalling request: "
+
 
 class Err(enum.Enum):
     # auth (server/auth/store.go, mapped in v3rpc/util.go)

@@ -14,6 +14,7 @@ from authstore import config as store_config
 from authstore.apply import Applier
 from authstore.backend import Backend
 from authstore.driver import RaftNode
+from authstore.lease.expiry import LeaseKeeper
 from authstore.log.wal import WAL, WALCorrupt
 from authstore.maintenance import Maintenance, MemberInfo
 from authstore.membership import cluster_id, member_id
@@ -101,6 +102,12 @@ def _store_member_id(backend: Backend, mid: int) -> None:
     backend.sync()
 
 
+def min_lease_ttl(cfg: store_config.StoreConfig) -> int:
+    """etcd's minimum lease TTL: (3 x election ticks / 2) heartbeats, rounded up to whole seconds."""
+    ticks = max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2)
+    return max(1, -(-(3 * ticks // 2) * cfg.heartbeat_interval_ms // 1000))
+
+
 async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: PeerSecurity) -> RaftNode:
     wal = WAL(cfg.data_dir / "wal")
     replayed = wal.replayed
@@ -122,7 +129,8 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, quota_bytes=cfg.quota_backend_bytes)
+    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, quota_bytes=cfg.quota_backend_bytes,
+                      min_lease_ttl=min_lease_ttl(cfg))
     tick = cfg.heartbeat_interval_ms / 1000
     return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
@@ -138,6 +146,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
     service = StoreService(applier, node, maintenance)
+    service.watch_hub.attach()
     transport = Transport(node.id, security, node.step, node.receive_snapshot, node.report_unreachable,
                           cfg.data_dir / "snap")
     node.transport = transport
@@ -154,7 +163,13 @@ async def serve(cfg: store_config.StoreConfig) -> None:
 
     node.on_membership_change = refresh_peers
 
-    def leader_changed(leader: int, _term: int) -> None:
+    leases = LeaseKeeper(node)
+    maintenance.leases = leases
+    node.on_batch_results = leases.on_batch_results
+
+    def leader_changed(leader: int, term: int) -> None:
+        leases.on_leader_change(leader, term)
+        service.watch_hub.leadership_changed(leader == node.id)
         if leader == node.id:
             service.tokens.became_leader()
 
@@ -173,7 +188,8 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     node.start()
     refresh_peers()
     background = [asyncio.get_running_loop().create_task(service.tokens.sweep(lambda: node.is_leader)),
-                  asyncio.get_running_loop().create_task(maintenance.publish_attributes())]
+                  asyncio.get_running_loop().create_task(maintenance.publish_attributes()),
+                  asyncio.get_running_loop().create_task(leases.run())]
     await server.start()
     observability = await start_observability(cfg.observe, health)
     stop = asyncio.Event()
@@ -186,6 +202,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     await observability.begin_shutdown()
     for task in background:
         task.cancel()
+    service.watch_hub.close()
     await server.stop(grace=2)
     await observability.close()
     await peer_server.stop(grace=1)

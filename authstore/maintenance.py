@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from authstore.apply import Applier
 from authstore.driver import RaftNode
 from authstore.errors import Err, EtcdError
+from authstore.lease.expiry import LeaseKeeper
 from authstore.membership import member_id
 from authstore.raft.types import ConfChange, ConfChangeType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
@@ -33,6 +34,8 @@ LEARNER_READY_PERCENT = 0.9
 MOVE_LEADER_WAIT = 5.0
 # etcd answers these with an empty message, header included.
 HEADERLESS = frozenset({"defragment", "move_leader"})
+# Answered by the leader once it has applied up to a read index (etcd forwards them to the leader).
+LEASE_KINDS = frozenset({"lease_keep_alive", "lease_time_to_live", "lease_leases"})
 
 
 @dataclass
@@ -50,12 +53,16 @@ class Maintenance:
         self.me = me
         self.quota_bytes = quota_bytes
         self.cluster_token = cluster_token
+        #: the leader's lease keeper (keep-alive, TimeToLive); set by the node's main
+        self.leases: LeaseKeeper | None = None
 
     def handles(self, kind: str) -> bool:
         return hasattr(self, "_" + kind)
 
     async def answer(self, req: ipb.InternalRaftRequest, kind: str, now_ms: int) -> Message:
         """Authorizes, then answers; membership changes go through the log."""
+        if kind in LEASE_KINDS and self.leases is not None:
+            await self.leases.before_read()  # on the leader, at a read index, like etcd
         with self.applier.env.begin() as txn:
             self.applier.check(txn, req, read=True)
         resp: Message = await getattr(self, "_" + kind)(getattr(req, kind), now_ms)
@@ -175,6 +182,8 @@ class Maintenance:
 
     # ---- Lease reads ----
     async def _lease_time_to_live(self, body: pb.LeaseTimeToLiveRequest, now: int) -> Message:
+        if self.leases is not None:
+            return await self.leases.time_to_live(body)
         with self.applier.env.begin() as txn:
             return self.applier.lessor.time_to_live(txn, body, now)
 
@@ -182,12 +191,11 @@ class Maintenance:
         with self.applier.env.begin() as txn:
             return self.applier.lessor.leases(txn)
 
-    async def _lease_keep_alive(self, body: pb.LeaseKeepAliveRequest, now: int) -> Message:
-        with self.applier.env.begin() as txn:
-            ttl = self.applier.lessor.time_to_live(txn, pb.LeaseTimeToLiveRequest(ID=body.ID), now)
-        if ttl.TTL < 0:
-            raise EtcdError(Err.LEASE_NOT_FOUND)
-        return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=ttl.grantedTTL)
+    async def _lease_keep_alive(self, body: pb.LeaseKeepAliveRequest, _now: int) -> Message:
+        """The leader renews; an unknown or expired lease answers TTL 0 in the stream (etcd)."""
+        if self.leases is None:
+            raise EtcdError(Err.NOT_CAPABLE)
+        return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=await self.leases.renew(body.ID))
 
 
 def _hash_all(env: lmdb.Environment, txn: lmdb.Transaction) -> int:

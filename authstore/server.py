@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import os
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,22 +29,24 @@ from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.auth.authorize import request_kind
 from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
-from authstore.errors import EtcdError
+from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
+from authstore.watch.hub import WatchHub, progress_interval_from_env
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store.server")
 
 SERVICE = "raftgate.storepb.Store"
-SECRET_METADATA = "x-raftgate-internal-secret"
-REVISION_MOVED = "raftgate: auth revision moved"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
+FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
+                 for f in ipb.InternalRaftRequest.DESCRIPTOR.fields if f.message_type is not None}
 
 # Answered from applied state, after authorization: nothing to put into the log.
 READ_KINDS = frozenset({"range", "auth_status", "auth_user_get", "auth_user_list", "auth_role_get",
@@ -55,6 +58,7 @@ class StoreService:
         self.applier = applier
         self.node = node
         self.maintenance = maintenance
+        self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ))
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
@@ -71,9 +75,15 @@ class StoreService:
         try:
             req = ipb.InternalRaftRequest.FromString(data)
             kind = request_kind(req)
-        except (DecodeError, EtcdError):
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
+        except EtcdError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
         try:
+            if req.header.invalid_token:
+                # Refused before the log, as etcd refuses before Raft - but after validation.
+                with self.env.begin() as txn:
+                    self.applier.check(txn, req, read=True)
             resp = await self._dispatch(req, kind, data)
             if kind.startswith("member_"):
                 resp.header.revision = 0  # etcd's Cluster service header has no KV revision
@@ -110,8 +120,8 @@ class StoreService:
                 self.applier.check(txn, req, read=True)
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        except DecodeError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
         tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
         try:
             path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
@@ -155,9 +165,39 @@ class StoreService:
         token = spb.ResolveTokenRequest.FromString(data).token
         return (await self.tokens.resolve(token)).SerializeToString()
 
+    async def watch(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for response in self.watch_hub.serve(requests, context):
+            yield response
+
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id,
                                   raft_term=self.node.term).SerializeToString()
+
+
+def unmarshal_error(data: bytes, exc: DecodeError) -> str:
+    """grpc-go's answer to a request that does not decode, with protobuf's reason.
+
+    The proxy forwards the client's bytes unparsed (e.g. a string field with invalid UTF-8), so
+    the store is where they fail. The client's own message is parsed again to get the reason, so
+    it names the client's type (etcdserverpb.AuthUserGetRequest), not the internal envelope.
+    """
+    reason = str(exc)
+    try:
+        pos = 0
+        while pos < len(data):
+            key, pos = wire.decode_varint(data, pos)
+            if key & 7 != 2:
+                break
+            length, pos = wire.decode_varint(data, pos)
+            field = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_number.get(key >> 3)
+            if field is not None and field.name != "header" and field.message_type is not None:
+                FIELD_CLASSES[field.name].FromString(data[pos : pos + length])
+            pos += length
+    except DecodeError as inner:
+        reason = str(inner)
+    except Exception:  # noqa: BLE001 - best effort; the envelope's reason stands
+        pass
+    return UNMARSHAL_ERROR_PREFIX + reason
 
 
 def _serializable(req: ipb.InternalRaftRequest, kind: str) -> bool:
@@ -192,7 +232,7 @@ class _SecretCheck(grpc.aio.ServerInterceptor):
             return await continuation(details)
         given = b""
         for key, value in details.invocation_metadata or ():
-            if key == SECRET_METADATA:
+            if key == INTERNAL_SECRET_METADATA:
                 given = value.encode() if isinstance(value, str) else value
         if hmac.compare_digest(given, self._secret):
             return await continuation(details)
@@ -217,6 +257,7 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         "Credentials": grpc.unary_unary_rpc_method_handler(service.credentials),
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
         "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
+        "Watch": grpc.stream_stream_rpc_method_handler(service.watch),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.aio.HealthServicer()

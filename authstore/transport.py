@@ -20,13 +20,13 @@ import grpc
 
 from authstore.raft.codec import decode_message, encode_message
 from authstore.raft.types import Message
+from protos.internal import PEER_SECRET_METADATA
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
 
 log = logging.getLogger("raftgate.store.transport")
 
 SERVICE = "raftgate.storepb.Peer"
-SECRET_METADATA = "x-raftgate-peer-secret"
 QUEUE_LIMIT = 4096
 CHUNK = 256 << 10
 MAX_MESSAGE = 64 << 20
@@ -65,12 +65,12 @@ class PeerSecurity:
         return grpc.aio.insecure_channel(address, options=options)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((SECRET_METADATA, self.secret.decode()),) if self.secret is not None else ()
+        return ((PEER_SECRET_METADATA, self.secret.decode()),) if self.secret is not None else ()
 
     def admits(self, context: grpc.aio.ServicerContext) -> bool:
         if self.secret is None:
             return True  # mTLS already verified the peer's certificate
-        given = dict(context.invocation_metadata() or ()).get(SECRET_METADATA, "")
+        given = dict(context.invocation_metadata() or ()).get(PEER_SECRET_METADATA, "")
         return hmac.compare_digest(given.encode(), self.secret)
 
 

@@ -60,9 +60,14 @@ def varint_field(field_number: int, value: int) -> bytes:
     return encode_varint((field_number << 3) | _WIRE_VARINT) + encode_varint(value)
 
 
-def encode_header(username: str, auth_revision: int) -> bytes:
-    """The serialized RequestHeader field (field 100) of an InternalRaftRequest."""
-    header = raft_internal_pb2.RequestHeader(username=username, auth_revision=auth_revision)
+def encode_header(username: str, auth_revision: int, *, invalid_token: bool = False) -> bytes:
+    """The serialized RequestHeader field (field 100) of an InternalRaftRequest.
+
+    ``invalid_token``: the client's token did not resolve; the store validates the request, then
+    refuses it with ``invalid auth token`` (when auth is enabled), in etcd's order of checks.
+    """
+    header = raft_internal_pb2.RequestHeader(username=username, auth_revision=auth_revision,
+                                             invalid_token=invalid_token)
     return length_delimited(HEADER_FIELD, header.SerializeToString())
 
 

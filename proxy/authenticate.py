@@ -4,7 +4,8 @@
 2. bcrypt on the worker pool (an unknown user still pays for one check: no enumeration by timing).
 3. Store.Do(authenticate{name, prefix, checked_revision=R, ...}): the apply stage refuses it
    (ABORTED "raftgate: auth revision moved") if the auth revision moved since step 1, because the
-   password may have changed meanwhile; the proxy then starts again, a bounded number of times.
+   password may have changed meanwhile; the proxy then starts again, as etcd does, until the
+   client's deadline (or DEFAULT_DEADLINE) passes: then etcd's `request timed out`.
 4. Simple: the store's answer carries the token. JWT: the proxy signs {username, revision=R, exp}.
 """
 
@@ -17,9 +18,10 @@ from collections.abc import Callable
 import grpc
 import grpc.aio
 
-from authstore.errors import Err, EtcdError
+from authstore.errors import REVISION_MOVED, Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
+from protos.internal import AUTHENTICATE_FIELD
 from proxy import metrics
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
@@ -28,9 +30,8 @@ from proxy.tokens.simple import generate_prefix
 
 log = logging.getLogger(__name__)
 
-AUTHENTICATE_FIELD = 1012
-MAX_ATTEMPTS = 5
-REVISION_MOVED = "raftgate: auth revision moved"
+#: How long Authenticate keeps retrying under auth churn when the client set no deadline.
+DEFAULT_DEADLINE = 10.0
 
 
 def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
@@ -55,13 +56,18 @@ class Authenticator:
         jwt: JwtProvider | None,
         simple_ttl_seconds: int | None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        default_deadline: float = DEFAULT_DEADLINE,
     ) -> None:
-        """``jwt`` set -> JWT tokens; else ``simple_ttl_seconds`` set -> simple tokens; else no tokens."""
+        """``jwt`` set -> JWT tokens; else ``simple_ttl_seconds`` set -> simple tokens; else no tokens.
+
+        ``default_deadline``: seconds of revision-moved retries when the client gave no deadline.
+        """
         self._store = store
         self._hasher = hasher
         self._jwt = jwt
         self._simple_ttl = simple_ttl_seconds
         self._clock_ms = clock_ms
+        self.default_deadline = default_deadline
 
     async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None) -> bytes:
         """The serialized AuthenticateResponse, or EtcdError / AioRpcError."""
@@ -77,17 +83,23 @@ class Authenticator:
         return answer
 
     async def _authenticate(self, name: str, password: str, timeout: float | None) -> bytes:
-        for attempt in range(MAX_ATTEMPTS):
+        deadline = time.monotonic() + (timeout if timeout is not None else self.default_deadline)
+        attempt = 0
+        while True:
             if attempt:
                 metrics.AUTHENTICATE_REVISION_RETRIES.inc()
-            checked_revision = await self._check_password(name, password, timeout)
+            attempt += 1
+            checked_revision = await self._check_password(name, password, deadline - time.monotonic())
             try:
-                return await self._commit(name, checked_revision, timeout)
+                return await self._commit(name, checked_revision, deadline - time.monotonic())
             except grpc.aio.AioRpcError as e:
                 if not is_revision_moved(e):
                     raise
-                log.info("auth revision moved during Authenticate; retrying")
-        raise _Refused(Err.AUTH_FAILED, "revision_retry_exhausted")
+            if time.monotonic() >= deadline:
+                # etcd retries until the request's context ends, then answers "request timed out".
+                log.info("auth revision kept moving during Authenticate (%d attempts); giving up", attempt)
+                raise _Refused(Err.TIMEOUT, "revision_retry_exhausted")
+            log.info("auth revision moved during Authenticate; retrying")
 
     async def _check_password(self, name: str, password: str, timeout: float | None) -> int:
         creds = await self._store.credentials(name, timeout)

@@ -20,7 +20,7 @@ from authstore.observe import ObserveConfig, add_observe_flags, observe_config
 from proxy.identity_file import JWT as IDENTITY_JWT
 from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
 from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
-from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST
+from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST, QUEUE_PER_WORKER
 from proxy.sidecar import is_local_listener
 from proxy.store_client import InternalTLS
 from proxy.tokens.jwt import JwtProvider
@@ -59,6 +59,8 @@ class ProxyConfig:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     #: Sidecar identity mode (--identity-file / --identity-jwt-file), lent on local listeners only.
     identity: IdentitySpec | None = None
+    #: bcrypt jobs that may wait for a worker before `too many requests` (None: 4 per worker).
+    bcrypt_queue_limit: int | None = None
 
     @property
     def store_target(self) -> str:
@@ -90,6 +92,11 @@ def _parser() -> _Parser:
     )
     p.add_argument("--max-request-bytes", help=f"largest request accepted (default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--bcrypt-workers", help="threads checking passwords (default: CPU count)")
+    p.add_argument(
+        "--bcrypt-queue-limit",
+        help=f"bcrypt jobs that may wait for a free worker; beyond it Authenticate, UserAdd and "
+        f"UserChangePassword get 'too many requests' (default {QUEUE_PER_WORKER} per worker)",
+    )
     add_observe_flags(p)
     p.add_argument(
         "--identity-file",
@@ -145,6 +152,9 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     workers = _int("--bcrypt-workers", get("bcrypt_workers", str(os.cpu_count() or 1)))
     if workers < 1:
         raise ConfigError(f"--bcrypt-workers must be at least 1, got {workers}")
+    queue_limit = _int("--bcrypt-queue-limit", get("bcrypt_queue_limit", str(QUEUE_PER_WORKER * workers)))
+    if queue_limit < 0:
+        raise ConfigError(f"--bcrypt-queue-limit must not be negative, got {queue_limit}")
     observe = observe_config(
         argparse.Namespace(metrics_addr=get("metrics_addr"), health_addr=get("health_addr")), ConfigError
     )
@@ -162,6 +172,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_workers=workers,
         observe=observe,
         identity=identity,
+        bcrypt_queue_limit=queue_limit,
     )
 
 

@@ -3,7 +3,9 @@
 No token -> the anonymous identity ("", 0) (the store answers "user name is empty" if auth is
 on). A valid token -> (username, auth revision). An invalid or expired token ->
 ``invalid auth token`` - unless auth is disabled, in which case etcd ignores tokens entirely, so
-the proxy asks the store whether auth is on before refusing.
+the proxy asks the store whether auth is on before refusing. With ``defer_invalid`` the refusal
+is left to the store instead (the UNRESOLVED identity): etcd validates a request's shape before
+its token, and only the store decodes requests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from authstore.errors import Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
+from protos.internal import AUTH_STATUS_FIELD
 from proxy import metrics
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import fingerprint
@@ -23,18 +26,18 @@ from proxy.tokens.simple import SimpleTokenCache, looks_like_simple_token
 
 log = logging.getLogger(__name__)
 
-AUTH_STATUS_FIELD = 1013
-
-
 @dataclass(frozen=True)
 class Identity:
     username: str
     revision: int
     #: The simple token this identity came from; a stale one may be re-resolved.
     simple_token: str | None = None
+    #: The token did not resolve: the store refuses with ``invalid auth token`` after validation.
+    invalid_token: bool = False
 
 
 ANONYMOUS = Identity("", 0)
+UNRESOLVED = Identity("", 0, invalid_token=True)
 
 
 class Resolver:
@@ -44,22 +47,27 @@ class Resolver:
         self._store = store
         self._jwt = jwt
         self._simple = simple
-        self._inflight: dict[str, asyncio.Future[Identity | None]] = {}
+        self._inflight: dict[str, asyncio.Task[Identity | None]] = {}
 
-    async def resolve(self, token: str | None, timeout: float | None = None) -> Identity:
+    async def resolve(self, token: str | None, timeout: float | None = None, *,
+                      defer_invalid: bool = False) -> Identity:
+        """The caller's identity; an unusable token raises ``invalid auth token`` (auth on), or
+        with ``defer_invalid`` gives UNRESOLVED, for the store to refuse after validating."""
         if token is None:
             return ANONYMOUS
         if self._jwt is not None:
             found = self._jwt.verify(token)
             if found is not None:
                 return Identity(found.username, found.revision)
-            return await self._refuse(token, timeout)
-        if self._simple is not None and looks_like_simple_token(token):
+        elif self._simple is not None and looks_like_simple_token(token):
             identity = await self._resolve_simple(token, timeout)
             if identity is not None:
                 return identity
         elif self._simple is not None:
             metrics.token_validation("simple", "invalid")
+        if defer_invalid:
+            log.debug("unresolved auth token %s; the store decides", fingerprint(token))
+            return UNRESOLVED
         return await self._refuse(token, timeout)
 
     def invalidate(self, identity: Identity) -> None:
@@ -73,31 +81,32 @@ class Resolver:
         if cached is not None:
             metrics.token_validation("simple", "cache_hit")
             return Identity(cached.username, cached.revision, token)
-        # One store lookup per token at a time; concurrent requests share it.
+        # One store lookup per token at a time, in its own task: concurrent requests share it,
+        # and a caller that is cancelled (its client went away) cancels only its own wait.
         pending = self._inflight.get(token)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Identity | None] = asyncio.get_running_loop().create_future()
-        self._inflight[token] = future
-        try:
-            answer = await self._store.resolve_token(token, timeout)
-            if not answer.auth_enabled:
-                result: Identity | None = ANONYMOUS
-            elif answer.valid:
-                self._simple.put(token, answer.username, answer.auth_revision)
-                result = Identity(answer.username, answer.auth_revision, token)
-                metrics.token_validation("simple", "valid")
-            else:
-                result = None
-                metrics.token_validation("simple", "invalid")
-            future.set_result(result)
-            return result
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
-            raise
-        finally:
-            self._inflight.pop(token, None)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(self._lookup(token, timeout))
+            self._inflight[token] = pending
+            pending.add_done_callback(lambda task: self._lookup_done(token, task))
+        return await asyncio.shield(pending)
+
+    async def _lookup(self, token: str, timeout: float | None) -> Identity | None:
+        assert self._simple is not None
+        answer = await self._store.resolve_token(token, timeout)
+        if not answer.auth_enabled:
+            return ANONYMOUS
+        if answer.valid:
+            self._simple.put(token, answer.username, answer.auth_revision)
+            metrics.token_validation("simple", "valid")
+            return Identity(answer.username, answer.auth_revision, token)
+        metrics.token_validation("simple", "invalid")
+        return None
+
+    def _lookup_done(self, token: str, task: asyncio.Task[Identity | None]) -> None:
+        if self._inflight.get(token) is task:
+            del self._inflight[token]
+        if not task.cancelled():
+            task.exception()  # mark retrieved: the waiters (if any) re-raise it themselves
 
     async def _refuse(self, token: str, timeout: float | None) -> Identity:
         """An unusable token is ignored when auth is off (etcd) and refused when it is on."""

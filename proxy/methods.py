@@ -21,8 +21,10 @@ class Kind(enum.Enum):
     SNAPSHOT = "snapshot"
     #: Bidirectional stream, one store call per client message (Lease.LeaseKeepAlive).
     KEEPALIVE = "keepalive"
-    #: Not served yet (Watch).
+    #: Not served (none today).
     UNIMPLEMENTED = "unimplemented"
+    #: Bidirectional stream to the store leader's Store.Watch (proxy/watch.py).
+    WATCH = "watch"
     #: Handled by the proxy's Authenticate flow, not forwarded as is.
     AUTHENTICATE = "authenticate"
     #: Forwarded after the proxy hashes the password (UserAdd, UserChangePassword).
@@ -52,7 +54,7 @@ METHODS: tuple[Method, ...] = (
     _m("KV", "DeleteRange", 5),
     _m("KV", "Txn", 6),
     _m("KV", "Compact", 7),
-    _m("Watch", "Watch", 0, Kind.UNIMPLEMENTED),
+    _m("Watch", "Watch", 0, Kind.WATCH),
     _m("Lease", "LeaseGrant", 8),
     _m("Lease", "LeaseRevoke", 9),
     _m("Lease", "LeaseKeepAlive", 3022, Kind.KEEPALIVE),

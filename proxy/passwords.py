@@ -1,8 +1,10 @@
 """bcrypt for the proxy: hashing (UserAdd, UserChangePassword) and checking (Authenticate).
 
 bcrypt costs ~50-100 ms of CPU at cost 10 and releases the GIL, so it runs on a thread pool:
-N workers check N passwords at once and the event loop never blocks. Passwords never leave this
-module other than as hashes, and are never logged.
+N workers check N passwords at once and the event loop never blocks. The wait for a worker is
+bounded: with ``queue_limit`` jobs already waiting, a new one is refused at once with etcd's
+``too many requests`` instead of queueing for ever. Passwords never leave this module other than
+as hashes, and are never logged.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +33,20 @@ BCRYPT_MAX_BYTES = 72
 _DUMMY_PASSWORD = b"raftgate: no such user"
 
 
+#: Default bound of jobs waiting for a worker, per worker.
+QUEUE_PER_WORKER = 4
+
+
 class PasswordHasher:
-    def __init__(self, cost: int = DEFAULT_COST, workers: int = 1) -> None:
+    def __init__(self, cost: int = DEFAULT_COST, workers: int = 1, queue_limit: int | None = None) -> None:
+        """``queue_limit``: jobs that may wait for a free worker (default QUEUE_PER_WORKER per worker)."""
         self.cost = cost
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bcrypt")
+        workers = max(1, workers)
+        self.queue_limit = QUEUE_PER_WORKER * workers if queue_limit is None else max(0, queue_limit)
+        self._capacity = workers + self.queue_limit  # running + waiting
+        self._pending = 0  # submitted and not finished; changed on the loop and in done callbacks
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bcrypt")
         # Checked against when the user does not exist, so a miss costs the same time as a hit.
         self._dummy_hash = bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(cost, prefix=b"2a"))
 
@@ -54,7 +67,10 @@ class PasswordHasher:
         await self._run("check", _checkpw, password.encode("utf-8"), self._dummy_hash)
 
     async def _run(self, operation: metrics.BcryptOperation, fn: Callable[..., T], *args: object) -> T:
-        """Runs ``fn`` on the pool, counted in the queue-depth gauge until a worker picks it up."""
+        """Runs ``fn`` on the pool, counted in the queue-depth gauge until a worker picks it up.
+
+        Raises EtcdError TOO_MANY_REQUESTS when every worker is busy and the queue is full.
+        """
 
         def timed() -> T:
             metrics.BCRYPT_QUEUE_DEPTH.dec()
@@ -64,14 +80,30 @@ class PasswordHasher:
             finally:
                 metrics.BCRYPT_DURATION.labels(operation).observe(time.perf_counter() - started)
 
+        with self._lock:
+            if self._pending >= self._capacity:
+                raise EtcdError(Err.TOO_MANY_REQUESTS)
+            self._pending += 1
         metrics.BCRYPT_QUEUE_DEPTH.inc()
         try:
             future = self._pool.submit(timed)
         except RuntimeError:  # the pool is shut down
             metrics.BCRYPT_QUEUE_DEPTH.dec()
+            self._finished(None)
             raise
         future.add_done_callback(_uncount_if_cancelled)
+        future.add_done_callback(self._finished)
         return await asyncio.wrap_future(future)
+
+    def _finished(self, _future: object) -> None:
+        """A job left the pool (done, failed or cancelled): its place is free again."""
+        with self._lock:
+            self._pending -= 1
+
+    @property
+    def pending(self) -> int:
+        """Jobs on the pool, running or waiting."""
+        return self._pending
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

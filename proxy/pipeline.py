@@ -14,18 +14,20 @@ from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
-from authstore.errors import Err, EtcdError, from_message
+from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.methods import Method
-from proxy.passwords import PasswordHasher
+from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher
 from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
+from proxy.watch import WatchProxy
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,10 @@ RANGE_STREAM_FIELD = 1  # RangeStreamResponse.range_response
 
 
 class MalformedRequest(ValueError):
-    """A request the proxy must parse (Authenticate, UserAdd, UserChangePassword) does not decode."""
+    """A request the proxy must parse (Authenticate, UserAdd, UserChangePassword) does not decode.
+
+    The message is protobuf's reason (it names the message type, never the client's bytes).
+    """
 
 
 # --- the steps ----------------------------------------------------------------------------------
@@ -48,7 +53,8 @@ def check_size(data: bytes, limit: int) -> None:
 
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
     """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
-    return wire.build_internal_request(wire.encode_header(identity.username, identity.revision), method.field, request)
+    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token)
+    return wire.build_internal_request(header, method.field, request)
 
 
 def is_old_revision(error: grpc.aio.AioRpcError) -> bool:
@@ -82,12 +88,16 @@ async def abort_with(context: Context, error: BaseException) -> NoReturn:
         log.error("unexpected answer from the store: %s", error)
         await context.abort(grpc.StatusCode.INTERNAL, "raftgate: unexpected answer from the store")
     if isinstance(error, MalformedRequest):
-        # grpc-go's wording for a request that does not unmarshal
-        await context.abort(grpc.StatusCode.INTERNAL, "grpc: error unmarshalling request")
+        # grpc-go's wording for a request that does not unmarshal, with the decoder's reason
+        await context.abort(grpc.StatusCode.INTERNAL, UNMARSHAL_ERROR_PREFIX + str(error))
     raise error
 
 
 HANDLED = (EtcdError, grpc.aio.AioRpcError, wire.WireError, MalformedRequest)
+#: store answers after which a keep-alive (idempotent) is sent again, and how many sends at most
+KEEPALIVE_RETRY = frozenset({Err.TIMEOUT, Err.TIMEOUT_DUE_TO_LEADER_FAIL, Err.LEADER_CHANGED, Err.NOT_LEADER,
+                             Err.NO_LEADER})
+KEEPALIVE_ATTEMPTS = 3
 
 
 # --- the pipeline -------------------------------------------------------------------------------
@@ -136,8 +146,13 @@ class Pipeline:
             return await self.forward_as(token, method, request, timeout)
 
     async def forward_as(self, token: str | None, method: Method, request: bytes, timeout: float | None) -> bytes:
-        """Resolve -> stamp -> forward -> unwrap, for a given token."""
-        identity = await self.resolver.resolve(token, timeout)
+        """Resolve -> stamp -> forward -> unwrap, for a given token.
+
+        An unusable token is not refused here: the request goes to the store marked, and the
+        store validates it first, as etcd does (`key is not provided` before `invalid auth
+        token`), without the proxy decoding every request.
+        """
+        identity = await self.resolver.resolve(token, timeout, defer_invalid=True)
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
@@ -169,25 +184,40 @@ class Pipeline:
             await abort_with(context, e)
 
     async def hash_password(self, method: Method, request: bytes, context: Context) -> bytes:
-        """UserAdd / UserChangePassword: bcrypt here, so plaintext never reaches the store's log."""
+        """UserAdd / UserChangePassword: bcrypt here, so plaintext never reaches the store's log.
+
+        etcd's order: the password length (bcrypt's own error), then the caller's token, then the
+        hash. Callers the store would surely refuse never reach the bcrypt pool.
+        """
         try:
+            message: Any
             if method.name == "UserAdd":
-                add = _parse(rpc_pb2.AuthUserAddRequest, request)
-                if add.options.no_password:
-                    add.hashedPassword = ""
-                else:
-                    add.hashedPassword = await self.hasher.hash(add.password)
-                add.password = ""
-                request = add.SerializeToString()
+                message = _parse(rpc_pb2.AuthUserAddRequest, request)
+                hashed = not message.options.no_password
             else:
-                change = _parse(rpc_pb2.AuthUserChangePasswordRequest, request)
+                message = _parse(rpc_pb2.AuthUserChangePasswordRequest, request)
                 # etcd: an empty password is not hashed (the user can no longer log in).
-                change.hashedPassword = await self.hasher.hash(change.password) if change.password else ""
-                change.password = ""
-                request = change.SerializeToString()
-            return await self.forward(method, request, context)
+                hashed = bool(message.password)
+            if hashed:
+                check_password_length(message.password)
+            await self.check_caller(context)
+            message.hashedPassword = await self.hasher.hash(message.password) if hashed else ""
+            message.password = ""
+            return await self.forward(method, message.SerializeToString(), context)
         except HANDLED as e:
             await abort_with(context, e)
+
+    async def check_caller(self, context: Context) -> None:
+        """Refuses, before any bcrypt, callers every auth-admin request refuses: an unusable
+        token (`invalid auth token`), and no identity while auth is on (`user name is empty`).
+        A lent (sidecar) token is left to the usual refresh-and-retry of ``forward``."""
+        token, lent = await self.token_of(context)
+        if lent:
+            return
+        timeout = timeout_of(context)
+        identity = await self.resolver.resolve(token, timeout)
+        if not identity.username and await self.resolver.auth_enabled(timeout):
+            raise EtcdError(Err.USER_EMPTY)
 
     async def range_stream(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
         """KV.RangeStream: the whole Range result as one RangeStreamResponse."""
@@ -211,12 +241,34 @@ class Pipeline:
             await abort_with(context, e)
 
     async def keepalive(self, method: Method, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
-        """Lease.LeaseKeepAlive: each client message is one lease_keep_alive call to the store."""
+        """Lease.LeaseKeepAlive: each client message is one lease_keep_alive call to the store.
+
+        An unknown lease comes back as TTL 0 in the stream (etcd); a refusal ends the stream with
+        etcd's error. A renew is idempotent, so one whose outcome is unknown (the leader changed
+        or timed out meanwhile) is sent again rather than ending the client's stream.
+        """
         try:
             async for request in requests:
-                yield await self.forward(method, request, context)
+                for attempt in range(KEEPALIVE_ATTEMPTS):
+                    try:
+                        answer = await self.forward(method, request, context)
+                        break
+                    except grpc.aio.AioRpcError as e:
+                        if attempt + 1 == KEEPALIVE_ATTEMPTS or from_message(e.details() or "") not in KEEPALIVE_RETRY:
+                            raise
+                yield answer
         except HANDLED as e:
             await abort_with(context, e)
+
+    async def watch(self, method: Method, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
+        """Watch.Watch: the stream's token is resolved once; proxy/watch.py does the rest."""
+        try:
+            token, _lent = await self.token_of(context)
+            identity = await self.resolver.resolve(token, None, defer_invalid=True)
+        except HANDLED as e:
+            await abort_with(context, e)
+        async for message in WatchProxy(self.store).serve(identity, requests, context):
+            yield message
 
     async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:
         name = f"{method.service}.{method.name}"
@@ -224,11 +276,21 @@ class Pipeline:
         yield b""  # pragma: no cover - makes this an async generator
 
 
+def check_password_length(password: str) -> None:
+    """bcrypt refuses passwords over 72 bytes; etcd answers with that error before anything else."""
+    if len(password.encode("utf-8")) > BCRYPT_MAX_BYTES:
+        raise EtcdError(Err.PASSWORD_TOO_LONG)
+
+
 def _parse(message_type: Any, data: bytes) -> Any:
     try:
         return message_type.FromString(data)
-    except Exception:  # protobuf's DecodeError; never echo client bytes (they may hold a password)
-        raise MalformedRequest() from None
+    except DecodeError as e:
+        # protobuf's reason names the type and the fault, never the client's bytes (which may
+        # hold a password); anything else is reduced to a fixed text for the same reason.
+        raise MalformedRequest(str(e)) from None
+    except Exception:
+        raise MalformedRequest(f"Error parsing message with type '{message_type.DESCRIPTOR.full_name}'") from None
 
 
 Handler = Callable[[Method, Any, Context], Awaitable[bytes] | AsyncIterator[bytes]]

@@ -40,7 +40,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls)
-        self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers)
+        self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(
             self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None

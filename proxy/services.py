@@ -36,6 +36,8 @@ def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(stream(pipeline.snapshot))
     if method.kind is Kind.KEEPALIVE:
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.keepalive))
+    if method.kind is Kind.WATCH:
+        return grpc.stream_stream_rpc_method_handler(stream(pipeline.watch))
     if method.kind is Kind.UNIMPLEMENTED:
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.unimplemented))
     raise AssertionError(f"no handler for {method.kind}")

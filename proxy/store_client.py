@@ -27,18 +27,17 @@ import grpc.aio
 
 from authstore.errors import Err, from_message
 from protos import wire
+from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 
 log = logging.getLogger(__name__)
 
-SECRET_METADATA_KEY = "x-raftgate-internal-secret"
 _SERVICE = "/raftgate.storepb.Store/"
 # The store is trusted; its answers (ranges, snapshots) may be large.
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.max_send_message_length", 2**31 - 1),
 ]
-HEADER_FIELD = 100
 # Requests that only read: retrying them can never apply anything twice.
 READ_FIELDS = frozenset({3, 1013, 1102, 1106, 1107, 1202, 3000, 3002, 3003, 3010, 3020, 3021})
 # Answers proving the request never entered the log.
@@ -91,7 +90,7 @@ def request_field(internal_request: bytes) -> int:
         if key & 7 != 2:
             return 0
         length, pos = wire.decode_varint(internal_request, pos)
-        if key >> 3 != HEADER_FIELD:
+        if key >> 3 != wire.HEADER_FIELD:
             return key >> 3
         pos += length
     return 0
@@ -117,7 +116,7 @@ class StoreClient:
                  tls: InternalTLS | None = None) -> None:
         if isinstance(targets, str):
             targets = [targets]
-        self._metadata: tuple[tuple[str, str], ...] = ((SECRET_METADATA_KEY, secret),) if secret else ()
+        self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
         self._endpoints = [_Endpoint(t, self._channel(t, tls)) for t in targets]
         self._leader = self._endpoints[0]
         self._discovery: asyncio.Task[None] | None = None

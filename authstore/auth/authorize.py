@@ -8,6 +8,8 @@ check became a CVE (nested txns, prev_kv, leases, Compact). raftgate walks the w
 (reference §3, §5.2):
 
 * auth disabled: everything is allowed; Authenticate and AuthStatus are never checked.
+* a header marked ``invalid_token`` (the proxy could not resolve the client's token), auth
+  enabled: ``invalid auth token`` for everything but Authenticate, before any other check.
 * key checks (etcd ``isOpPermitted``): no user -> ``user name is empty``; header revision older
   than the store's -> ``revision of auth store is old``; unknown user -> ``permission denied``;
   role root -> allowed; otherwise the interval check -> ``permission denied``.
@@ -44,7 +46,7 @@ AUTHENTICATED_KINDS = frozenset({"status", "member_list", "lease_grant"})
 #: client RPC maps to them: the proxy only ever forwards a client's bytes under the field number of
 #: the RPC it serves. Checking them would add nothing either: whoever can reach the internal port
 #: can stamp any header, so the trust boundary there is mTLS / the shared secret, not this function.
-INTERNAL_KINDS = frozenset({"lease_checkpoint", "expire_tokens", "member_attr_set"})
+INTERNAL_KINDS = frozenset({"lease_checkpoint", "lease_renew", "lease_expire", "expire_tokens", "member_attr_set"})
 
 LeaseKeys = Callable[[int], list[bytes]]
 AllLeases = Callable[[], Iterable[int]]
@@ -77,7 +79,14 @@ def authorize(
     `read` is True on the read path (linearizable or serializable), False in apply.
     """
     kind = request_kind(req)
-    if kind in OPEN_KINDS or kind in INTERNAL_KINDS or not auth.is_enabled(txn):
+    if kind in INTERNAL_KINDS:
+        return
+    # The proxy could not resolve the caller's token: the request's shape has been validated
+    # already (etcd checks it before the token), now refuse as etcd's API layer does - for every
+    # request but Authenticate, AuthStatus included. Auth off: etcd ignores tokens altogether.
+    if header.invalid_token and kind != "authenticate" and auth.is_enabled(txn):
+        raise EtcdError(Err.INVALID_AUTH_TOKEN)
+    if kind in OPEN_KINDS or not auth.is_enabled(txn):
         return
     try:
         _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))

@@ -137,12 +137,23 @@ class Lessor:
         return pb.LeaseRevokeResponse()
 
     def renew(self, txn: lmdb.Transaction, lease_id: int, now_ms: int) -> int:
-        """Keep-alive: restarts the lease's TTL from `now_ms`; returns the TTL. Raises LEASE_NOT_FOUND."""
+        """Keep-alive: restarts the lease's TTL from `now_ms` (a logged deadline never moves back,
+        whatever the clock of the node that logged it); returns the TTL. Raises LEASE_NOT_FOUND."""
         rec = self.get(txn, lease_id)
         if rec is None:
             raise EtcdError(Err.LEASE_NOT_FOUND)
-        self._put(txn, lease_id, LeaseRecord(rec.ttl, now_ms, now_ms + rec.ttl * 1000, 0), rec)
+        deadline = max(rec.deadline_ms, now_ms + rec.ttl * 1000)
+        self._put(txn, lease_id, LeaseRecord(rec.ttl, now_ms, deadline, 0), rec)
         return rec.ttl
+
+    def expire(self, txn: lmdb.Transaction, lease_id: int, seen_deadline_ms: int) -> bool:
+        """The leader's revoke of an expired lease: revokes it unless it is gone already or a
+        later entry moved its deadline past the one the leader saw. Returns whether it revoked."""
+        rec = self.get(txn, lease_id)
+        if rec is None or rec.deadline_ms > seen_deadline_ms:
+            return False
+        self.revoke(txn, lease_id)
+        return True
 
     def checkpoint(self, txn: lmdb.Transaction, lease_id: int, remaining_ttl: int) -> None:
         """Records a remaining TTL (etcd's LeaseCheckpoint); unknown leases are ignored like etcd."""
@@ -208,10 +219,19 @@ class Lessor:
 
     def expired(self, txn: lmdb.Transaction, now_ms: int, limit: int = 0) -> list[int]:
         """IDs of leases whose deadline is at or before `now_ms`, soonest first (for the expiry loop)."""
-        out: list[int] = []
+        return [lease_id for lease_id, _ in self.due(txn, now_ms, limit)]
+
+    def due(self, txn: lmdb.Transaction, now_ms: int, limit: int = 0) -> list[tuple[int, int]]:
+        """(id, logged deadline) of leases whose logged deadline is at or before `now_ms`, soonest first."""
+        out: list[tuple[int, int]] = []
         for k in txn.cursor(db=self._deadlines).iternext(keys=True, values=False):
             deadline, lease_id = _DEADLINE.unpack(k)
             if deadline > now_ms or (limit and len(out) >= limit):
                 break
-            out.append(lease_id)
+            out.append((lease_id, deadline))
         return out
+
+    def all_records(self, txn: lmdb.Transaction) -> list[tuple[int, LeaseRecord]]:
+        """Every lease with its record (a new leader's starting point)."""
+        return [(_ID.unpack(k)[0], LeaseRecord._make(_REC.unpack(v)))
+                for k, v in txn.cursor(db=self._leases).iternext(keys=True, values=True)]

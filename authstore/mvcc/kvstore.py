@@ -451,6 +451,34 @@ class KVStore:
         """Retained index entries of `key`, oldest first (tombstones have version 0)."""
         return self._index.history(txn, key)
 
+    def changes(self, txn: lmdb.Transaction, first_rev: int, last_rev: int,
+                limit: int = 0) -> list[tuple[int, bytes]]:
+        """The records written at main revisions first_rev..last_rev, in revision order, as
+        (main revision, KeyValue bytes; version 0 = a delete); for watches. With `limit`, stops
+        after the revision holding the limit-th record (a revision is never split)."""
+        out: list[tuple[int, bytes]] = []
+        if last_rev < first_rev:
+            return out
+        cur = txn.cursor(db=self._kv)
+        if not cur.set_range(revision.encode(max(first_rev, 0), 0)):
+            return out
+        upper = revision.encode(last_rev + 1, 0)
+        for k, v in cur:
+            if k >= upper:
+                break
+            main = revision.main_of(k)
+            if limit and len(out) >= limit and main != out[-1][0]:
+                break
+            out.append((main, v))
+        return out
+
+    def previous(self, txn: lmdb.Transaction, key: bytes, rev: int) -> bytes | None:
+        """The KeyValue bytes of `key` live just before revision `rev` (for a watch's prev_kv)."""
+        e = self._index.get(txn, key, rev - 1)
+        if e is None:
+            return None
+        return txn.get(e.rev, db=self._kv)
+
 
 def _passes(req: pb.RangeRequest, e: Entry) -> bool:
     if req.max_mod_revision and e.main > req.max_mod_revision:

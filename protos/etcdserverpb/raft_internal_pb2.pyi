@@ -8,17 +8,19 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RequestHeader(_message.Message):
-    __slots__ = ("ID", "username", "auth_revision")
+    __slots__ = ("ID", "username", "auth_revision", "invalid_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     AUTH_REVISION_FIELD_NUMBER: _ClassVar[int]
+    INVALID_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ID: int
     username: str
     auth_revision: int
-    def __init__(self, ID: _Optional[int] = ..., username: _Optional[str] = ..., auth_revision: _Optional[int] = ...) -> None: ...
+    invalid_token: bool
+    def __init__(self, ID: _Optional[int] = ..., username: _Optional[str] = ..., auth_revision: _Optional[int] = ..., invalid_token: _Optional[bool] = ...) -> None: ...
 
 class InternalRaftRequest(_message.Message):
-    __slots__ = ("header", "ID", "range", "put", "delete_range", "txn", "compaction", "lease_grant", "lease_revoke", "alarm", "lease_checkpoint", "auth_enable", "auth_disable", "authenticate", "auth_status", "auth_user_add", "auth_user_delete", "auth_user_get", "auth_user_change_password", "auth_user_grant_role", "auth_user_revoke_role", "auth_user_list", "auth_role_list", "auth_role_add", "auth_role_delete", "auth_role_get", "auth_role_grant_permission", "auth_role_revoke_permission", "status", "defragment", "hash", "hash_kv", "snapshot", "move_leader", "downgrade", "member_list", "member_add", "member_remove", "member_update", "member_promote", "lease_time_to_live", "lease_leases", "lease_keep_alive", "member_attr_set", "expire_tokens", "time_unix_ms")
+    __slots__ = ("header", "ID", "range", "put", "delete_range", "txn", "compaction", "lease_grant", "lease_revoke", "alarm", "lease_checkpoint", "auth_enable", "auth_disable", "authenticate", "auth_status", "auth_user_add", "auth_user_delete", "auth_user_get", "auth_user_change_password", "auth_user_grant_role", "auth_user_revoke_role", "auth_user_list", "auth_role_list", "auth_role_add", "auth_role_delete", "auth_role_get", "auth_role_grant_permission", "auth_role_revoke_permission", "status", "defragment", "hash", "hash_kv", "snapshot", "move_leader", "downgrade", "member_list", "member_add", "member_remove", "member_update", "member_promote", "lease_time_to_live", "lease_leases", "lease_keep_alive", "member_attr_set", "expire_tokens", "lease_renew", "lease_expire", "time_unix_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     RANGE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +66,8 @@ class InternalRaftRequest(_message.Message):
     LEASE_KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ATTR_SET_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_RENEW_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     ID: int
@@ -110,8 +114,10 @@ class InternalRaftRequest(_message.Message):
     lease_keep_alive: _rpc_pb2.LeaseKeepAliveRequest
     member_attr_set: MemberAttrSetRequest
     expire_tokens: ExpireTokensRequest
+    lease_renew: LeaseRenewEntry
+    lease_expire: LeaseExpireEntry
     time_unix_ms: int
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., ID: _Optional[int] = ..., range: _Optional[_Union[_rpc_pb2.RangeRequest, _Mapping]] = ..., put: _Optional[_Union[_rpc_pb2.PutRequest, _Mapping]] = ..., delete_range: _Optional[_Union[_rpc_pb2.DeleteRangeRequest, _Mapping]] = ..., txn: _Optional[_Union[_rpc_pb2.TxnRequest, _Mapping]] = ..., compaction: _Optional[_Union[_rpc_pb2.CompactionRequest, _Mapping]] = ..., lease_grant: _Optional[_Union[_rpc_pb2.LeaseGrantRequest, _Mapping]] = ..., lease_revoke: _Optional[_Union[_rpc_pb2.LeaseRevokeRequest, _Mapping]] = ..., alarm: _Optional[_Union[_rpc_pb2.AlarmRequest, _Mapping]] = ..., lease_checkpoint: _Optional[_Union[_rpc_pb2.LeaseCheckpointRequest, _Mapping]] = ..., auth_enable: _Optional[_Union[_rpc_pb2.AuthEnableRequest, _Mapping]] = ..., auth_disable: _Optional[_Union[_rpc_pb2.AuthDisableRequest, _Mapping]] = ..., authenticate: _Optional[_Union[InternalAuthenticateRequest, _Mapping]] = ..., auth_status: _Optional[_Union[_rpc_pb2.AuthStatusRequest, _Mapping]] = ..., auth_user_add: _Optional[_Union[_rpc_pb2.AuthUserAddRequest, _Mapping]] = ..., auth_user_delete: _Optional[_Union[_rpc_pb2.AuthUserDeleteRequest, _Mapping]] = ..., auth_user_get: _Optional[_Union[_rpc_pb2.AuthUserGetRequest, _Mapping]] = ..., auth_user_change_password: _Optional[_Union[_rpc_pb2.AuthUserChangePasswordRequest, _Mapping]] = ..., auth_user_grant_role: _Optional[_Union[_rpc_pb2.AuthUserGrantRoleRequest, _Mapping]] = ..., auth_user_revoke_role: _Optional[_Union[_rpc_pb2.AuthUserRevokeRoleRequest, _Mapping]] = ..., auth_user_list: _Optional[_Union[_rpc_pb2.AuthUserListRequest, _Mapping]] = ..., auth_role_list: _Optional[_Union[_rpc_pb2.AuthRoleListRequest, _Mapping]] = ..., auth_role_add: _Optional[_Union[_rpc_pb2.AuthRoleAddRequest, _Mapping]] = ..., auth_role_delete: _Optional[_Union[_rpc_pb2.AuthRoleDeleteRequest, _Mapping]] = ..., auth_role_get: _Optional[_Union[_rpc_pb2.AuthRoleGetRequest, _Mapping]] = ..., auth_role_grant_permission: _Optional[_Union[_rpc_pb2.AuthRoleGrantPermissionRequest, _Mapping]] = ..., auth_role_revoke_permission: _Optional[_Union[_rpc_pb2.AuthRoleRevokePermissionRequest, _Mapping]] = ..., status: _Optional[_Union[_rpc_pb2.StatusRequest, _Mapping]] = ..., defragment: _Optional[_Union[_rpc_pb2.DefragmentRequest, _Mapping]] = ..., hash: _Optional[_Union[_rpc_pb2.HashRequest, _Mapping]] = ..., hash_kv: _Optional[_Union[_rpc_pb2.HashKVRequest, _Mapping]] = ..., snapshot: _Optional[_Union[_rpc_pb2.SnapshotRequest, _Mapping]] = ..., move_leader: _Optional[_Union[_rpc_pb2.MoveLeaderRequest, _Mapping]] = ..., downgrade: _Optional[_Union[_rpc_pb2.DowngradeRequest, _Mapping]] = ..., member_list: _Optional[_Union[_rpc_pb2.MemberListRequest, _Mapping]] = ..., member_add: _Optional[_Union[_rpc_pb2.MemberAddRequest, _Mapping]] = ..., member_remove: _Optional[_Union[_rpc_pb2.MemberRemoveRequest, _Mapping]] = ..., member_update: _Optional[_Union[_rpc_pb2.MemberUpdateRequest, _Mapping]] = ..., member_promote: _Optional[_Union[_rpc_pb2.MemberPromoteRequest, _Mapping]] = ..., lease_time_to_live: _Optional[_Union[_rpc_pb2.LeaseTimeToLiveRequest, _Mapping]] = ..., lease_leases: _Optional[_Union[_rpc_pb2.LeaseLeasesRequest, _Mapping]] = ..., lease_keep_alive: _Optional[_Union[_rpc_pb2.LeaseKeepAliveRequest, _Mapping]] = ..., member_attr_set: _Optional[_Union[MemberAttrSetRequest, _Mapping]] = ..., expire_tokens: _Optional[_Union[ExpireTokensRequest, _Mapping]] = ..., time_unix_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., ID: _Optional[int] = ..., range: _Optional[_Union[_rpc_pb2.RangeRequest, _Mapping]] = ..., put: _Optional[_Union[_rpc_pb2.PutRequest, _Mapping]] = ..., delete_range: _Optional[_Union[_rpc_pb2.DeleteRangeRequest, _Mapping]] = ..., txn: _Optional[_Union[_rpc_pb2.TxnRequest, _Mapping]] = ..., compaction: _Optional[_Union[_rpc_pb2.CompactionRequest, _Mapping]] = ..., lease_grant: _Optional[_Union[_rpc_pb2.LeaseGrantRequest, _Mapping]] = ..., lease_revoke: _Optional[_Union[_rpc_pb2.LeaseRevokeRequest, _Mapping]] = ..., alarm: _Optional[_Union[_rpc_pb2.AlarmRequest, _Mapping]] = ..., lease_checkpoint: _Optional[_Union[_rpc_pb2.LeaseCheckpointRequest, _Mapping]] = ..., auth_enable: _Optional[_Union[_rpc_pb2.AuthEnableRequest, _Mapping]] = ..., auth_disable: _Optional[_Union[_rpc_pb2.AuthDisableRequest, _Mapping]] = ..., authenticate: _Optional[_Union[InternalAuthenticateRequest, _Mapping]] = ..., auth_status: _Optional[_Union[_rpc_pb2.AuthStatusRequest, _Mapping]] = ..., auth_user_add: _Optional[_Union[_rpc_pb2.AuthUserAddRequest, _Mapping]] = ..., auth_user_delete: _Optional[_Union[_rpc_pb2.AuthUserDeleteRequest, _Mapping]] = ..., auth_user_get: _Optional[_Union[_rpc_pb2.AuthUserGetRequest, _Mapping]] = ..., auth_user_change_password: _Optional[_Union[_rpc_pb2.AuthUserChangePasswordRequest, _Mapping]] = ..., auth_user_grant_role: _Optional[_Union[_rpc_pb2.AuthUserGrantRoleRequest, _Mapping]] = ..., auth_user_revoke_role: _Optional[_Union[_rpc_pb2.AuthUserRevokeRoleRequest, _Mapping]] = ..., auth_user_list: _Optional[_Union[_rpc_pb2.AuthUserListRequest, _Mapping]] = ..., auth_role_list: _Optional[_Union[_rpc_pb2.AuthRoleListRequest, _Mapping]] = ..., auth_role_add: _Optional[_Union[_rpc_pb2.AuthRoleAddRequest, _Mapping]] = ..., auth_role_delete: _Optional[_Union[_rpc_pb2.AuthRoleDeleteRequest, _Mapping]] = ..., auth_role_get: _Optional[_Union[_rpc_pb2.AuthRoleGetRequest, _Mapping]] = ..., auth_role_grant_permission: _Optional[_Union[_rpc_pb2.AuthRoleGrantPermissionRequest, _Mapping]] = ..., auth_role_revoke_permission: _Optional[_Union[_rpc_pb2.AuthRoleRevokePermissionRequest, _Mapping]] = ..., status: _Optional[_Union[_rpc_pb2.StatusRequest, _Mapping]] = ..., defragment: _Optional[_Union[_rpc_pb2.DefragmentRequest, _Mapping]] = ..., hash: _Optional[_Union[_rpc_pb2.HashRequest, _Mapping]] = ..., hash_kv: _Optional[_Union[_rpc_pb2.HashKVRequest, _Mapping]] = ..., snapshot: _Optional[_Union[_rpc_pb2.SnapshotRequest, _Mapping]] = ..., move_leader: _Optional[_Union[_rpc_pb2.MoveLeaderRequest, _Mapping]] = ..., downgrade: _Optional[_Union[_rpc_pb2.DowngradeRequest, _Mapping]] = ..., member_list: _Optional[_Union[_rpc_pb2.MemberListRequest, _Mapping]] = ..., member_add: _Optional[_Union[_rpc_pb2.MemberAddRequest, _Mapping]] = ..., member_remove: _Optional[_Union[_rpc_pb2.MemberRemoveRequest, _Mapping]] = ..., member_update: _Optional[_Union[_rpc_pb2.MemberUpdateRequest, _Mapping]] = ..., member_promote: _Optional[_Union[_rpc_pb2.MemberPromoteRequest, _Mapping]] = ..., lease_time_to_live: _Optional[_Union[_rpc_pb2.LeaseTimeToLiveRequest, _Mapping]] = ..., lease_leases: _Optional[_Union[_rpc_pb2.LeaseLeasesRequest, _Mapping]] = ..., lease_keep_alive: _Optional[_Union[_rpc_pb2.LeaseKeepAliveRequest, _Mapping]] = ..., member_attr_set: _Optional[_Union[MemberAttrSetRequest, _Mapping]] = ..., expire_tokens: _Optional[_Union[ExpireTokensRequest, _Mapping]] = ..., lease_renew: _Optional[_Union[LeaseRenewEntry, _Mapping]] = ..., lease_expire: _Optional[_Union[LeaseExpireEntry, _Mapping]] = ..., time_unix_ms: _Optional[int] = ...) -> None: ...
 
 class InternalAuthenticateRequest(_message.Message):
     __slots__ = ("name", "password", "simple_token", "checked_revision", "issued_at_unix_ms", "ttl_seconds")
@@ -144,3 +150,17 @@ class ExpireTokensRequest(_message.Message):
     TOKEN_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     token_digests: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, token_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LeaseRenewEntry(_message.Message):
+    __slots__ = ("ID",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ID: int
+    def __init__(self, ID: _Optional[int] = ...) -> None: ...
+
+class LeaseExpireEntry(_message.Message):
+    __slots__ = ("ID", "deadline_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    ID: int
+    deadline_ms: int
+    def __init__(self, ID: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...

@@ -61,6 +61,11 @@ class StoreStub:
                 request_serializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.stream_stream(
+                '/raftgate.storepb.Store/Watch',
+                request_serializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
+                response_deserializer=protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServicer:
@@ -102,6 +107,14 @@ class StoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request_iterator, context):
+        """One client Watch stream: each WatchRequest travels with the stream's stamped header; the
+        answers are etcd WatchResponse messages, passed to the client unchanged. Served by the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +142,11 @@ def add_StoreServicer_to_server(servicer, server):
                     servicer.Leader,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.SerializeToString,
+            ),
+            'Watch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.FromString,
+                    response_serializer=protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class Store:
             '/raftgate.storepb.Store/Leader',
             protos_dot_storepb_dot_store__pb2.LeaderRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.LeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftgate.storepb.Store/Watch',
+            protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
+            protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

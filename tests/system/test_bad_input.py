@@ -263,3 +263,92 @@ def test_simple_token_with_future_index(srv: tuple[str, Stubs, Server]) -> None:
     else:
         assert got == BAD_TOKEN
     _still_serving(admin)
+
+
+UNMARSHAL = "grpc: error unmarshalling request: "
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["range_empty_key", "put_empty_key", "delete_empty_key", "txn_duplicate_key", "txn_too_many_ops"],
+)
+def test_request_shape_is_checked_before_the_token(srv: tuple[str, Stubs, Server], case: str) -> None:
+    """etcd validates a request before it resolves the token: a bogus token with an empty key gets
+    `key is not provided`, not `invalid auth token` (raftgate: the store validates, then refuses
+    the token the proxy marked as unresolved)."""
+    _, admin, server = srv
+    call, want, _ = _kv_cases()[case]
+    for token in ("bogus", "abcdefghijklmnop.99999999"):
+        s = Stubs(server.target, token=token)
+        try:
+            assert outcome(lambda: call(s)) == want, token  # noqa: B023 - called at once
+        finally:
+            s.close()
+    _still_serving(admin)
+
+
+def test_valid_request_with_bogus_token_is_refused(srv: tuple[str, Stubs, Server]) -> None:
+    _, admin, server = srv
+    s = Stubs(server.target, token="bogus")
+    try:
+        assert outcome(lambda: s.auth.AuthStatus(rpc_pb2.AuthStatusRequest(), metadata=s.md, timeout=10)) == BAD_TOKEN
+        compact = rpc_pb2.CompactionRequest(revision=1)
+        assert outcome(lambda: s.kv.Compact(compact, metadata=s.md, timeout=10)) == BAD_TOKEN
+        got = outcome(lambda: s.kv.Txn(rpc_pb2.TxnRequest(), metadata=s.md, timeout=10))
+        assert got == BAD_TOKEN
+    finally:
+        s.close()
+    _still_serving(admin)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "/etcdserverpb.Auth/Authenticate",
+        "/etcdserverpb.Auth/UserAdd",
+        "/etcdserverpb.Auth/UserChangePassword",
+        "/etcdserverpb.Auth/UserGet",
+        "/etcdserverpb.KV/Range",
+        "/etcdserverpb.KV/Put",
+    ],
+)
+@pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\x0f"], ids=["truncated", "bad_wire_type"])
+def test_malformed_request_gets_grpc_go_wording(srv: tuple[str, Stubs, Server], method: str, data: bytes) -> None:
+    """grpc-go: Internal "grpc: error unmarshalling request: <reason>"; the reason is the decoder's
+    own text (Go's and Python's protobuf word it differently), so only the prefix is compared."""
+    _, admin, _ = srv
+    code, detail = outcome(lambda: admin.channel.unary_unary(method)(data, metadata=admin.md, timeout=10))
+    assert code == "INTERNAL" and detail.startswith(UNMARSHAL) and len(detail) > len(UNMARSHAL), detail
+    _still_serving(admin)
+
+
+def test_invalid_utf8_string_field(srv: tuple[str, Stubs, Server]) -> None:
+    """A string field holding invalid UTF-8 (UserGet.name). etcd 3.5.1's gogoproto code does not
+    check UTF-8 and looks the name up; raftgate's store decodes with protobuf, which refuses it,
+    and answers as grpc-go does for any request that does not unmarshal."""
+    backend, admin, _ = srv
+    bad = b"\x0a\x02\xff\xfe"
+    user_get = admin.channel.unary_unary("/etcdserverpb.Auth/UserGet")
+    code, detail = outcome(lambda: user_get(bad, metadata=admin.md, timeout=10))
+    if backend == "etcd":
+        assert (code, detail) == ("FAILED_PRECONDITION", "etcdserver: user name not found")
+    else:
+        assert code == "INTERNAL" and detail.startswith(UNMARSHAL) and "UTF-8" in detail, detail
+        assert "etcdserverpb.AuthUserGetRequest" in detail
+    _still_serving(admin)
+
+
+def test_password_admin_without_usable_identity(srv: tuple[str, Stubs, Server]) -> None:
+    """UserAdd / UserChangePassword from an anonymous caller or with a bogus token (raftgate
+    refuses these before bcrypt; the answers are etcd's)."""
+    _, admin, server = srv
+    add = rpc_pb2.AuthUserAddRequest(name="nobody-adds", password="pw")
+    change = rpc_pb2.AuthUserChangePasswordRequest(name="root", password="pw")
+    for token, want in ((None, ("INVALID_ARGUMENT", "etcdserver: user name is empty")), ("bogus", BAD_TOKEN)):
+        s = Stubs(server.target, token=token)
+        try:
+            assert outcome(lambda: s.auth.UserAdd(add, metadata=s.md, timeout=10)) == want  # noqa: B023
+            assert outcome(lambda: s.auth.UserChangePassword(change, metadata=s.md, timeout=10)) == want  # noqa: B023
+        finally:
+            s.close()
+    _still_serving(admin)

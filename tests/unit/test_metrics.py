@@ -21,13 +21,13 @@ import authstore.metrics as store_metrics
 import proxy.metrics as proxy_metrics
 from authstore.auth.authorize import authorize
 from authstore.auth.store import AuthStore
-from authstore.errors import Err, EtcdError
+from authstore.errors import REVISION_MOVED, Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2
 from proxy import instrument
-from proxy.authenticate import REVISION_MOVED, Authenticator
+from proxy.authenticate import Authenticator
 from proxy.methods import METHODS
 from proxy.passwords import PasswordHasher
 from proxy.tokens.jwt import JwtProvider
@@ -196,12 +196,12 @@ class FakeStore:
         return store_pb2.InternalResponse(authenticate=pb.AuthenticateResponse(token="t.1")).SerializeToString()
 
 
-def _authenticate(store: FakeStore, name: str, password: str) -> Err | None:
+def _authenticate(store: FakeStore, name: str, password: str, timeout: float | None = None) -> Err | None:
     async def go() -> Err | None:
         hasher = PasswordHasher(4, 2)
         try:
             auth = Authenticator(store, hasher, jwt=None, simple_ttl_seconds=300)  # type: ignore[arg-type]
-            await auth.authenticate(pb.AuthenticateRequest(name=name, password=password))
+            await auth.authenticate(pb.AuthenticateRequest(name=name, password=password), timeout)
         except EtcdError as e:
             return e.err
         finally:
@@ -218,7 +218,8 @@ def _authenticate(store: FakeStore, name: str, password: str) -> Err | None:
         (FakeStore(), "alice", "wrong", "auth_failed", Err.AUTH_FAILED),
         (FakeStore(), "nobody", "pw", "auth_failed", Err.AUTH_FAILED),
         (FakeStore(enabled=False), "alice", "pw", "not_enabled", Err.AUTH_NOT_ENABLED),
-        (FakeStore(moves=100), "alice", "pw", "revision_retry_exhausted", Err.AUTH_FAILED),
+        # The revision never stops moving: retried until the deadline, then etcd's timeout.
+        (FakeStore(moves=10**9), "alice", "pw", "revision_retry_exhausted", Err.TIMEOUT),
     ],
 )
 def test_authentications_are_counted_by_result(
@@ -226,7 +227,7 @@ def test_authentications_are_counted_by_result(
 ) -> None:
     before = value("raftgate_proxy_authentications_total", result=result)
     checks = value("raftgate_proxy_bcrypt_duration_seconds_count", operation="check")
-    assert _authenticate(store, name, password) is err
+    assert _authenticate(store, name, password, timeout=0.3) is err
     assert value("raftgate_proxy_authentications_total", result=result) == before + 1
     if result != "not_enabled":
         assert value("raftgate_proxy_bcrypt_duration_seconds_count", operation="check") > checks

@@ -15,10 +15,10 @@ import pytest
 
 from authstore.errors import Err
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
+from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2, store_pb2_grpc
 from proxy import config as proxy_config
 from proxy.server import ProxyServer
-from proxy.store_client import SECRET_METADATA_KEY
 
 SECRET = "s3cret-for-tests"
 ROOT_PW = "rootpw"
@@ -46,7 +46,7 @@ class FakeStore(store_pb2_grpc.StoreServicer):
 
     async def _check_secret(self, context: grpc.aio.ServicerContext) -> None:
         md = dict(context.invocation_metadata() or ())
-        if md.get(SECRET_METADATA_KEY) != SECRET:
+        if md.get(INTERNAL_SECRET_METADATA) != SECRET:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal credential required")
 
     def _header(self) -> rpc_pb2.ResponseHeader:
@@ -71,6 +71,11 @@ class FakeStore(store_pb2_grpc.StoreServicer):
             return store_pb2.InternalResponse(
                 authenticate=rpc_pb2.AuthenticateResponse(header=self._header(), token=token)
             )
+        # The store's order: request validation, then a token the proxy could not resolve.
+        if kind in ("put", "range") and not getattr(request, kind).key:
+            await context.abort(Err.EMPTY_KEY.code, Err.EMPTY_KEY.message)
+        if self.auth_enabled and h.invalid_token:
+            await context.abort(Err.INVALID_AUTH_TOKEN.code, Err.INVALID_AUTH_TOKEN.message)
         if kind == "auth_status":
             return store_pb2.InternalResponse(
                 auth_status=rpc_pb2.AuthStatusResponse(
@@ -281,7 +286,7 @@ def test_simple_token_resolution_is_cached(tmp_path: Path) -> None:
 
 
 def test_authenticate_failures_and_retry(tmp_path: Path) -> None:
-    async def scenario(fake: FakeStore, ch: grpc.aio.Channel, _: ProxyServer) -> None:
+    async def scenario(fake: FakeStore, ch: grpc.aio.Channel, proxy: ProxyServer) -> None:
         fake.users["nopw"] = (b"", True)
         for name, password, err in [
             ("root", "wrong", Err.AUTH_FAILED),
@@ -297,11 +302,28 @@ def test_authenticate_failures_and_retry(tmp_path: Path) -> None:
         token = await login(ch)
         assert token and fake.credentials_calls == calls + 3
         assert fake.requests[-1].authenticate.checked_revision == 7
-        # It keeps moving: give up after 5 attempts with "authentication failed".
-        fake.moves_during_authenticate = 100
+        # It keeps moving: retried until the deadline (the default one: the client set none),
+        # then etcd's "request timed out" - not a misleading "authentication failed".
+        fake.moves_during_authenticate = 10**9
+        proxy.authenticator.default_deadline = 0.5
+        calls = fake.credentials_calls
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await login(ch)
-        assert e.value.details() == Err.AUTH_FAILED.message
+        assert (e.value.code(), e.value.details()) == (Err.TIMEOUT.code, Err.TIMEOUT.message)
+        assert fake.credentials_calls > calls + 5  # far more than the old bound of 5 attempts
+        # With a client deadline, that deadline bounds the retries.
+        proxy.authenticator.default_deadline = 60.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await rpc_pb2_grpc.AuthStub(ch).Authenticate(
+                rpc_pb2.AuthenticateRequest(name="root", password=ROOT_PW), timeout=0.5
+            )
+        assert e.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, Err.TIMEOUT.code)
+        assert loop.time() - started < 5
+        # The churn stops: the next login succeeds.
+        fake.moves_during_authenticate = 0
+        assert await login(ch)
 
     run(tmp_path, scenario)
 

@@ -1,0 +1,509 @@
+"""The watch hub: every open watch of a store node, fed from the apply stage in log order.
+
+Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
+
+* **Tap** (apply thread, inside the batch's LMDB transaction, after each applied entry): reads
+  the records the entry wrote (its MVCC events) and notices a change of the auth state (enabled
+  flag, auth revision). On an auth change every open watch is re-checked against the state *at
+  that entry*; one no longer permitted is doomed at the entry's KV revision. Both go into a queue
+  in log order. The tap only reads LMDB; it never waits for a watcher.
+* **Drain** (event loop, after the batch commits): synced watchers get the events of each
+  revision; a doomed watcher gets every event up to its revision, then its cancel. Never more.
+* **Catch-up** (event loop + a reader thread): a watcher whose start revision lies in the past
+  reads history from the MVCC store in chunks until it reaches the drained revision, then joins
+  the synced set with no await in between, so no revision is missed or sent twice. A start
+  revision below the compaction answers ``compact_revision`` and cancels, as etcd does.
+* **Create** runs on the apply thread between batches (``RaftNode.between_batches``), so its
+  permission check and its registration see one consistent state and no auth change can slip
+  between them.
+
+Streams are served by the leader only; when it loses leadership every stream fails and the proxy
+re-creates its watches on the new leader from the revision each one has not yet seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import lmdb
+from google.protobuf.message import DecodeError
+
+from authstore.auth.authorize import authorize
+from authstore.errors import Err, EtcdError
+from protos import wire
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.mvccpb import kv_pb2
+from protos.storepb import store_pb2 as spb
+
+log = logging.getLogger("raftgate.store.watch")
+
+INVALID_WATCH_ID = -1
+EMPTY_RANGE = "mvcc: watcher range is empty"
+DUPLICATE_ID = "mvcc: duplicate watch ID provided on the WatchStream"
+CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
+STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
+DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
+DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
+_NOPUT = pb.WatchCreateRequest.NOPUT
+_NODELETE = pb.WatchCreateRequest.NODELETE
+_EVENTS_FIELD = 11  # WatchResponse.events
+
+
+@dataclass(slots=True)
+class Event:
+    rev: int
+    key: bytes
+    record: bytes  # mvccpb.KeyValue bytes as stored (a delete: key and mod_revision only)
+    delete: bool
+    create: bool
+    prev: bytes | None = None
+    prev_known: bool = False
+
+    def encode(self, with_prev: bool) -> bytes:
+        out = (b"\x08\x01" if self.delete else b"") + wire.length_delimited(2, self.record)
+        if with_prev and self.prev is not None:
+            out += wire.length_delimited(3, self.prev)
+        return out
+
+
+def _event(rev: int, record: bytes) -> Event:
+    kv = kv_pb2.KeyValue.FromString(record)
+    delete = kv.version == 0
+    return Event(rev, kv.key, record, delete, not delete and kv.create_revision == kv.mod_revision)
+
+
+@dataclass(eq=False)
+class Watcher:
+    stream: Stream
+    id: int
+    key: bytes
+    range_end: bytes  # as etcd's request: b"" one key, b"\x00" every key >= key
+    next_rev: int  # the first revision this watcher has not been sent (or skipped)
+    username: str
+    auth_revision: int
+    invalid_token: bool
+    current_revision: bool
+    no_put: bool = False
+    no_delete: bool = False
+    prev_kv: bool = False
+    progress_notify: bool = False
+    fragment: bool = False
+    reg_rev: int = 0
+    password: bytes = b""
+    synced: bool = False
+    removed: bool = False
+    doomed: bool = False  # set on the apply thread: an auth change took its permission
+    stop_at: int | None = None  # deliver up to this revision, then cancel with stop_reason
+    stop_reason: str = ""
+    quiet: bool = True  # no events since the last progress tick
+    gid: int = 0
+
+    def matches(self, ev: Event) -> bool:
+        if ev.delete and self.no_delete or not ev.delete and self.no_put:
+            return False
+        end = self.range_end
+        if not end:
+            return ev.key == self.key
+        if end == b"\x00":
+            return ev.key >= self.key
+        return self.key <= ev.key < end
+
+
+@dataclass(eq=False)
+class Stream:
+    queue: asyncio.Queue[bytes | BaseException | None]
+    watchers: dict[int, Watcher] = field(default_factory=dict)
+    next_id: int = 0
+    progress_pending: bool = False
+    failed: bool = False
+
+    def send(self, data: bytes) -> None:
+        if self.failed:
+            return
+        if self.queue.qsize() >= STREAM_BACKLOG:
+            # etcd moves a slow watcher to its victims; here the stream is dropped and the proxy
+            # re-creates its watches from the revisions it has delivered, which is the same catch-up.
+            self.fail(EtcdError(Err.TOO_MANY_REQUESTS))
+            return
+        self.queue.put_nowait(data)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.queue.put_nowait(error)
+
+
+class WatchHub:
+    def __init__(self, applier: Any, node: Any, *, progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+        self.applier = applier
+        self.node = node
+        self.progress_interval = progress_interval
+        self.max_response_bytes = max_response_bytes
+        self._lock = threading.Lock()
+        self._watchers: dict[int, Watcher] = {}
+        self._gids = itertools.count(1)
+        self._streams: set[Stream] = set()
+        # apply-thread state
+        self._stale = True
+        self._tap_rev = 0
+        self._tap_auth: tuple[bool, int] = (False, 0)
+        self._pending: list[tuple[Any, ...]] = []
+        # event-loop state: the newest revision whose events synced watchers have been given
+        self.rev = 0
+        self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
+
+    def attach(self) -> None:
+        self.applier.after_entry = self.tap
+        self.node.on_applied = self.applied
+
+    # ---- apply thread ---------------------------------------------------------------------------
+    def tap(self, txn: lmdb.Transaction) -> None:
+        if not self._watchers:
+            self._stale = True
+            return
+        kv, auth = self.applier.kv, self.applier.auth
+        rev = kv.current_revision(txn)
+        with self._lock:
+            if rev > self._tap_rev:
+                self._pending.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
+                self._tap_rev = rev
+            state = (auth.is_enabled(txn), auth.revision(txn))
+            if state == self._tap_auth:
+                return
+            self._tap_auth = state
+            for w in self._watchers.values():
+                if w.doomed:
+                    continue
+                err = self._check(txn, w, recheck=True)
+                if err is not None:
+                    w.doomed = True
+                    self._pending.append(("cancel", rev, w, err.status_string()))
+
+    def _check(self, txn: lmdb.Transaction, w: Watcher, *, recheck: bool) -> EtcdError | None:
+        """etcd's isWatchPermitted (READ over the watched interval), or a re-check of it."""
+        auth = self.applier.auth
+        if not auth.is_enabled(txn):
+            return None
+        if w.invalid_token and not recheck:
+            return EtcdError(Err.INVALID_AUTH_TOKEN)
+        username = "" if w.invalid_token else w.username
+        revision = auth.revision(txn) if (recheck or w.current_revision) else w.auth_revision
+        if recheck and username:
+            user = auth.get_user(txn, username)
+            # The user was deleted or its password changed: etcd drops its tokens.
+            if user is None or user.password != w.password:
+                return EtcdError(Err.INVALID_AUTH_TOKEN)
+        req = ipb.InternalRaftRequest(header=ipb.RequestHeader(username=username, auth_revision=revision),
+                                      range=pb.RangeRequest(key=w.key, range_end=w.range_end))
+        try:
+            authorize(auth, txn, req.header, req, lambda _lease: [], read=False)
+        except EtcdError as exc:
+            return exc
+        return None
+
+    def _register(self, w: Watcher, requested_id: int, resume: bool) -> tuple[str, int, bool]:
+        """On the apply thread between batches: (refusal reason or "", current revision, stale)."""
+        with self.applier.env.begin() as txn:
+            rev = self.applier.kv.current_revision(txn)
+            err = self._check(txn, w, recheck=resume)
+            if err is not None:
+                return err.status_string(), rev, False
+            if w.range_end and w.range_end != b"\x00" and w.key >= w.range_end:
+                return EMPTY_RANGE, rev, False
+            stream = w.stream
+            with self._lock:
+                if requested_id == 0 and not resume:  # etcd's AutoWatchID
+                    while stream.next_id in stream.watchers:
+                        stream.next_id += 1
+                    w.id = stream.next_id
+                    stream.next_id += 1
+                elif requested_id in stream.watchers:
+                    return DUPLICATE_ID, rev, False
+                else:
+                    w.id = requested_id
+                if w.username:
+                    user = self.applier.auth.get_user(txn, w.username)
+                    w.password = user.password if user is not None else b""
+                stale = self._stale or not self._watchers
+                if stale:
+                    self._tap_rev = rev
+                    self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
+                    self._stale = False
+                w.gid = next(self._gids)
+                w.reg_rev = rev
+                if w.next_rev <= 0:
+                    w.next_rev = rev + 1
+                stream.watchers[w.id] = w
+                self._watchers[w.gid] = w
+        return "", rev, stale
+
+    # ---- event loop: drain --------------------------------------------------------------------
+    def applied(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        for item in items:
+            if item[0] == "ev":
+                self._publish(item[1], item[2])
+            else:
+                _, rev, w, reason = item
+                w.stop_at, w.stop_reason = rev, reason
+                if w.synced and not w.removed:
+                    self._finish(w)
+
+    def _publish(self, rev: int, records: list[tuple[int, bytes]]) -> None:
+        by_rev: dict[int, list[Event]] = {}
+        for main, rec in records:
+            by_rev.setdefault(main, []).append(_event(main, rec))
+        watchers = [w for w in self._watchers.values() if w.synced and not w.removed]
+        for main, events in by_rev.items():
+            for w in watchers:
+                if w.removed or main < w.next_rev or (w.stop_at is not None and main > w.stop_at):
+                    continue
+                mine = [ev for ev in events if w.matches(ev)]
+                if mine:
+                    self._send_events(w, mine, main)
+                w.next_rev = main + 1
+        self.rev = max(self.rev, rev)
+
+    # ---- responses -------------------------------------------------------------------------------
+    def _header(self, rev: int) -> pb.ResponseHeader:
+        return pb.ResponseHeader(cluster_id=self.applier.cluster_id, member_id=self.applier.member_id,
+                                 revision=rev, raft_term=self.applier.term)
+
+    def _control(self, stream: Stream, rev: int, watch_id: int, **fields: Any) -> None:
+        stream.send(pb.WatchResponse(header=self._header(rev), watch_id=watch_id, **fields).SerializeToString())
+
+    def _fill_prev(self, events: list[Event]) -> None:
+        missing = [ev for ev in events if not ev.prev_known and not ev.create]
+        if missing:
+            with self.applier.env.begin() as txn:
+                for ev in missing:
+                    ev.prev = self.applier.kv.previous(txn, ev.key, ev.rev)
+                    ev.prev_known = True
+
+    def _send_events(self, w: Watcher, events: list[Event], rev: int) -> None:
+        if w.prev_kv:
+            self._fill_prev(events)
+        head = pb.WatchResponse(header=self._header(rev), watch_id=w.id).SerializeToString()
+        encoded = [wire.length_delimited(_EVENTS_FIELD, ev.encode(w.prev_kv)) for ev in events]
+        w.quiet = False
+        total = len(head) + sum(len(e) for e in encoded)
+        if not w.fragment or total < self.max_response_bytes or len(encoded) < 2:
+            w.stream.send(head + b"".join(encoded))
+            return
+        # etcd's sendFragments: fill each fragment up to the limit (at least one event each).
+        frag_head = pb.WatchResponse(header=self._header(rev), watch_id=w.id, fragment=True).SerializeToString()
+        i = 0
+        while i < len(encoded):
+            size, j = len(frag_head), i
+            while j < len(encoded) and (j == i or size + len(encoded[j]) < self.max_response_bytes):
+                size += len(encoded[j])
+                j += 1
+            last = j == len(encoded)
+            w.stream.send((head if last else frag_head) + b"".join(encoded[i:j]))
+            i = j
+
+    def _finish(self, w: Watcher) -> None:
+        """A doomed watcher has everything up to its revision: cancel it with the reason."""
+        self._remove(w)
+        self._control(w.stream, max(self.rev, w.stop_at or 0), w.id, canceled=True, cancel_reason=w.stop_reason)
+
+    def _remove(self, w: Watcher) -> None:
+        with self._lock:
+            w.removed = True
+            self._watchers.pop(w.gid, None)
+            if w.stream.watchers.get(w.id) is w:
+                del w.stream.watchers[w.id]
+
+    # ---- catch-up ----------------------------------------------------------------------------------
+    def _read_history(self, first: int, last: int, prev: bool) -> tuple[int, list[Event]]:
+        """(compaction revision if `first` is compacted else 0, events of first..last)."""
+        with self.applier.env.begin() as txn:
+            kv = self.applier.kv
+            compacted = kv.compacted_revision(txn)
+            if first < compacted:
+                return compacted, []
+            events = [_event(main, rec) for main, rec in kv.changes(txn, first, last, CATCHUP_CHUNK)]
+            if prev:
+                for ev in events:
+                    if not ev.create:
+                        ev.prev = kv.previous(txn, ev.key, ev.rev)
+                    ev.prev_known = True
+            return 0, events
+
+    async def _catch_up(self, w: Watcher) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not w.removed:
+                target = max(self.rev, w.reg_rev)
+                if w.stop_at is not None:
+                    target = min(target, w.stop_at)
+                if w.next_rev <= target:
+                    compacted, events = await loop.run_in_executor(
+                        self._reads, self._read_history, w.next_rev, target, w.prev_kv)
+                    if w.removed:
+                        return
+                    if compacted:
+                        self._remove(w)
+                        self._control(w.stream, target, w.id, compact_revision=compacted, canceled=True)
+                        return
+                    upto = events[-1].rev if len(events) >= CATCHUP_CHUNK else target
+                    mine = [ev for ev in events if w.matches(ev)]
+                    if mine:
+                        self._send_events(w, mine, upto)
+                    w.next_rev = upto + 1
+                    continue
+                if w.stop_at is not None:
+                    self._finish(w)
+                    return
+                if w.next_rev > self.rev:
+                    w.synced = True
+                    self._maybe_progress_all(w.stream)
+                    return
+        except Exception:
+            log.exception("watch %d: catch-up failed", w.id)
+            w.stream.fail(EtcdError(Err.NOT_CAPABLE))
+
+    # ---- progress ------------------------------------------------------------------------------------
+    def _progress_ok(self, w: Watcher) -> bool:
+        return w.synced and not w.removed and w.next_rev <= self.rev + 1
+
+    def _maybe_progress_all(self, stream: Stream) -> None:
+        if stream.progress_pending and stream.watchers and all(
+                self._progress_ok(w) for w in stream.watchers.values()):
+            stream.progress_pending = False
+            self._control(stream, self.rev, INVALID_WATCH_ID)
+
+    async def _ticker(self, stream: Stream) -> None:
+        while True:
+            await asyncio.sleep(self.progress_interval)
+            for w in list(stream.watchers.values()):
+                if w.progress_notify:
+                    if w.quiet and self._progress_ok(w):
+                        self._control(stream, self.rev, w.id)
+                    w.quiet = True
+
+    # ---- the stream ---------------------------------------------------------------------------------
+    async def _handle(self, stream: Stream, data: bytes) -> None:
+        try:
+            msg = spb.WatchStreamRequest.FromString(data)
+        except DecodeError:
+            return
+        which = msg.request.WhichOneof("request_union")
+        if which == "create_request":
+            await self._create(stream, msg)
+        elif which == "cancel_request":
+            w = stream.watchers.get(msg.request.cancel_request.watch_id)
+            if w is not None:
+                self._remove(w)
+                self._control(stream, self.rev, w.id, canceled=True)
+        elif which == "progress_request":
+            stream.progress_pending = True
+            self._maybe_progress_all(stream)
+
+    async def _create(self, stream: Stream, msg: spb.WatchStreamRequest) -> None:
+        creq = msg.request.create_request
+        key = creq.key or b"\x00"
+        if creq.start_revision < 0:
+            self._control(stream, self.rev, INVALID_WATCH_ID, created=True, canceled=True,
+                          cancel_reason=Err.COMPACTED.message)
+            return
+        filters = set(creq.filters)
+        w = Watcher(stream=stream, id=creq.watch_id, key=key, range_end=creq.range_end,
+                    next_rev=creq.start_revision, username=msg.header.username,
+                    auth_revision=msg.header.auth_revision, invalid_token=msg.header.invalid_token,
+                    current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
+                    no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
+                    fragment=creq.fragment)
+        reason, rev, stale = await self.node.between_batches(self._register, w, creq.watch_id, msg.resume)
+        if stale:
+            self.rev = max(self.rev, rev)
+        if reason:
+            if msg.resume:  # the client knows this watch: cancel it under its own id
+                self._control(stream, max(self.rev, rev), creq.watch_id, canceled=True, cancel_reason=reason)
+            else:
+                self._control(stream, max(self.rev, rev), INVALID_WATCH_ID, created=True, canceled=True,
+                              cancel_reason=reason)
+            return
+        if stream.failed:
+            self._remove(w)
+            return
+        if not msg.resume:
+            self._control(stream, rev, w.id, created=True)
+        if w.next_rev > max(self.rev, w.reg_rev) and w.stop_at is None:
+            w.synced = True
+        else:
+            asyncio.get_running_loop().create_task(self._catch_up(w))
+
+    async def serve(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        try:
+            if not self.node.is_leader:
+                raise EtcdError(Err.NOT_LEADER)
+            await self.node.wait_applied(await self.node.read_index())
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        stream = Stream(asyncio.Queue())
+        self._streams.add(stream)
+
+        async def read() -> None:
+            try:
+                async for data in requests:
+                    await self._handle(stream, data)
+            except EtcdError as exc:
+                stream.fail(exc)
+            except (asyncio.CancelledError, grpc.RpcError):
+                raise
+            except Exception:
+                log.exception("watch stream failed")
+                stream.fail(EtcdError(Err.NOT_CAPABLE))
+
+        tasks = [asyncio.get_running_loop().create_task(read())]
+        if self.progress_interval > 0:
+            tasks.append(asyncio.get_running_loop().create_task(self._ticker(stream)))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, EtcdError):
+                    await context.abort(item.code, item.message)
+                if isinstance(item, BaseException) or item is None:
+                    return
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._streams.discard(stream)
+            stream.failed = True
+            for w in list(stream.watchers.values()):
+                self._remove(w)
+
+    def leadership_changed(self, is_leader: bool) -> None:
+        """A node that is no longer the leader ends its streams: the proxy resumes them elsewhere."""
+        if is_leader:
+            return
+        for stream in list(self._streams):
+            stream.fail(EtcdError(Err.NOT_LEADER))
+
+    def close(self) -> None:
+        for stream in list(self._streams):
+            stream.fail(EtcdError(Err.STOPPED))
+        with contextlib.suppress(Exception):
+            self._reads.shutdown(wait=False)
+
+
+def progress_interval_from_env(environ: dict[str, str], default: float = DEFAULT_PROGRESS_INTERVAL) -> float:
+    raw = environ.get("RAFTGATE_WATCH_PROGRESS_NOTIFY_INTERVAL")
+    if not raw:
+        return default
+    return float(raw.removesuffix("s"))
+

@@ -1,0 +1,19 @@
+"""Constants of raftgate's internal contract (proxy <-> store, store <-> store), defined once.
+
+Error texts live in :mod:`authstore.errors` (the one error table, e.g. ``REVISION_MOVED``); the
+field numbers are read from the generated descriptor, so the .proto stays their one source.
+"""
+
+from __future__ import annotations
+
+from protos.etcdserverpb import raft_internal_pb2
+
+#: gRPC metadata carrying the proxy's shared secret to the store (development mode, no mTLS).
+INTERNAL_SECRET_METADATA = "x-raftgate-internal-secret"
+#: gRPC metadata carrying the shared secret between store nodes (development mode, no mTLS).
+PEER_SECRET_METADATA = "x-raftgate-peer-secret"
+
+_FIELDS = raft_internal_pb2.InternalRaftRequest.DESCRIPTOR.fields_by_name
+#: InternalRaftRequest field numbers the proxy builds requests with itself.
+AUTHENTICATE_FIELD: int = _FIELDS["authenticate"].number
+AUTH_STATUS_FIELD: int = _FIELDS["auth_status"].number

@@ -1,0 +1,50 @@
+"""A small asyncio Watch client over raw etcd protos, for tests against raftgate (or etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.etcdserverpb import rpc_pb2_grpc as pbg
+
+PERMISSION_DENIED = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+INVALID_TOKEN = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+USER_EMPTY = "rpc error: code = InvalidArgument desc = etcdserver: user name is empty"
+
+
+async def login(ch: grpc.aio.Channel, name: str, password: str) -> str:
+    resp = await pbg.AuthStub(ch).Authenticate(pb.AuthenticateRequest(name=name, password=password), timeout=10)
+    return resp.token
+
+
+def md(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("token", token),) if token else None
+
+
+class WatchStream:
+    def __init__(self, ch: grpc.aio.Channel, token: str | None = None) -> None:
+        self.call: Any = pbg.WatchStub(ch).Watch(metadata=md(token))
+
+    async def send(self, **kw: Any) -> None:
+        await self.call.write(pb.WatchRequest(**kw))
+
+    async def create(self, key: bytes, **kw: Any) -> pb.WatchResponse:
+        await self.send(create_request=pb.WatchCreateRequest(key=key, **kw))
+        return await self.recv()
+
+    async def recv(self, timeout: float = 10.0) -> pb.WatchResponse:
+        return await asyncio.wait_for(self.call.read(), timeout)
+
+    async def nothing(self, within: float = 0.5) -> None:
+        try:
+            got = await asyncio.wait_for(self.call.read(), within)
+        except TimeoutError:
+            return
+        raise AssertionError(f"unexpected watch response: {got}")
+
+    def close(self) -> None:
+        self.call.cancel()
