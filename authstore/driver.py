@@ -285,16 +285,19 @@ class RaftNode:
     async def _stream_snapshot(self, msg: Message) -> None:
         """Sends a consistent copy of the store; it may be newer than the snapshot index the core
         names, which is safe because apply skips entries the store already holds."""
-        tmp = Path(tempfile.mkdtemp(prefix="snap-out-", dir=self.snapshot_dir))
         ok = False
+        tmp: Path | None = None
         try:
+            self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix="snap-out-", dir=self.snapshot_dir))
             path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
             assert self.transport is not None
             ok = await self.transport.send_snapshot(msg, path)
         except Exception:
             log.exception("could not send a snapshot to %x", msg.to)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             self._snapshots_out.discard(msg.to)
             self.rn.report_snapshot(msg.to, failed=not ok)
             self._wake.set()

@@ -80,6 +80,7 @@ class Err(enum.Enum):
     STOPPED = (C.UNAVAILABLE, "etcdserver: server stopped")
     TIMEOUT = (C.UNAVAILABLE, "etcdserver: request timed out")
     TIMEOUT_DUE_TO_LEADER_FAIL = (C.UNAVAILABLE, "etcdserver: request timed out, possibly due to previous leader failure")
+    TIMEOUT_DUE_TO_CONNECTION_LOST = (C.UNAVAILABLE, "etcdserver: request timed out, possibly due to connection lost")
     UNHEALTHY = (C.UNAVAILABLE, "etcdserver: unhealthy cluster")
     CORRUPT = (C.DATA_LOSS, "etcdserver: corrupt cluster")
     BAD_LEADER_TRANSFEREE = (C.FAILED_PRECONDITION, "etcdserver: bad leader transferee")

@@ -25,7 +25,7 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from authstore.errors import Err, from_message
+from authstore.errors import Err, EtcdError, from_message
 from protos import wire
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
@@ -45,6 +45,9 @@ NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
 # Answers after which a read may be retried (the write's outcome is unknown).
 READ_RETRY = frozenset({Err.TIMEOUT, Err.TIMEOUT_DUE_TO_LEADER_FAIL, Err.LEADER_CHANGED})
 DEFAULT_DEADLINE = 10.0
+# etcd answers a request it cannot serve after about its request timeout (7 s by default).
+RETRY_WINDOW = 7.0
+ANSWER_MARGIN = 0.2
 PROBE_TIMEOUT = 1.0
 REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
@@ -169,18 +172,34 @@ class StoreClient:
 
     async def _call(self, invoke: Callable[[_Endpoint, float | None], Awaitable[T]], timeout: float | None,
                     *, read: bool) -> T:
-        deadline = time.monotonic() + (timeout if timeout is not None else DEFAULT_DEADLINE)
+        """Sends to the leader; on failure finds the leader again and retries what is safe.
+
+        Retries stop early enough to answer with etcd's own error before the client's deadline:
+        `no leader` when no node leads (or none can be reached), and, for a write cut off by a
+        broken connection, `request timed out, possibly due to connection lost` (it may or may
+        not have been applied, so it is never sent twice).
+        """
+        now = time.monotonic()
+        client_deadline = now + (timeout if timeout is not None else DEFAULT_DEADLINE)
+        retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
         while True:
             endpoint = self._leader
-            left = deadline - time.monotonic()
             try:
-                return await invoke(endpoint, max(left, 0.001))
+                return await invoke(endpoint, max(client_deadline - time.monotonic(), 0.001))
             except grpc.aio.AioRpcError as error:
                 err = _etcd_error(error)
-                retry = _unreached(error) or err in NOT_TAKEN or (read and (
-                    err in READ_RETRY or (err is None and error.code() == grpc.StatusCode.UNAVAILABLE)))
-                if not retry or time.monotonic() + BACKOFF >= deadline:
-                    raise
+                unreached = _unreached(error)
+                if err is not None and err not in NOT_TAKEN and not (read and err in READ_RETRY):
+                    raise  # the store's own answer
+                if err is None and not unreached:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise  # e.g. the client's deadline passed
+                    if not read:
+                        raise EtcdError(Err.TIMEOUT_DUE_TO_CONNECTION_LOST) from None
+                if time.monotonic() + BACKOFF >= retry_deadline:
+                    if err is not None:
+                        raise
+                    raise EtcdError(Err.NO_LEADER) from None
                 await self._rediscover()
                 if self._leader is endpoint:
                     await asyncio.sleep(BACKOFF)

@@ -488,6 +488,15 @@ class Raft:
         if t == MsgAppResp:
             pr.recent_active = True
             if m.reject:
+                if m.reject_hint < pr.match:
+                    # The follower no longer has entries it acknowledged: its disk was wiped or
+                    # replaced. Forget what it had and catch it up again (by snapshot if the log
+                    # was compacted); etcd panics here instead.
+                    pr.match = m.reject_hint
+                    pr.next = m.reject_hint + 1
+                    pr.become_probe()
+                    self.maybe_send_append(m.frm, True)
+                    return
                 next_probe = m.reject_hint
                 if m.log_term > 0:
                     next_probe = self.log.find_conflict_by_term(m.reject_hint, m.log_term)[0]
@@ -629,7 +638,8 @@ class Raft:
                                  reject=True, reject_hint=hint_index))
 
     def _handle_heartbeat(self, m: Message) -> None:
-        self.log.commit_to(m.commit)
+        # A leader may still think this node holds entries it lost with a wiped disk.
+        self.log.commit_to(min(m.commit, self.log.last_index()))
         self.msgs.append(Message(MsgHeartbeatResp, m.frm, self.id, self.term, context=m.context))
 
     def _handle_snapshot(self, m: Message) -> None:

@@ -216,6 +216,10 @@ class WatchHub:
         """On the apply thread between batches: (refusal reason or "", current revision, stale)."""
         with self.applier.env.begin() as txn:
             rev = self.applier.kv.current_revision(txn)
+            if w.username:
+                # The password hash the identity was checked with: a later change cancels the watch.
+                user = self.applier.auth.get_user(txn, w.username)
+                w.password = user.password if user is not None else b""
             err = self._check(txn, w, recheck=resume)
             if err is not None:
                 return err.status_string(), rev, False
@@ -232,9 +236,8 @@ class WatchHub:
                     return DUPLICATE_ID, rev, False
                 else:
                     w.id = requested_id
-                if w.username:
-                    user = self.applier.auth.get_user(txn, w.username)
-                    w.password = user.password if user is not None else b""
+                    if resume:  # the old stream's auto ids went past this one: never hand it out again
+                        stream.next_id = max(stream.next_id, requested_id + 1)
                 stale = self._stale or not self._watchers
                 if stale:
                     self._tap_rev = rev
