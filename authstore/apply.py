@@ -223,7 +223,7 @@ class Applier:
             return False
         if any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms):
             return True
-        if self.backend.size()[1] + size <= self.quota_bytes:
+        if self.backend.in_use() + size <= self.quota_bytes:
             return False
         self._raise_nospace_alarm(batch)
         return True

