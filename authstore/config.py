@@ -98,7 +98,11 @@ def _env_defaults(p: argparse.ArgumentParser) -> None:
             continue
         env = "RAFTGATE_STORE_" + action.dest.upper()
         if env in os.environ:
-            action.default = action.type(os.environ[env]) if action.type else os.environ[env]
+            try:
+                action.default = action.type(os.environ[env]) if action.type else os.environ[env]
+            except ValueError:
+                raise ConfigError(f"{env}: {os.environ[env]!r} is not a valid value for --"
+                                  f"{action.dest.replace('_', '-')}") from None
 
 
 def _urls(raw: str) -> list[str]:

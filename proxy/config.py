@@ -80,7 +80,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> _Parser:
     p = _Parser(prog="raftgate proxy", description="The raftgate auth proxy: serves the etcd v3 API.")
     p.add_argument("--listen-client-urls", help=f"comma list of http:// or unix:// URLs (default {DEFAULT_LISTEN})")
-    p.add_argument("--store-endpoints", help="comma list of store host:port (the first is used)")
+    p.add_argument("--store-endpoints", help="comma list of every store node's host:port (requests go to the leader)")
     p.add_argument("--internal-secret-file", help="file holding the shared secret for the store (development)")
     p.add_argument("--internal-cert", help="client certificate (PEM) for mTLS to the store")
     p.add_argument("--internal-key", help="client key (PEM) for mTLS to the store")

@@ -508,5 +508,13 @@ def progress_interval_from_env(environ: dict[str, str], default: float = DEFAULT
     raw = environ.get("RAFTGATE_WATCH_PROGRESS_NOTIFY_INTERVAL")
     if not raw:
         return default
-    return float(raw.removesuffix("s"))
+    try:
+        value = float(raw.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        log.warning("RAFTGATE_WATCH_PROGRESS_NOTIFY_INTERVAL=%r is not a positive number of seconds; using %ss",
+                    raw, default)
+        return default
+    return value
 
