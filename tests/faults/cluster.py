@@ -32,7 +32,7 @@ from typing import Any
 
 import grpc
 from harness import RaftgateLocal, _Server, free_port, wait_for
-from support.linearizability import CAS, GET, PUT, History, Op
+from support.linearizability import CAS, GET, PUT, History, Op, check
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
@@ -646,8 +646,27 @@ ETCD_FAILOVER_ERRORS = {
 }
 
 
-def warn_unless_etcd_errors(seen: set[str], allowed: set[str] = ETCD_FAILOVER_ERRORS) -> None:
+def assert_only_etcd_errors(seen: set[str], allowed: set[str] = ETCD_FAILOVER_ERRORS) -> None:
     """Clients see only etcd's errors during a failover, never a transport error of the proxy's
     own connections to the store (issue 3, item 7)."""
     foreign = sorted(e for e in seen if e not in allowed)
     assert not foreign, f"clients saw errors that are not etcd's: {foreign}"
+
+
+def verify_after_faults(cluster: Any, rec: Recorder) -> None:
+    """What every fault run must show afterwards: clients saw only etcd's errors, every
+    acknowledged write is there (through the proxy and on every node, restarted ones included),
+    and the recorded history, closed by final reads, is linearizable."""
+    assert_only_etcd_errors(set(rec.errors()))
+    client = Client(cluster.endpoint)
+    try:
+        append_final_reads(rec, client, Workload.SHARED)
+        final = retry_ok(lambda: client.scan(Workload.UNIQUE_PREFIX), 20, "the final scan")
+    finally:
+        client.close()
+    check_acked_present(rec, final)
+    result = check(rec.history.ops)
+    assert result.ok, result.describe()
+    cluster.wait_converged()
+    for node in cluster.nodes:
+        check_acked_present(rec, cluster.local_keys(node, Workload.UNIQUE_PREFIX))

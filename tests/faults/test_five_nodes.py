@@ -19,11 +19,11 @@ from .cluster import (
     Recorder,
     Workload,
     append_final_reads,
+    assert_only_etcd_errors,
     check_acked_present,
     describe,
     local_cluster,
     retry_ok,
-    warn_unless_etcd_errors,
 )
 
 NO_QUORUM_ERRORS = ETCD_FAILOVER_ERRORS
@@ -77,7 +77,7 @@ def test_five_nodes_lose_two_then_quorum(tmp_path: Path) -> None:
             print(f"workload errors without quorum: {sorted(no_quorum)}")
             print(f"ops: {len(rec.records)}, acknowledged writes: {len(rec.acked_writes())}, errors: {rec.errors()}")
             assert "OK" not in errors
-            warn_unless_etcd_errors(no_quorum | set(errors), NO_QUORUM_ERRORS)
+            assert_only_etcd_errors(no_quorum | set(errors), NO_QUORUM_ERRORS)
             append_final_reads(rec, probe, Workload.SHARED)
             final = retry_ok(lambda: probe.scan(Workload.UNIQUE_PREFIX), 20, "the final scan")
             check_acked_present(rec, final)

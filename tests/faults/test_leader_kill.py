@@ -14,18 +14,13 @@ from pathlib import Path
 
 import pytest
 from harness import etcdctl, wait_for
-from support.linearizability import check
 
 from .cluster import (
-    Client,
     Recorder,
     Workload,
-    append_final_reads,
-    check_acked_present,
     distribution,
     local_cluster,
-    retry_ok,
-    warn_unless_etcd_errors,
+    verify_after_faults,
 )
 
 ROUNDS = 3
@@ -66,21 +61,7 @@ def test_kill_the_leader_repeatedly_under_load(tmp_path: Path) -> None:
         print(distribution("kill -9 of the leader -> survivors agree on a new leader", elections))
         print(distribution("kill -9 of the leader -> first acknowledged write sent after it", failovers))
         print(f"ops: {len(rec.records)}, acknowledged writes: {len(rec.acked_writes())}, errors: {rec.errors()}")
-        warn_unless_etcd_errors(set(rec.errors()))
-
-        client = Client(cluster.endpoint)
-        try:
-            append_final_reads(rec, client, Workload.SHARED)
-            final = retry_ok(lambda: client.scan(Workload.UNIQUE_PREFIX), 20, "the final scan")
-        finally:
-            client.close()
-        check_acked_present(rec, final)
-        result = check(rec.history.ops)
-        assert result.ok, result.describe()
-        # every node, the restarted ones included, holds exactly that key space
-        cluster.wait_converged()
-        for node in cluster.nodes:
-            check_acked_present(rec, cluster.local_keys(node, Workload.UNIQUE_PREFIX))
+        verify_after_faults(cluster, rec)
         assert max(failovers) < SANITY_BOUND
 
 

@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 from harness import wait_for
-from support.linearizability import check
 
 from .cluster import (
-    Client,
     Recorder,
     Workload,
-    append_final_reads,
-    check_acked_present,
     distribution,
     local_cluster,
-    retry_ok,
-    warn_unless_etcd_errors,
+    verify_after_faults,
 )
 
 
@@ -52,16 +47,4 @@ def test_local_survives_killing_each_store_node(tmp_path: Path) -> None:
         print(f"\nkilled in turn: {roles}")
         print(distribution("kill -9 -> first acknowledged write sent after it", gaps))
         print(f"ops: {len(rec.records)}, acknowledged writes: {len(rec.acked_writes())}, errors: {rec.errors()}")
-        warn_unless_etcd_errors(set(rec.errors()))
-        client = Client(cluster.endpoint)
-        try:
-            append_final_reads(rec, client, Workload.SHARED)
-            final = retry_ok(lambda: client.scan(Workload.UNIQUE_PREFIX), 20, "the final scan")
-        finally:
-            client.close()
-        check_acked_present(rec, final)
-        result = check(rec.history.ops)
-        assert result.ok, result.describe()
-        cluster.wait_converged()
-        for node in cluster.nodes:
-            check_acked_present(rec, cluster.local_keys(node, Workload.UNIQUE_PREFIX))
+        verify_after_faults(cluster, rec)
