@@ -69,8 +69,5 @@ class SimpleTokenCache:
     def invalidate(self, token: str) -> None:
         self._entries.pop(token, None)
 
-    def clear(self) -> None:
-        self._entries.clear()
-
     def __len__(self) -> int:
         return len(self._entries)
