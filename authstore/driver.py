@@ -3,10 +3,15 @@ transport and the apply stage.
 
 The core (``authstore/raft``) is a value that is stepped; everything with a side effect is here.
 For each ``Ready``: make the snapshot, hard state and entries durable (one fsync), then send the
-messages (they may promise what was just made durable), then apply the committed entries on the
-apply thread, then answer read-index requests, then ``advance``. While one Ready is being written
-and applied, proposals and messages keep arriving and are stepped in, so the next Ready carries
-a larger batch: throughput grows with concurrency.
+messages (they may promise what was just made durable), then hand the committed entries to the
+apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
+its own log meanwhile, as etcd does (Raft thesis 10.2.1): nothing it sends depends on its own
+write, and nothing is applied, so no client hears of an entry, before that write is durable.
+
+Apply runs on its own thread, in log order, while the next Ready is already being written and
+sent; only a batch with a membership change is applied before ``advance`` (the core must see it
+first). While one Ready is being handled, proposals and messages keep arriving and are stepped
+in, so the next Ready carries a larger batch: throughput grows with concurrency.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,6 +94,8 @@ class RaftNode:
         #: Called on the event loop after each applied batch (the watch hub delivers its events).
         self.on_applied: Callable[[], None] = lambda: None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raft-io")
+        self._apply_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
+        self._to_apply: asyncio.Queue[list[Entry]] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._ticks = 0
         self._ids = itertools.count(secrets.randbits(40) << 20)
@@ -106,7 +113,8 @@ class RaftNode:
     # ---- life cycle ----
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run(), name="raft-driver"),
+        self._tasks = [loop.create_task(self._run(self._loop), name="raft-driver"),
+                       loop.create_task(self._run(self._apply_loop), name="raft-apply"),
                        loop.create_task(self._ticker(), name="raft-ticker")]
         if self.conf_state_voters() == [self.id]:
             self.rn.campaign()  # the only voter: no reason to wait an election timeout
@@ -123,12 +131,18 @@ class RaftNode:
                 await task
         if self.transport is not None:
             await self.transport.close()
-        await self._io(self.applier.backend.sync)
+        await self._on_apply_thread(self.applier.backend.sync)
         self._pool.shutdown(wait=True)
+        self._apply_pool.shutdown(wait=True)
         self.wal.close()
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the log thread: WAL writes."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _on_apply_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the apply thread: everything that writes the store, in order."""
+        return await asyncio.get_running_loop().run_in_executor(self._apply_pool, fn, *args)
 
     async def _ticker(self) -> None:
         while True:
@@ -161,9 +175,9 @@ class RaftNode:
         self.step(msg)
 
     # ---- the loop ----
-    async def _run(self) -> None:
+    async def _run(self, body: Callable[[], Awaitable[None]]) -> None:
         try:
-            await self._loop()
+            await body()
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -194,6 +208,9 @@ class RaftNode:
             await self._install_snapshot(rd)
         if rd.soft_state is not None or rd.hard_state is not None:
             metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
+        leading = self.rn.raft.state == StateType.LEADER
+        if leading:
+            self._send(rd.messages)
         if rd.entries or rd.hard_state is not None:
             metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
@@ -201,13 +218,12 @@ class RaftNode:
                 self.storage.append(rd.entries)
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
-        for msg in rd.messages:
-            if msg.type == MessageType.MsgSnap:
-                self._send_snapshot(msg)
-            elif self.transport is not None:
-                self.transport.send(msg)
+        if not leading:
+            self._send(rd.messages)
         if rd.committed_entries:
-            await self._apply(rd)
+            self._to_apply.put_nowait(rd.committed_entries)
+            if any(e.type == EntryType.CONF_CHANGE for e in rd.committed_entries):
+                await self._to_apply.join()
         for rs in rd.read_states:
             for fut in self._reads_in_flight.pop(rs.ctx, []):
                 if not fut.done():
@@ -215,9 +231,29 @@ class RaftNode:
         self.rn.advance(rd)
         metrics.observe_indexes(committed=self.storage.hard_state.commit, applied=self.applied_index)
 
-    async def _apply(self, rd: Ready) -> None:
-        entries = rd.committed_entries
-        results = await self._io(self.applier.apply_batch, entries)
+    def _send(self, messages: list[Message]) -> None:
+        for msg in messages:
+            if msg.type == MessageType.MsgSnap:
+                self._send_snapshot(msg)
+            elif self.transport is not None:
+                self.transport.send(msg)
+
+    async def _apply_loop(self) -> None:
+        """Applies committed batches in log order; merges batches that queued meanwhile."""
+        while True:
+            entries = await self._to_apply.get()
+            merged = 1
+            while not self._to_apply.empty():
+                entries = entries + self._to_apply.get_nowait()
+                merged += 1
+            try:
+                await self._apply(entries)
+            finally:
+                for _ in range(merged):
+                    self._to_apply.task_done()
+
+    async def _apply(self, entries: list[Entry]) -> None:
+        results = await self._on_apply_thread(self.applier.apply_batch, entries)
         self.on_applied()
         membership_changed = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
@@ -234,7 +270,7 @@ class RaftNode:
                 fut = self._waiters.pop(request_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(result)
-        self.applied_index = entries[-1].index
+        self.applied_index = max(self.applied_index, entries[-1].index)
         self.on_batch_results(entries, results)
         if membership_changed:
             self.on_membership_change()
@@ -266,7 +302,8 @@ class RaftNode:
             raise RuntimeError(f"raft asked to install snapshot {meta.index}, which never arrived")
         for stale in [i for i in self._incoming_snapshots if i < meta.index]:
             self._incoming_snapshots.pop(stale).unlink(missing_ok=True)
-        store_index = await self._io(self.applier.restore, path)
+        await self._to_apply.join()
+        store_index = await self._on_apply_thread(self.applier.restore, path)
         self.storage.apply_snapshot(rd.snapshot)
         hard_state = rd.hard_state or self.storage.hard_state
         await self._io(self.wal.checkpoint, meta, hard_state, [])
@@ -308,7 +345,7 @@ class RaftNode:
         if self.applied_index - snap_index < self.snapshot_count:
             return
         index = self.applied_index
-        await self._io(self.applier.backend.sync)
+        await self._on_apply_thread(self.applier.backend.sync)
         snap = self.storage.create_snapshot(index, self.conf_state, b"")
         keep = self.storage.entries(index + 1, self.storage.last_index() + 1, 1 << 62)
         await self._io(self.wal.checkpoint, snap.metadata, self.storage.hard_state, keep)
@@ -355,7 +392,7 @@ class RaftNode:
 
     async def between_batches(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs `fn` on the apply thread between two batches: it sees a whole batch or none."""
-        return await self._io(fn, *args)
+        return await self._on_apply_thread(fn, *args)
 
     async def read_index(self) -> int:
         """A linearizable read point confirmed by a quorum (ReadIndex); many readers share one."""

@@ -53,6 +53,15 @@ READ_KINDS = frozenset({"range", "auth_status", "auth_user_get", "auth_user_list
                         "auth_role_list"})
 
 
+class Refusal(Exception):
+    """A request the store answers with a gRPC status (etcd's code and message) instead of a result."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class StoreService:
     def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance) -> None:
         self.applier = applier
@@ -73,12 +82,68 @@ class StoreService:
     # ---- Do ----
     async def do(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
+            return await self.answer(data)
+        except Refusal as exc:
+            await context.abort(exc.code, exc.message)
+
+    async def do_stream(self, batches: AsyncIterator[bytes],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Store.DoStream: every call runs as its own task, as a Do call would, and the answers
+        that are ready when the stream can write travel as one batch."""
+        ready: list[spb.DoResult] = []
+        wake = asyncio.Event()
+        running: set[asyncio.Task[None]] = set()
+        reading = True
+
+        async def one(call_id: int, request: bytes) -> None:
+            try:
+                result = spb.DoResult(id=call_id, response=await self.answer(request))
+            except Refusal as exc:
+                result = spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message)
+            except Exception:
+                log.exception("a streamed request failed")
+                result = spb.DoResult(id=call_id, code=grpc.StatusCode.UNKNOWN.value[0],
+                                      message="raftgate: internal error in the store")
+            ready.append(result)
+            wake.set()
+
+        async def read() -> None:
+            nonlocal reading
+            loop = asyncio.get_running_loop()
+            try:
+                async for raw in batches:
+                    for call in spb.DoBatch.FromString(raw).calls:
+                        task = loop.create_task(one(call.id, call.request))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+            finally:
+                reading = False
+                wake.set()
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while reading or running or ready:
+                await wake.wait()
+                await asyncio.sleep(0)  # calls finishing in this turn of the loop join the batch
+                wake.clear()
+                if ready:
+                    out, ready = ready, []
+                    yield spb.DoResultBatch(results=out).SerializeToString()
+            await reader  # raises what ended the reader (a malformed batch, a broken stream)
+        finally:
+            reader.cancel()
+            for task in running:
+                task.cancel()
+
+    async def answer(self, data: bytes) -> bytes:
+        """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``."""
+        try:
             req = ipb.InternalRaftRequest.FromString(data)
             kind = request_kind(req)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
+            raise Refusal(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc)) from None
         except EtcdError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request")
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request") from None
         try:
             if req.header.invalid_token:
                 # Refused before the log, as etcd refuses before Raft - but after validation.
@@ -88,9 +153,9 @@ class StoreService:
             if kind.startswith("member_"):
                 resp.header.revision = 0  # etcd's Cluster service header has no KV revision
         except EtcdError as exc:
-            await context.abort(exc.code, exc.message)
+            raise Refusal(exc.code, exc.message) from None
         except AuthRevisionMoved:
-            await context.abort(grpc.StatusCode.ABORTED, REVISION_MOVED)
+            raise Refusal(grpc.StatusCode.ABORTED, REVISION_MOVED) from None
         return wire.length_delimited(FIELD_NUMBERS[kind], resp.SerializeToString())
 
     async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
@@ -255,6 +320,7 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)])
     handlers = {
         "Do": grpc.unary_unary_rpc_method_handler(service.do),
+        "DoStream": grpc.stream_stream_rpc_method_handler(service.do_stream),
         "Snapshot": grpc.unary_stream_rpc_method_handler(service.snapshot),
         "Credentials": grpc.unary_unary_rpc_method_handler(service.credentials),
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),

@@ -1,6 +1,8 @@
 """Raft messages between store nodes over gRPC streams.
 
-Each peer gets one long-lived outbound stream fed from a bounded queue: Raft tolerates lost
+Each peer gets one long-lived outbound stream fed from a bounded queue (what queued while the
+previous write was under way goes as one batch, built from the encoded messages without
+re-encoding them): Raft tolerates lost
 messages, so when a peer is slow or down its queue drops rather than growing, and the core is
 told the peer is unreachable so it probes instead of streaming. Snapshots travel separately, as
 chunks of a consistent store copy, so a large transfer never delays heartbeats.
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from authstore.raft.codec import decode_message, encode_message
+from authstore.raft.codec import decode_message, encode_message, message_from_pb
 from authstore.raft.types import Message
+from protos import wire
 from protos.internal import PEER_SECRET_METADATA
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
@@ -31,6 +34,9 @@ QUEUE_LIMIT = 4096
 CHUNK = 256 << 10
 MAX_MESSAGE = 64 << 20
 BACKOFF = (0.05, 1.0)
+BATCH_FIELD = peer_pb2.MessageBatch.DESCRIPTOR.fields_by_name["messages"].number
+#: A batch stops growing here (one message may be larger: Raft bounds what it puts in a MsgApp).
+MAX_BATCH_BYTES = 4 << 20
 
 OnMessage = Callable[[Message], None]
 OnSnapshot = Callable[[Message, Path], Awaitable[None]]
@@ -153,7 +159,10 @@ class Transport:
     @staticmethod
     async def _drain(peer: _Peer) -> AsyncIterator[bytes]:
         while True:
-            yield await peer.queue.get()
+            batch = bytearray(wire.length_delimited(BATCH_FIELD, await peer.queue.get()))
+            while len(batch) < MAX_BATCH_BYTES and not peer.queue.empty():
+                batch += wire.length_delimited(BATCH_FIELD, peer.queue.get_nowait())
+            yield bytes(batch)
 
     async def send_snapshot(self, msg: Message, path: Path) -> bool:
         """Streams the store copy at ``path`` to ``msg.to``; True when the peer took it."""
@@ -187,7 +196,8 @@ class Transport:
         if not self.security.admits(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
         async for data in requests:
-            self.on_message(decode_message(data))
+            for message in peer_pb2.MessageBatch.FromString(data).messages:
+                self.on_message(message_from_pb(message))
         return b""
 
     async def _receive_snapshot(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:

@@ -7,9 +7,9 @@ be reached, or answered that it has no leader), and reads whatever happened. A w
 outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
 `leader changed`) and decides, as with etcd.
 
-Do and Snapshot move raw bytes (the proxy builds and unwraps them by slicing); Credentials,
-ResolveToken and Leader are small typed calls. Every call carries the internal credential: mTLS
-on the channel and/or the shared-secret metadata.
+Do (over each node's DoStream, ``store_pipe``) and Snapshot move raw bytes (the proxy builds and
+unwraps them by slicing); Credentials, ResolveToken and Leader are small typed calls. Every call
+carries the internal credential: mTLS on the channel and/or the shared-secret metadata.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from authstore.errors import Err, EtcdError, from_message
 from protos import wire
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
+from proxy.store_pipe import StorePipe
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,10 @@ class InternalTLS:
 
 
 class _Endpoint:
-    def __init__(self, target: str, channel: grpc.aio.Channel) -> None:
+    def __init__(self, target: str, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
         self.target = target
         self.channel = channel
-        self.do = channel.unary_unary(_SERVICE + "Do")
+        self.pipe = StorePipe(channel, _SERVICE + "DoStream", metadata)
         self.snapshot = channel.unary_stream(_SERVICE + "Snapshot")
         self.credentials = channel.unary_unary(
             _SERVICE + "Credentials",
@@ -120,7 +121,7 @@ class StoreClient:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
-        self._endpoints = [_Endpoint(t, self._channel(t, tls)) for t in targets]
+        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in targets]
         self._leader = self._endpoints[0]
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -208,8 +209,7 @@ class StoreClient:
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError."""
         read = request_field(internal_request) in READ_FIELDS
-        return await self._call(lambda ep, t: ep.do(internal_request, timeout=t, metadata=self._metadata),
-                                timeout, read=read)
+        return await self._call(lambda ep, t: ep.pipe.do(internal_request, t), timeout, read=read)
 
     async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
         """The raw SnapshotResponse messages of Store.Snapshot, from the leader."""
@@ -231,5 +231,6 @@ class StoreClient:
             if task is not None:
                 task.cancel()
         for ep in self._endpoints:
+            await ep.pipe.close()
             await ep.channel.close()
 

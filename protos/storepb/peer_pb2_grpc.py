@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from protos.etcdserverpb import rpc_pb2 as protos_dot_etcdserverpb_dot_rpc__pb2
-from protos.raftpb import raft_pb2 as protos_dot_raftpb_dot_raft__pb2
 from protos.storepb import peer_pb2 as protos_dot_storepb_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -38,7 +37,7 @@ class PeerStub:
         """
         self.Messages = channel.stream_unary(
                 '/raftgate.storepb.Peer/Messages',
-                request_serializer=protos_dot_raftpb_dot_raft__pb2.Message.SerializeToString,
+                request_serializer=protos_dot_storepb_dot_peer__pb2.MessageBatch.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_peer__pb2.PeerAck.FromString,
                 _registered_method=True)
         self.Snapshot = channel.stream_unary(
@@ -58,6 +57,7 @@ class PeerServicer:
 
     def Messages(self, request_iterator, context):
         """A one-way stream of Raft messages from one node to another; losses are repaired by Raft.
+        Whatever queued for the peer while the previous write was under way travels as one batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,7 +83,7 @@ def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Messages': grpc.stream_unary_rpc_method_handler(
                     servicer.Messages,
-                    request_deserializer=protos_dot_raftpb_dot_raft__pb2.Message.FromString,
+                    request_deserializer=protos_dot_storepb_dot_peer__pb2.MessageBatch.FromString,
                     response_serializer=protos_dot_storepb_dot_peer__pb2.PeerAck.SerializeToString,
             ),
             'Snapshot': grpc.stream_unary_rpc_method_handler(
@@ -122,7 +122,7 @@ class Peer:
             request_iterator,
             target,
             '/raftgate.storepb.Peer/Messages',
-            protos_dot_raftpb_dot_raft__pb2.Message.SerializeToString,
+            protos_dot_storepb_dot_peer__pb2.MessageBatch.SerializeToString,
             protos_dot_storepb_dot_peer__pb2.PeerAck.FromString,
             options,
             channel_credentials,

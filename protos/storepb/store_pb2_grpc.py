@@ -41,6 +41,11 @@ class StoreStub:
                 request_serializer=protos_dot_etcdserverpb_dot_raft__internal__pb2.InternalRaftRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.InternalResponse.FromString,
                 _registered_method=True)
+        self.DoStream = channel.stream_stream(
+                '/raftgate.storepb.Store/DoStream',
+                request_serializer=protos_dot_storepb_dot_store__pb2.DoBatch.SerializeToString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.DoResultBatch.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_stream(
                 '/raftgate.storepb.Store/Snapshot',
                 request_serializer=protos_dot_etcdserverpb_dot_raft__internal__pb2.InternalRaftRequest.SerializeToString,
@@ -74,6 +79,16 @@ class StoreServicer:
     def Do(self, request, context):
         """Applies one request: writes and auth changes through the log, reads at a linearizable read
         point (or local state when serializable). Errors carry etcd's gRPC code and message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DoStream(self, request_iterator, context):
+        """Do for many requests on one long-lived stream, which is how proxies send them: a gRPC call
+        costs far more CPU in Python than a stream message, and whatever requests are queued travel
+        as one batch. Each call is answered on its own as it completes (in any order, matched by id);
+        answers that complete together travel as one batch too.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +137,11 @@ def add_StoreServicer_to_server(servicer, server):
                     servicer.Do,
                     request_deserializer=protos_dot_etcdserverpb_dot_raft__internal__pb2.InternalRaftRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.InternalResponse.SerializeToString,
+            ),
+            'DoStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DoStream,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.DoBatch.FromString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.DoResultBatch.SerializeToString,
             ),
             'Snapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.Snapshot,
@@ -176,6 +196,33 @@ class Store:
             '/raftgate.storepb.Store/Do',
             protos_dot_etcdserverpb_dot_raft__internal__pb2.InternalRaftRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.InternalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DoStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftgate.storepb.Store/DoStream',
+            protos_dot_storepb_dot_store__pb2.DoBatch.SerializeToString,
+            protos_dot_storepb_dot_store__pb2.DoResultBatch.FromString,
             options,
             channel_credentials,
             insecure,

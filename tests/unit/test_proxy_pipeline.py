@@ -24,6 +24,26 @@ SECRET = "s3cret-for-tests"
 ROOT_PW = "rootpw"
 
 
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _CallContext:
+    """What Do needs of a context, for one call of a DoStream batch."""
+
+    def __init__(self, metadata: Any) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+
 class FakeStore(store_pb2_grpc.StoreServicer):
     """Just enough of the store's contract to drive the proxy: auth state, tokens, a few KV calls."""
 
@@ -113,6 +133,21 @@ class FakeStore(store_pb2_grpc.StoreServicer):
             return store_pb2.InternalResponse(status=rpc_pb2.StatusResponse())
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"fake store: {kind}")
         raise AssertionError
+
+    async def DoStream(self, batches: AsyncIterator[store_pb2.DoBatch], context: Any) -> AsyncIterator[Any]:
+        """The proxy's path for Do: each call answered as Do would answer it alone."""
+        await self._check_secret(context)
+        async for batch in batches:
+            results = []
+            for call in batch.calls:
+                one = _CallContext(context.invocation_metadata())
+                try:
+                    answer = await self.Do(raft_internal_pb2.InternalRaftRequest.FromString(call.request), one)
+                    results.append(store_pb2.DoResult(id=call.id, response=answer.SerializeToString()))
+                except _Aborted as refusal:
+                    results.append(store_pb2.DoResult(id=call.id, code=refusal.code.value[0],
+                                                      message=refusal.details))
+            yield store_pb2.DoResultBatch(results=results)
 
     async def Snapshot(self, request: raft_internal_pb2.InternalRaftRequest, context: Any) -> AsyncIterator[Any]:
         await self._check_secret(context)
