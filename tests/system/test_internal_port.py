@@ -49,6 +49,22 @@ def _do(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = No
     return call(req, metadata=metadata, timeout=10)
 
 
+def _do_stream(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = None) -> list[store_pb2.DoResult]:
+    """Two calls in one batch on the proxies' stream; their results, in id order."""
+    call = channel.stream_stream("/raftgate.storepb.Store/DoStream",
+                                 request_serializer=store_pb2.DoBatch.SerializeToString,
+                                 response_deserializer=store_pb2.DoResultBatch.FromString)
+    status = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=1),
+                                     auth_status=rpc_pb2.AuthStatusRequest()).SerializeToString()
+    empty_key = ipb.InternalRaftRequest(range=rpc_pb2.RangeRequest()).SerializeToString()
+    batch = store_pb2.DoBatch(calls=[store_pb2.DoCall(id=1, request=status),
+                                     store_pb2.DoCall(id=2, request=empty_key)])
+    results: list[store_pb2.DoResult] = []
+    for answer in call(iter([batch]), metadata=metadata, timeout=10):
+        results.extend(answer.results)
+    return sorted(results, key=lambda r: r.id)
+
+
 @pytest.fixture
 def secret_store(tmp_path: Path):
     secret = tmp_path / "secret"
@@ -68,8 +84,16 @@ def test_internal_port_refuses_callers_without_the_secret(secret_store: str) -> 
             with pytest.raises(grpc.RpcError) as err:
                 _do(channel, metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as err:
+                _do_stream(channel, metadata)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         answer = _do(channel, (("x-raftgate-internal-secret", SECRET),))
         assert answer.auth_status.authRevision == 1
+        ok, refused = _do_stream(channel, (("x-raftgate-internal-secret", SECRET),))
+        answer = store_pb2.InternalResponse.FromString(ok.response)
+        assert ok.code == 0 and answer.auth_status.authRevision == 1
+        assert (refused.code, refused.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                                   "etcdserver: key is not provided")
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no credentials
 
