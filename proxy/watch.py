@@ -3,11 +3,13 @@
 The client's token is resolved once, when the stream opens (etcd checks every create on a stream
 with the stream's token). Each client WatchRequest goes to the store leader's Store.Watch stream
 wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
-are. The proxy reads a copy of each answer to know, per watch, its create request and the next
-revision it has not delivered. When the store stream fails (the node died or stopped leading), the
-proxy finds the leader again and re-creates every open watch there from that revision (``resume``:
-no second `created` message), then re-sends what the old stream left unanswered. The client sees
-no gap and no duplicate: an event older than what was delivered is dropped as a last guard.
+are (the store batches the responses that queued together; the client still gets one message
+each, as from etcd). The proxy reads a copy of each answer to know, per watch, its create request
+and the next revision it has not delivered. When the store stream fails (the node died or stopped
+leading), the proxy finds the leader again and re-creates every open watch there from that
+revision (``resume``: no second `created` message), then re-sends what the old stream left
+unanswered. The client sees no gap and no duplicate: an event older than what was delivered is
+dropped as a last guard.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from authstore.errors import Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb.store_pb2 import WatchBatch
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
 
@@ -212,9 +215,10 @@ class WatchProxy:
                     if data is grpc.aio.EOF:
                         break
                     down_since = None
-                    passed = track(state, data)
-                    if passed is not None:
-                        out.put_nowait(passed)
+                    for response in WatchBatch.FromString(data).responses:
+                        passed = track(state, response)
+                        if passed is not None:
+                            out.put_nowait(passed)
             except grpc.aio.AioRpcError as exc:
                 error = exc
             async with state.lock:

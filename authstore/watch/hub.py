@@ -51,6 +51,9 @@ INVALID_WATCH_ID = -1
 EMPTY_RANGE = "mvcc: watcher range is empty"
 DUPLICATE_ID = "mvcc: duplicate watch ID provided on the WatchStream"
 CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
+#: Responses for one stream that travel to the proxy in one message at most.
+MAX_BATCH = 512
+_NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
 DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
@@ -477,11 +480,21 @@ class WatchHub:
         try:
             while True:
                 item = await stream.queue.get()
+                batch: list[bytes] = []
+                while isinstance(item, bytes):
+                    batch.append(item)
+                    if len(batch) >= MAX_BATCH or stream.queue.empty():
+                        item = _NOTHING_MORE
+                        break
+                    item = stream.queue.get_nowait()
+                if batch:
+                    yield spb.WatchBatch(responses=batch).SerializeToString()
+                if item is _NOTHING_MORE:
+                    continue
                 if isinstance(item, EtcdError):
                     await context.abort(item.code, item.message)
                 if isinstance(item, BaseException) or item is None:
                     return
-                yield item
         finally:
             for task in tasks:
                 task.cancel()

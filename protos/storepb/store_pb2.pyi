@@ -20,6 +20,12 @@ class WatchStreamRequest(_message.Message):
     current_revision: bool
     def __init__(self, header: _Optional[_Union[_raft_internal_pb2.RequestHeader, _Mapping]] = ..., request: _Optional[_Union[_rpc_pb2.WatchRequest, _Mapping]] = ..., resume: _Optional[bool] = ..., current_revision: _Optional[bool] = ...) -> None: ...
 
+class WatchBatch(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, responses: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class LeaderRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

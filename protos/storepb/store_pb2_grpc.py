@@ -69,7 +69,7 @@ class StoreStub:
         self.Watch = channel.stream_stream(
                 '/raftgate.storepb.Store/Watch',
                 request_serializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
-                response_deserializer=protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.FromString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
                 _registered_method=True)
 
 
@@ -124,7 +124,9 @@ class StoreServicer:
 
     def Watch(self, request_iterator, context):
         """One client Watch stream: each WatchRequest travels with the stream's stamped header; the
-        answers are etcd WatchResponse messages, passed to the client unchanged. Served by the leader.
+        answers are etcd WatchResponse messages, passed to the client unchanged, one by one. The
+        responses queued for a stream while the previous write was under way travel as one batch.
+        Served by the leader.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,7 +168,7 @@ def add_StoreServicer_to_server(servicer, server):
             'Watch': grpc.stream_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.FromString,
-                    response_serializer=protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.SerializeToString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.WatchBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,7 +359,7 @@ class Store:
             target,
             '/raftgate.storepb.Store/Watch',
             protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
-            protos_dot_etcdserverpb_dot_rpc__pb2.WatchResponse.FromString,
+            protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
             options,
             channel_credentials,
             insecure,
