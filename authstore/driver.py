@@ -58,6 +58,9 @@ log = logging.getLogger("raftgate.store.driver")
 
 T = TypeVar("T")
 MAX_APPLY_LAG = 5000
+#: Committed batches waiting for the apply thread before the Raft loop waits for it (a follower's
+#: apply must not fall behind its log without bound).
+MAX_APPLY_BACKLOG = 64
 ID_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["ID"].number
 TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 
@@ -227,7 +230,8 @@ class RaftNode:
             self._send(rd.messages)
         if rd.committed_entries:
             self._to_apply.put_nowait(rd.committed_entries)
-            if any(e.type == EntryType.CONF_CHANGE for e in rd.committed_entries):
+            if self._to_apply.qsize() >= MAX_APPLY_BACKLOG or any(
+                    e.type == EntryType.CONF_CHANGE for e in rd.committed_entries):
                 await self._to_apply.join()
         for rs in rd.read_states:
             for fut in self._reads_in_flight.pop(rs.ctx, []):
@@ -389,8 +393,9 @@ class RaftNode:
         try:
             result = await self._within_request_timeout(fut)
         except TimeoutError:
-            self._waiters.pop(request_id, None)
             raise EtcdError(Err.TIMEOUT_DUE_TO_LEADER_FAIL if self.leader_id != leader else Err.TIMEOUT) from None
+        finally:
+            self._waiters.pop(request_id, None)  # answered, timed out, or its caller went away
         if isinstance(result, BaseException):
             raise result
         return result

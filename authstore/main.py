@@ -203,6 +203,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     for task in background:
         task.cancel()
     service.watch_hub.close()
+    service.drain()
     await server.stop(grace=2)
     await observability.close()
     await peer_server.stop(grace=1)

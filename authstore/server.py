@@ -29,7 +29,7 @@ from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.auth.authorize import request_kind
 from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
-from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, EtcdError
+from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
 from authstore.watch.hub import WatchHub, progress_interval_from_env
 from protos import wire
@@ -43,6 +43,8 @@ log = logging.getLogger("raftgate.store.server")
 SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
+#: DoStream answers in one stream message at most (a larger single answer goes alone).
+MAX_BATCH_BYTES = 4 << 20
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
@@ -67,6 +69,7 @@ class StoreService:
         self.applier = applier
         self.node = node
         self.maintenance = maintenance
+        self.draining = False
         self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ))
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
@@ -90,6 +93,9 @@ class StoreService:
                         context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Store.DoStream: every call runs as its own task, as a Do call would, and the answers
         that are ready when the stream can write travel as one batch."""
+        # Opening the stream at once tells the proxy that whatever fails from now on may have been
+        # taken, and whatever failed before was not.
+        await context.send_initial_metadata(())
         ready: list[spb.DoResult] = []
         wake = asyncio.Event()
         running: set[asyncio.Task[None]] = set()
@@ -126,8 +132,8 @@ class StoreService:
                 await wake.wait()
                 await asyncio.sleep(0)  # calls finishing in this turn of the loop join the batch
                 wake.clear()
-                if ready:
-                    out, ready = ready, []
+                while ready:
+                    out, ready = _take_batch(ready)
                     yield spb.DoResultBatch(results=out).SerializeToString()
             await reader  # raises what ended the reader (a malformed batch, a broken stream)
         finally:
@@ -135,8 +141,15 @@ class StoreService:
             for task in running:
                 task.cancel()
 
+    def drain(self) -> None:
+        """The node is stopping: calls still arriving on open streams are answered `server
+        stopped` (never taken, so the proxy sends them to another node); calls under way finish."""
+        self.draining = True
+
     async def answer(self, data: bytes) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``."""
+        if self.draining:
+            raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
             req = ipb.InternalRaftRequest.FromString(data)
             kind = request_kind(req)
@@ -241,6 +254,16 @@ class StoreService:
                                   raft_term=self.node.term).SerializeToString()
 
 
+def _take_batch(results: list[spb.DoResult]) -> tuple[list[spb.DoResult], list[spb.DoResult]]:
+    """The first results that fit one stream message (at least one), and the rest."""
+    size = 0
+    for i, result in enumerate(results):
+        size += len(result.response) + len(result.message)
+        if i and size > MAX_BATCH_BYTES:
+            return results[:i], results[i:]
+    return results, []
+
+
 def unmarshal_error(data: bytes, exc: DecodeError) -> str:
     """grpc-go's answer to a request that does not decode, with protobuf's reason.
 
@@ -301,8 +324,11 @@ class _SecretCheck(grpc.aio.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key == INTERNAL_SECRET_METADATA:
                 given = value.encode() if isinstance(value, str) else value
+        handler = await continuation(details)
         if hmac.compare_digest(given, self._secret):
-            return await continuation(details)
+            return handler
+        if handler is not None and handler.request_streaming:
+            return _deny_stream  # refused at once, before any message is read
         return _deny
 
 
@@ -310,7 +336,12 @@ async def _deny_behaviour(_request: Any, context: grpc.aio.ServicerContext) -> N
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
 
 
+async def _deny_stream_behaviour(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
+
+
 _deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
+_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_stream_behaviour)
 
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
@@ -325,7 +356,7 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         "Credentials": grpc.unary_unary_rpc_method_handler(service.credentials),
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
         "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
-        "Watch": grpc.stream_stream_rpc_method_handler(service.watch),
+        "WatchBatches": grpc.stream_stream_rpc_method_handler(service.watch),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.aio.HealthServicer()

@@ -141,7 +141,7 @@ class Transport:
         while True:
             channel = self.security.channel(peer.address)
             try:
-                call = channel.stream_unary(f"/{SERVICE}/Messages", request_serializer=None,
+                call = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
                                             response_deserializer=None)
                 await call(self._drain(peer), metadata=self.security.metadata())
             except asyncio.CancelledError:
@@ -233,7 +233,7 @@ class Transport:
             return members()
 
         return grpc.method_handlers_generic_handler(SERVICE, {
-            "Messages": grpc.stream_unary_rpc_method_handler(self._receive_messages),
+            "MessageBatches": grpc.stream_unary_rpc_method_handler(self._receive_messages),
             "Snapshot": grpc.stream_unary_rpc_method_handler(self._receive_snapshot),
             "Members": grpc.unary_unary_rpc_method_handler(member_list),
         })

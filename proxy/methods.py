@@ -23,7 +23,7 @@ class Kind(enum.Enum):
     KEEPALIVE = "keepalive"
     #: Not served (none today).
     UNIMPLEMENTED = "unimplemented"
-    #: Bidirectional stream to the store leader's Store.Watch (proxy/watch.py).
+    #: Bidirectional stream to the store leader's Store.WatchBatches (proxy/watch.py).
     WATCH = "watch"
     #: Handled by the proxy's Authenticate flow, not forwarded as is.
     AUTHENTICATE = "authenticate"

@@ -1,21 +1,25 @@
 """One long-lived Store.DoStream to one store node, shared by every request the proxy sends there.
 
 In gRPC-Python a unary call costs the proxy and the store several times the CPU of a stream
-message, and it is paid per request. Here requests queue while the previous batch is being
-written and go out together; answers come back batched the same way. A caller sees what a unary
-``Store.Do`` would have given it, including the ``grpc.aio.AioRpcError`` of a failed call, so the
-leader routing and retry rules of ``store_client`` stay as they are:
+message, and it is paid per request. Here requests queue while answers are outstanding and go out
+together; answers come back batched the same way. A caller sees what a unary ``Store.Do`` would
+have given it, including the ``grpc.aio.AioRpcError`` of a failed call, so the leader routing and
+retry rules of ``store_client`` stay as they are:
 
 - a refusal from the store carries the store's code and message;
-- when the stream breaks, every call sent on it fails with the stream's error (a connection that
-  never came up reads "failed to connect", so the caller knows nothing was taken), and every call
-  still queued fails as never sent;
-- a call whose deadline passes fails with DEADLINE_EXCEEDED (the store may still apply it).
+- the store opens each stream with its initial metadata; a stream that fails before that took
+  nothing, so its calls fail as never sent ("failed to connect": the caller may retry them);
+- when an open stream breaks, the calls written on it fail with UNAVAILABLE (their outcome is
+  unknown: a write is never sent twice), and the calls still queued fail as never sent;
+- the store's refusal of the stream itself (a wrong secret, no such method) reaches every caller;
+- a call whose deadline passes fails with DEADLINE_EXCEEDED, and if it was still queued it is
+  never sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -28,12 +32,16 @@ from protos.storepb import store_pb2
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-#: Requests in one stream message at most; the rest go in the next write.
+#: Calls in one stream message at most, and their request bytes at most (one call always fits).
 MAX_BATCH = 512
+MAX_BATCH_BYTES = 4 << 20
 #: How long a request may wait for an answer to come back before it is sent anyway.
 CORK_SECONDS = 0.0005
 #: ``store_client`` retries an unreached call; this text says the store never saw it.
 NOT_SENT = "failed to connect: the stream to the store ended before the request was sent"
+#: The store refused the stream itself: configuration, not a node going away; callers see it as is.
+REFUSED_STREAM = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.UNIMPLEMENTED})
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -46,46 +54,65 @@ def _expire(fut: asyncio.Future[bytes]) -> None:
 
 
 class _Stream:
-    """One DoStream call: a writer task, a reader task, and the calls sent on it."""
+    """One DoStream call: a writer task, a reader task, and the calls queued and sent on it."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self.call = call
-        self.queue: list[store_pb2.DoCall] = []
+        self.queue: collections.deque[store_pb2.DoCall] = collections.deque()
         self.sent: dict[int, asyncio.Future[bytes]] = {}
         self.unsent: dict[int, asyncio.Future[bytes]] = {}
         self.wake = asyncio.Event()
         self.answered = asyncio.Event()
+        self.established = False
         self.broken = False
         loop = asyncio.get_running_loop()
         self.tasks = (loop.create_task(self._write()), loop.create_task(self._read()))
 
     async def _write(self) -> None:
         try:
+            await self.call.initial_metadata()
+            if self.call.done():
+                return  # ended before it opened: the reader has its status
+            self.established = True
             while True:
                 await self.wake.wait()
                 # One turn of the loop first: requests already arriving join this batch.
                 await asyncio.sleep(0)
                 if self.sent and len(self.queue) < MAX_BATCH:
                     # Calls are in flight: hold this batch until an answer comes back (or
-                    # CORK_SECONDS), as Nagle does; under load batches grow by themselves, and
-                    # a lone request (nothing in flight) is never held.
+                    # CORK_SECONDS), as Nagle does; under load batches grow by themselves, and a
+                    # lone request (nothing in flight) is never held.
                     self.answered.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.answered.wait(), CORK_SECONDS)
                 self.wake.clear()
                 while self.queue:
-                    batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
-                    for c in batch:
-                        fut = self.unsent.pop(c.id, None)
-                        if fut is not None:
-                            self.sent[c.id] = fut
-                    await self.call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
+                    if self.call.done():
+                        return  # what is still queued was never written; the reader fails it
+                    batch = self._next_batch()
+                    if batch:
+                        await self.call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
         except asyncio.CancelledError:
             raise
-        except grpc.aio.AioRpcError as e:
-            self.fail(e)
-        except Exception as e:  # noqa: BLE001 - a finished call refuses writes; its reader has the status
+        except Exception as e:  # noqa: BLE001 - the call broke under the write; its reader has the status
             self.fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"raftgate: the store stream failed ({e})"))
+
+    def _next_batch(self) -> list[store_pb2.DoCall]:
+        """Queued calls whose callers still wait, within the batch bounds; they count as sent."""
+        batch: list[store_pb2.DoCall] = []
+        size = 0
+        while self.queue and len(batch) < MAX_BATCH:
+            call = self.queue[0]
+            if batch and size + len(call.request) > MAX_BATCH_BYTES:
+                break
+            self.queue.popleft()
+            fut = self.unsent.pop(call.id, None)
+            if fut is None or fut.done():
+                continue  # its caller gave up (deadline or cancellation): never send it
+            self.sent[call.id] = fut
+            batch.append(call)
+            size += len(call.request)
+        return batch
 
     async def _read(self) -> None:
         try:
@@ -110,14 +137,23 @@ class _Stream:
             self.fail(rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: unexpected answer from the store"))
 
     def fail(self, error: grpc.aio.AioRpcError) -> None:
-        """Ends the stream: sent calls get its error, unsent calls the error of a call never made."""
+        """Ends the stream and answers every call on it (see the module docstring for which error)."""
         if self.broken:
             return
         self.broken = True
+        not_sent = rpc_error(grpc.StatusCode.UNAVAILABLE, NOT_SENT)
+        if error.code() in REFUSED_STREAM:
+            lost = not_sent = error
+        elif not self.established:
+            lost = not_sent
+        else:
+            # gRPC reports a stream cut under a write as INTERNAL or CANCELLED as often as
+            # UNAVAILABLE; to the caller it is one thing, a node that went away.
+            log.debug("store stream broke: %s %s", error.code(), error.details())
+            lost = rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: the stream to the store broke")
         for fut in self.sent.values():
             if not fut.done():
-                fut.set_exception(error)
-        not_sent = rpc_error(grpc.StatusCode.UNAVAILABLE, NOT_SENT)
+                fut.set_exception(lost)
         for fut in self.unsent.values():
             if not fut.done():
                 fut.set_exception(not_sent)
@@ -139,9 +175,12 @@ class StorePipe:
         self._metadata = metadata
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
+        self._closed = False
 
     async def do(self, request: bytes, timeout: float) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes, or the AioRpcError Do would raise."""
+        if self._closed:
+            raise rpc_error(grpc.StatusCode.CANCELLED, "raftgate: the proxy is closing")
         stream = self._stream
         if stream is None or stream.broken:
             stream = self._stream = _Stream(self._open(metadata=self._metadata))
@@ -160,9 +199,8 @@ class StorePipe:
             stream.unsent.pop(call_id, None)
 
     async def close(self) -> None:
+        self._closed = True
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.fail(rpc_error(grpc.StatusCode.CANCELLED, "raftgate: the proxy is closing"))
-            for task in stream.tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await asyncio.gather(*stream.tasks, return_exceptions=True)

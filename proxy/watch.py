@@ -1,7 +1,7 @@
 """Watch.Watch: one client stream <-> one store stream, surviving leader changes.
 
 The client's token is resolved once, when the stream opens (etcd checks every create on a stream
-with the stream's token). Each client WatchRequest goes to the store leader's Store.Watch stream
+with the stream's token). Each client WatchRequest goes to the store leader's Store.WatchBatches stream
 wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
 are (the store batches the responses that queued together; the client still gets one message
 each, as from etcd). The proxy reads a copy of each answer to know, per watch, its create request
@@ -36,7 +36,7 @@ from proxy.store_client import StoreClient
 
 log = logging.getLogger(__name__)
 
-WATCH_METHOD = "/raftgate.storepb.Store/Watch"
+WATCH_METHOD = "/raftgate.storepb.Store/WatchBatches"
 RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
 _BACKOFF = 0.1
 _HEADER, _REQUEST, _RESUME, _CURRENT = 1, 2, 3, 4  # WatchStreamRequest fields

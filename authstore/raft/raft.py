@@ -616,6 +616,13 @@ class Raft:
             self._hup(CAMPAIGN_TRANSFER)
         elif t == MsgReadIndexResp:
             self.read_states.append(ReadState(m.index, m.context))
+        elif t == MsgUnreachable and m.frm == self.lead and self.lead != NONE:
+            # The transport lost the connection to the leader (most often: its process is gone).
+            # Stop honouring its lease at once: this node now grants (pre-)votes, and campaigns
+            # itself within a randomized part of an election timeout instead of a whole one. A
+            # false alarm on one follower is harmless: its pre-vote finds no majority while the
+            # others still hear the leader.
+            self.election_elapsed = max(self.election_elapsed, self.election_timeout)
 
     def _forward(self, m: Message) -> None:
         """Sends a copy to the leader (never mutate a received message: it may be shared)."""

@@ -53,6 +53,7 @@ DUPLICATE_ID = "mvcc: duplicate watch ID provided on the WatchStream"
 CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
 #: Responses for one stream that travel to the proxy in one message at most.
 MAX_BATCH = 512
+MAX_BATCH_BYTES = 4 << 20
 _NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
@@ -481,9 +482,11 @@ class WatchHub:
             while True:
                 item = await stream.queue.get()
                 batch: list[bytes] = []
+                size = 0
                 while isinstance(item, bytes):
                     batch.append(item)
-                    if len(batch) >= MAX_BATCH or stream.queue.empty():
+                    size += len(item)
+                    if len(batch) >= MAX_BATCH or size >= MAX_BATCH_BYTES or stream.queue.empty():
                         item = _NOTHING_MORE
                         break
                     item = stream.queue.get_nowait()

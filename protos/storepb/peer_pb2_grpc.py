@@ -35,8 +35,8 @@ class PeerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Messages = channel.stream_unary(
-                '/raftgate.storepb.Peer/Messages',
+        self.MessageBatches = channel.stream_unary(
+                '/raftgate.storepb.Peer/MessageBatches',
                 request_serializer=protos_dot_storepb_dot_peer__pb2.MessageBatch.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_peer__pb2.PeerAck.FromString,
                 _registered_method=True)
@@ -55,7 +55,7 @@ class PeerStub:
 class PeerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Messages(self, request_iterator, context):
+    def MessageBatches(self, request_iterator, context):
         """A one-way stream of Raft messages from one node to another; losses are repaired by Raft.
         Whatever queued for the peer while the previous write was under way travels as one batch.
         """
@@ -81,8 +81,8 @@ class PeerServicer:
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Messages': grpc.stream_unary_rpc_method_handler(
-                    servicer.Messages,
+            'MessageBatches': grpc.stream_unary_rpc_method_handler(
+                    servicer.MessageBatches,
                     request_deserializer=protos_dot_storepb_dot_peer__pb2.MessageBatch.FromString,
                     response_serializer=protos_dot_storepb_dot_peer__pb2.PeerAck.SerializeToString,
             ),
@@ -108,7 +108,7 @@ class Peer:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Messages(request_iterator,
+    def MessageBatches(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -121,7 +121,7 @@ class Peer:
         return grpc.experimental.stream_unary(
             request_iterator,
             target,
-            '/raftgate.storepb.Peer/Messages',
+            '/raftgate.storepb.Peer/MessageBatches',
             protos_dot_storepb_dot_peer__pb2.MessageBatch.SerializeToString,
             protos_dot_storepb_dot_peer__pb2.PeerAck.FromString,
             options,

@@ -66,8 +66,8 @@ class StoreStub:
                 request_serializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.FromString,
                 _registered_method=True)
-        self.Watch = channel.stream_stream(
-                '/raftgate.storepb.Store/Watch',
+        self.WatchBatches = channel.stream_stream(
+                '/raftgate.storepb.Store/WatchBatches',
                 request_serializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
                 _registered_method=True)
@@ -122,7 +122,7 @@ class StoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Watch(self, request_iterator, context):
+    def WatchBatches(self, request_iterator, context):
         """One client Watch stream: each WatchRequest travels with the stream's stamped header; the
         answers are etcd WatchResponse messages, passed to the client unchanged, one by one. The
         responses queued for a stream while the previous write was under way travel as one batch.
@@ -165,8 +165,8 @@ def add_StoreServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_storepb_dot_store__pb2.LeaderRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.LeaderResponse.SerializeToString,
             ),
-            'Watch': grpc.stream_stream_rpc_method_handler(
-                    servicer.Watch,
+            'WatchBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchBatches,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.WatchBatch.SerializeToString,
             ),
@@ -344,7 +344,7 @@ class Store:
             _registered_method=True)
 
     @staticmethod
-    def Watch(request_iterator,
+    def WatchBatches(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -357,7 +357,7 @@ class Store:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/raftgate.storepb.Store/Watch',
+            '/raftgate.storepb.Store/WatchBatches',
             protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
             options,

@@ -242,6 +242,18 @@ class Cluster:
             node.channel.close()
             node.channel = None
 
+    def terminate(self, node: Node) -> None:
+        """SIGTERM (a graceful stop, as Kubernetes does it); returns once the process has exited."""
+        pid = node.program.proc.pid if node.program is not None and node.program.proc is not None \
+            else node.foreign_pid
+        assert pid is not None, f"{node.name} is not running"
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not node.running, 30, f"{node.name} to stop")
+        node.foreign_pid = None
+        if node.channel is not None:
+            node.channel.close()
+            node.channel = None
+
     def restart(self, node: Node, timeout: float = 60.0) -> None:
         """Starts the node again from its argv (same data dir, ports and flags), as our process."""
         assert not node.running, f"{node.name} is still running"

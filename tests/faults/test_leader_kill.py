@@ -1,4 +1,5 @@
-"""kill -9 of the leader, several times, under concurrent writes and reads through the proxy.
+"""kill -9 of the leader, several times, and a graceful stop of the leader, under concurrent
+writes and reads through the proxy.
 
 Afterwards: every acknowledged write is present (on every node), the recorded history is
 linearizable, and after each kill a new leader served writes. The time from each kill to the
@@ -63,6 +64,28 @@ def test_kill_the_leader_repeatedly_under_load(tmp_path: Path) -> None:
         print(f"ops: {len(rec.records)}, acknowledged writes: {len(rec.acked_writes())}, errors: {rec.errors()}")
         verify_after_faults(cluster, rec)
         assert max(failovers) < SANITY_BOUND
+
+
+@pytest.mark.slow
+def test_stop_the_leader_gracefully_under_load(tmp_path: Path) -> None:
+    """SIGTERM of the leader (a rolling restart): requests still arriving are sent to the new
+    leader, requests under way finish; clients see at most etcd's own errors and lose nothing."""
+    with local_cluster(tmp_path, nodes=3) as cluster:
+        rec = Recorder()
+        with Workload(cluster.endpoint, rec, clients=4, seed=2) as load:
+            wait_for(lambda: rec.writes_ok_since(0) >= 20, 30, "the workload to get going")
+            leader = cluster.leader()
+            stopped_at = time.monotonic()
+            cluster.terminate(leader)
+            wait_for(lambda: rec.first_write_ok_after(stopped_at), SANITY_BOUND,
+                     "a write to succeed after the leader stopped")
+            cluster.restart(leader)
+            since = time.monotonic()
+            wait_for(lambda: rec.writes_ok_since(since) >= 10, 30, "writes after the restart")
+            load.stop()
+        rec.history.close()
+        print(f"\nops: {len(rec.records)}, acknowledged writes: {len(rec.acked_writes())}, errors: {rec.errors()}")
+        verify_after_faults(cluster, rec)
 
 
 def _status_leader(endpoint: str) -> int | None:

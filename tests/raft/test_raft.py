@@ -145,6 +145,33 @@ def test_leader_lease_followers_ignore_disruptive_votes() -> None:
     assert net.peers[1].state == L
 
 
+def test_losing_the_leaders_connection_ends_its_lease() -> None:
+    """Followers that lose the leader's connection elect a new leader within one election
+    timeout: they stop ignoring (pre-)votes at once instead of after their lease."""
+    net = cluster(3, check_quorum=True, pre_vote=True)
+    elect(net, 1)
+    net.isolate(1)
+    for follower in (2, 3):  # what each node's transport reports (a local message)
+        net.peers[follower].step(Message(M.MsgUnreachable, frm=1))
+    ticks = 0
+    while not any(net.peers[i].state == L for i in (2, 3)):
+        net.tick(2)
+        net.tick(3)
+        ticks += 1
+        assert ticks <= 10, "no leader within one election timeout"
+
+
+def test_one_false_alarm_does_not_disturb_a_leader() -> None:
+    net = cluster(3, check_quorum=True, pre_vote=True)
+    elect(net, 1)
+    net.peers[3].step(Message(M.MsgUnreachable, frm=1))  # only 3 thinks the leader is gone
+    for _ in range(30):
+        net.tick(1)
+        net.tick(2)
+        net.tick(3)
+    assert net.peers[1].state == L and net.peers[1].term == net.peers[2].term == net.peers[3].term
+
+
 def test_stale_leader_learns_new_term_from_response() -> None:
     net = cluster(3, check_quorum=True)
     elect(net, 1)

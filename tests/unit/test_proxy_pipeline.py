@@ -137,6 +137,7 @@ class FakeStore(store_pb2_grpc.StoreServicer):
     async def DoStream(self, batches: AsyncIterator[store_pb2.DoBatch], context: Any) -> AsyncIterator[Any]:
         """The proxy's path for Do: each call answered as Do would answer it alone."""
         await self._check_secret(context)
+        await context.send_initial_metadata(())
         async for batch in batches:
             results = []
             for call in batch.calls:

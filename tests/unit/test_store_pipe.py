@@ -19,10 +19,16 @@ METHOD = "/raftgate.storepb.Store/DoStream"
 Behaviour = Callable[[store_pb2.DoCall], Awaitable[store_pb2.DoResult | None]]
 
 
-async def _serve(port: int, behaviour: Behaviour, seen: list[bytes]) -> grpc.aio.Server:
-    """A DoStream that answers every call with ``behaviour`` as its own task (None: never)."""
+async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_after: float = 0.0,
+                 refuse: grpc.StatusCode | None = None) -> grpc.aio.Server:
+    """A DoStream that answers every call with ``behaviour`` as its own task (None: never); it
+    opens (initial metadata) after ``opens_after`` seconds, or refuses the stream with ``refuse``."""
 
     async def do_stream(batches: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        if refuse is not None:
+            await context.abort(refuse, "raftgate: internal port requires proxy credentials")
+        await asyncio.sleep(opens_after)
+        await context.send_initial_metadata(())
         out: asyncio.Queue[store_pb2.DoResult] = asyncio.Queue()
 
         async def one(call: store_pb2.DoCall) -> None:
@@ -54,11 +60,11 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes]) -> grpc.aio
     return server
 
 
-def _run(behaviour: Behaviour, scenario: Callable[[StorePipe, list[bytes]], Awaitable[None]]) -> None:
+def _run(behaviour: Behaviour, scenario: Callable[[StorePipe, list[bytes]], Awaitable[None]], **serve: Any) -> None:
     async def main() -> None:
         port = free_port()
         seen: list[bytes] = []
-        server = await _serve(port, behaviour, seen)
+        server = await _serve(port, behaviour, seen, **serve)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         pipe = StorePipe(channel, METHOD, ())
         try:
@@ -144,3 +150,64 @@ def test_no_store_listening_reads_as_unreached() -> None:
             await channel.close()
 
     asyncio.run(main())
+
+
+async def _ok(call: store_pb2.DoCall) -> store_pb2.DoResult:
+    await asyncio.sleep(0.0005)
+    return store_pb2.DoResult(id=call.id, response=b"ok")
+
+
+def test_a_store_stopping_under_load_gives_only_unavailable() -> None:
+    """However gRPC reports a stream cut under writes (INTERNAL, CANCELLED...), callers see a node
+    that went away: UNAVAILABLE, retryable when the call was never sent."""
+
+    async def main() -> None:
+        port = free_port()
+        seen: list[bytes] = []
+        server = await _serve(port, _ok, seen)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        pipe = StorePipe(channel, METHOD, ())
+        outcomes: list[BaseException | bytes] = []
+
+        async def client(n: int) -> None:
+            for i in range(200):
+                try:
+                    outcomes.append(await pipe.do(f"{n}-{i}".encode(), 5.0))
+                except grpc.aio.AioRpcError as e:
+                    outcomes.append(e)
+                    return
+
+        clients = [asyncio.ensure_future(client(n)) for n in range(32)]
+        while len(seen) < 200:
+            await asyncio.sleep(0.001)
+        await server.stop(None)
+        await asyncio.gather(*clients)
+        await pipe.close()
+        await channel.close()
+        errors = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+        assert errors, "the stop came after every client finished"
+        assert {e.code() for e in errors} == {grpc.StatusCode.UNAVAILABLE}
+
+    asyncio.run(main())
+
+
+def test_a_refused_stream_reaches_every_caller_as_is() -> None:
+    async def scenario(pipe: StorePipe, _seen: list[bytes]) -> None:
+        results = await asyncio.gather(*(pipe.do(b"x", 5.0) for _ in range(3)), return_exceptions=True)
+        for result in results:
+            assert isinstance(result, grpc.aio.AioRpcError)
+            assert result.code() == grpc.StatusCode.UNAUTHENTICATED and not _unreached(result)
+
+    _run(_ok, scenario, refuse=grpc.StatusCode.UNAUTHENTICATED)
+
+
+def test_a_call_that_expires_before_it_is_sent_is_never_sent() -> None:
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        late = asyncio.ensure_future(pipe.do(b"given up", 0.05))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await late
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert await pipe.do(b"kept", 5.0) == b"ok"
+        assert seen == [b"kept"]
+
+    _run(_ok, scenario, opens_after=0.3)
