@@ -101,10 +101,18 @@ class StoreService:
         running: set[asyncio.Task[None]] = set()
         reading = True
 
-        async def one(call_id: int, request: bytes) -> None:
+        async def one(call_id: int, request: bytes, method: int) -> None:
             try:
-                result = spb.DoResult(id=call_id, response=await self.answer(request))
-            except Refusal as exc:
+                if method == spb.DoCall.DO:
+                    response = await self.answer(request)
+                elif method == spb.DoCall.CREDENTIALS:
+                    response = await self.credentials(request)
+                elif method == spb.DoCall.RESOLVE_TOKEN:
+                    response = await self.resolve_token(request)
+                else:
+                    raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
+                result = spb.DoResult(id=call_id, response=response)
+            except (Refusal, EtcdError) as exc:
                 result = spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message)
             except Exception:
                 log.exception("a streamed request failed")
@@ -119,7 +127,7 @@ class StoreService:
             try:
                 async for raw in batches:
                     for call in spb.DoBatch.FromString(raw).calls:
-                        task = loop.create_task(one(call.id, call.request))
+                        task = loop.create_task(one(call.id, call.request, call.method))
                         running.add(task)
                         task.add_done_callback(running.discard)
             finally:
@@ -228,7 +236,7 @@ class StoreService:
             tmp.rmdir()
 
     # ---- Credentials and tokens ----
-    async def credentials(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
         req = spb.CredentialsRequest.FromString(data)
         await self.node.wait_applied(await self.node.read_index())
         with self.env.begin() as txn:
@@ -241,7 +249,7 @@ class StoreService:
                 resp.password_hash = user.password
         return resp.SerializeToString()
 
-    async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
         token = spb.ResolveTokenRequest.FromString(data).token
         return (await self.tokens.resolve(token)).SerializeToString()
 

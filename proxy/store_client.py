@@ -7,9 +7,9 @@ be reached, or answered that it has no leader), and reads whatever happened. A w
 outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
 `leader changed`) and decides, as with etcd.
 
-Do (over each node's DoStream, ``store_pipe``) and Snapshot move raw bytes (the proxy builds and
-unwraps them by slicing); Credentials, ResolveToken and Leader are small typed calls. Every call
-carries the internal credential: mTLS on the channel and/or the shared-secret metadata.
+Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
+move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
+call carries the internal credential: mTLS on the channel and/or the shared-secret metadata.
 """
 
 from __future__ import annotations
@@ -69,16 +69,6 @@ class _Endpoint:
         self.channel = channel
         self.pipe = StorePipe(channel, _SERVICE + "DoStream", metadata)
         self.snapshot = channel.unary_stream(_SERVICE + "Snapshot")
-        self.credentials = channel.unary_unary(
-            _SERVICE + "Credentials",
-            request_serializer=store_pb2.CredentialsRequest.SerializeToString,
-            response_deserializer=store_pb2.CredentialsResponse.FromString,
-        )
-        self.resolve = channel.unary_unary(
-            _SERVICE + "ResolveToken",
-            request_serializer=store_pb2.ResolveTokenRequest.SerializeToString,
-            response_deserializer=store_pb2.ResolveTokenResponse.FromString,
-        )
         self.leader = channel.unary_unary(
             _SERVICE + "Leader",
             request_serializer=store_pb2.LeaderRequest.SerializeToString,
@@ -217,14 +207,16 @@ class StoreClient:
             yield chunk
 
     async def credentials(self, name: str, timeout: float | None = None) -> store_pb2.CredentialsResponse:
-        req = store_pb2.CredentialsRequest(name=name)
-        return await self._call(lambda ep, t: ep.credentials(req, timeout=t, metadata=self._metadata),
-                                timeout, read=True)
+        req = store_pb2.CredentialsRequest(name=name).SerializeToString()
+        answer = await self._call(lambda ep, t: ep.pipe.do(req, t, store_pb2.DoCall.CREDENTIALS), timeout,
+                                  read=True)
+        return store_pb2.CredentialsResponse.FromString(answer)
 
     async def resolve_token(self, token: str, timeout: float | None = None) -> store_pb2.ResolveTokenResponse:
-        req = store_pb2.ResolveTokenRequest(token=token)
-        return await self._call(lambda ep, t: ep.resolve(req, timeout=t, metadata=self._metadata),
-                                timeout, read=True)
+        req = store_pb2.ResolveTokenRequest(token=token).SerializeToString()
+        answer = await self._call(lambda ep, t: ep.pipe.do(req, t, store_pb2.DoCall.RESOLVE_TOKEN), timeout,
+                                  read=True)
+        return store_pb2.ResolveTokenResponse.FromString(answer)
 
     async def close(self) -> None:
         for task in (self._refresher, self._discovery):

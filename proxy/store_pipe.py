@@ -177,8 +177,9 @@ class StorePipe:
         self._stream: _Stream | None = None
         self._closed = False
 
-    async def do(self, request: bytes, timeout: float) -> bytes:
-        """InternalRaftRequest bytes -> InternalResponse bytes, or the AioRpcError Do would raise."""
+    async def do(self, request: bytes, timeout: float, method: int = store_pb2.DoCall.DO) -> bytes:
+        """InternalRaftRequest bytes -> InternalResponse bytes, or the AioRpcError Do would raise
+        (or, with ``method``, the bytes of that call's request and response)."""
         if self._closed:
             raise rpc_error(grpc.StatusCode.CANCELLED, "raftgate: the proxy is closing")
         stream = self._stream
@@ -188,7 +189,7 @@ class StorePipe:
         call_id = next(self._ids)
         fut: asyncio.Future[bytes] = loop.create_future()
         stream.unsent[call_id] = fut
-        stream.queue.append(store_pb2.DoCall(id=call_id, request=request))
+        stream.queue.append(store_pb2.DoCall(id=call_id, request=request, method=method))
         stream.wake.set()
         timer = loop.call_later(timeout, _expire, fut)
         try:

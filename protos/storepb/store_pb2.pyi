@@ -1,6 +1,7 @@
 from protos.etcdserverpb import rpc_pb2 as _rpc_pb2
 from protos.etcdserverpb import raft_internal_pb2 as _raft_internal_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -135,12 +136,22 @@ class InternalResponse(_message.Message):
     def __init__(self, range: _Optional[_Union[_rpc_pb2.RangeResponse, _Mapping]] = ..., put: _Optional[_Union[_rpc_pb2.PutResponse, _Mapping]] = ..., delete_range: _Optional[_Union[_rpc_pb2.DeleteRangeResponse, _Mapping]] = ..., txn: _Optional[_Union[_rpc_pb2.TxnResponse, _Mapping]] = ..., compaction: _Optional[_Union[_rpc_pb2.CompactionResponse, _Mapping]] = ..., lease_grant: _Optional[_Union[_rpc_pb2.LeaseGrantResponse, _Mapping]] = ..., lease_revoke: _Optional[_Union[_rpc_pb2.LeaseRevokeResponse, _Mapping]] = ..., alarm: _Optional[_Union[_rpc_pb2.AlarmResponse, _Mapping]] = ..., lease_checkpoint: _Optional[_Union[_rpc_pb2.LeaseCheckpointResponse, _Mapping]] = ..., auth_enable: _Optional[_Union[_rpc_pb2.AuthEnableResponse, _Mapping]] = ..., auth_disable: _Optional[_Union[_rpc_pb2.AuthDisableResponse, _Mapping]] = ..., authenticate: _Optional[_Union[_rpc_pb2.AuthenticateResponse, _Mapping]] = ..., auth_status: _Optional[_Union[_rpc_pb2.AuthStatusResponse, _Mapping]] = ..., auth_user_add: _Optional[_Union[_rpc_pb2.AuthUserAddResponse, _Mapping]] = ..., auth_user_delete: _Optional[_Union[_rpc_pb2.AuthUserDeleteResponse, _Mapping]] = ..., auth_user_get: _Optional[_Union[_rpc_pb2.AuthUserGetResponse, _Mapping]] = ..., auth_user_change_password: _Optional[_Union[_rpc_pb2.AuthUserChangePasswordResponse, _Mapping]] = ..., auth_user_grant_role: _Optional[_Union[_rpc_pb2.AuthUserGrantRoleResponse, _Mapping]] = ..., auth_user_revoke_role: _Optional[_Union[_rpc_pb2.AuthUserRevokeRoleResponse, _Mapping]] = ..., auth_user_list: _Optional[_Union[_rpc_pb2.AuthUserListResponse, _Mapping]] = ..., auth_role_list: _Optional[_Union[_rpc_pb2.AuthRoleListResponse, _Mapping]] = ..., auth_role_add: _Optional[_Union[_rpc_pb2.AuthRoleAddResponse, _Mapping]] = ..., auth_role_delete: _Optional[_Union[_rpc_pb2.AuthRoleDeleteResponse, _Mapping]] = ..., auth_role_get: _Optional[_Union[_rpc_pb2.AuthRoleGetResponse, _Mapping]] = ..., auth_role_grant_permission: _Optional[_Union[_rpc_pb2.AuthRoleGrantPermissionResponse, _Mapping]] = ..., auth_role_revoke_permission: _Optional[_Union[_rpc_pb2.AuthRoleRevokePermissionResponse, _Mapping]] = ..., status: _Optional[_Union[_rpc_pb2.StatusResponse, _Mapping]] = ..., defragment: _Optional[_Union[_rpc_pb2.DefragmentResponse, _Mapping]] = ..., hash: _Optional[_Union[_rpc_pb2.HashResponse, _Mapping]] = ..., hash_kv: _Optional[_Union[_rpc_pb2.HashKVResponse, _Mapping]] = ..., move_leader: _Optional[_Union[_rpc_pb2.MoveLeaderResponse, _Mapping]] = ..., downgrade: _Optional[_Union[_rpc_pb2.DowngradeResponse, _Mapping]] = ..., member_list: _Optional[_Union[_rpc_pb2.MemberListResponse, _Mapping]] = ..., member_add: _Optional[_Union[_rpc_pb2.MemberAddResponse, _Mapping]] = ..., member_remove: _Optional[_Union[_rpc_pb2.MemberRemoveResponse, _Mapping]] = ..., member_update: _Optional[_Union[_rpc_pb2.MemberUpdateResponse, _Mapping]] = ..., member_promote: _Optional[_Union[_rpc_pb2.MemberPromoteResponse, _Mapping]] = ..., lease_time_to_live: _Optional[_Union[_rpc_pb2.LeaseTimeToLiveResponse, _Mapping]] = ..., lease_leases: _Optional[_Union[_rpc_pb2.LeaseLeasesResponse, _Mapping]] = ..., lease_keep_alive: _Optional[_Union[_rpc_pb2.LeaseKeepAliveResponse, _Mapping]] = ...) -> None: ...
 
 class DoCall(_message.Message):
-    __slots__ = ("id", "request")
+    __slots__ = ("id", "request", "method")
+    class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DO: _ClassVar[DoCall.Method]
+        CREDENTIALS: _ClassVar[DoCall.Method]
+        RESOLVE_TOKEN: _ClassVar[DoCall.Method]
+    DO: DoCall.Method
+    CREDENTIALS: DoCall.Method
+    RESOLVE_TOKEN: DoCall.Method
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     id: int
     request: bytes
-    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ...) -> None: ...
+    method: DoCall.Method
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ..., method: _Optional[_Union[DoCall.Method, str]] = ...) -> None: ...
 
 class DoBatch(_message.Message):
     __slots__ = ("calls",)

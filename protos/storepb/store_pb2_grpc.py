@@ -85,7 +85,8 @@ class StoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DoStream(self, request_iterator, context):
-        """Do for many requests on one long-lived stream, which is how proxies send them: a gRPC call
+        """Do, Credentials and ResolveToken for many requests on one long-lived stream, which is how
+        proxies send them: a gRPC call
         costs far more CPU in Python than a stream message, and whatever requests are queued travel
         as one batch. Each call is answered on its own as it completes (in any order, matched by id);
         answers that complete together travel as one batch too.

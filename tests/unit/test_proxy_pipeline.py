@@ -135,7 +135,8 @@ class FakeStore(store_pb2_grpc.StoreServicer):
         raise AssertionError
 
     async def DoStream(self, batches: AsyncIterator[store_pb2.DoBatch], context: Any) -> AsyncIterator[Any]:
-        """The proxy's path for Do: each call answered as Do would answer it alone."""
+        """The proxy's path for Do, Credentials and ResolveToken: each call answered as the unary
+        method would answer it alone."""
         await self._check_secret(context)
         await context.send_initial_metadata(())
         async for batch in batches:
@@ -143,7 +144,12 @@ class FakeStore(store_pb2_grpc.StoreServicer):
             for call in batch.calls:
                 one = _CallContext(context.invocation_metadata())
                 try:
-                    answer = await self.Do(raft_internal_pb2.InternalRaftRequest.FromString(call.request), one)
+                    if call.method == store_pb2.DoCall.CREDENTIALS:
+                        answer = await self.Credentials(store_pb2.CredentialsRequest.FromString(call.request), one)
+                    elif call.method == store_pb2.DoCall.RESOLVE_TOKEN:
+                        answer = await self.ResolveToken(store_pb2.ResolveTokenRequest.FromString(call.request), one)
+                    else:
+                        answer = await self.Do(raft_internal_pb2.InternalRaftRequest.FromString(call.request), one)
                     results.append(store_pb2.DoResult(id=call.id, response=answer.SerializeToString()))
                 except _Aborted as refusal:
                     results.append(store_pb2.DoResult(id=call.id, code=refusal.code.value[0],
