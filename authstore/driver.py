@@ -424,6 +424,18 @@ class RaftNode:
         except TimeoutError:
             raise EtcdError(Err.TIMEOUT) from None
 
+    async def must_lead(self) -> None:
+        """Returns once a leader is known and it is this node; else `not leader` (or `no leader`).
+
+        Client writes are proposed on the leader only. A follower would forward them, and a
+        forwarded proposal that a broken peer stream drops is never retried by Raft: its client
+        would wait out the request timeout, and a write cannot be sent again. `not leader` is
+        never taken, so the proxy finds the leader and sends the write there instead. (Reads may
+        be forwarded: the proxy retries a read that timed out.)"""
+        await self._await_leader()
+        if not self.is_leader:
+            raise EtcdError(Err.NOT_LEADER)
+
     async def _await_leader(self) -> None:
         """During an election, waits up to two election timeouts for a leader before answering
         etcd's `no leader`: a client should not see the blink of a normal failover."""

@@ -189,6 +189,7 @@ class StoreService:
             return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
         if self.maintenance.handles(kind):
             return await self.maintenance.answer(req, kind, now_ms())
+        await self.node.must_lead()
         return await self.node.propose(data)
 
     def _read(self, req: ipb.InternalRaftRequest, kind: str) -> Any:

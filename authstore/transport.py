@@ -140,10 +140,19 @@ class Transport:
         delay = BACKOFF[0]
         while True:
             channel = self.security.channel(peer.address)
+            opened = asyncio.Event()
             try:
-                call = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
-                                            response_deserializer=None)
-                await call(self._drain(peer), metadata=self.security.metadata())
+                open_stream = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
+                                                   response_deserializer=None)
+                call = open_stream(self._drain(peer, opened), metadata=self.security.metadata())
+                # Nothing leaves the queue until the peer has opened the stream: messages taken
+                # for a connection that never came up would be lost (Raft repairs most losses,
+                # but not a forwarded proposal or read).
+                await call.initial_metadata()
+                if not call.done():
+                    opened.set()
+                    delay = BACKOFF[0]
+                await call
             except asyncio.CancelledError:
                 await channel.close()
                 raise
@@ -157,7 +166,8 @@ class Transport:
             delay = min(delay * 2, BACKOFF[1])
 
     @staticmethod
-    async def _drain(peer: _Peer) -> AsyncIterator[bytes]:
+    async def _drain(peer: _Peer, opened: asyncio.Event) -> AsyncIterator[bytes]:
+        await opened.wait()
         while True:
             batch = bytearray(wire.length_delimited(BATCH_FIELD, await peer.queue.get()))
             while len(batch) < MAX_BATCH_BYTES and not peer.queue.empty():
@@ -195,6 +205,7 @@ class Transport:
     async def _receive_messages(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         if not self.security.admits(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
+        await context.send_initial_metadata(())  # the sender starts taking from its queue now
         async for data in requests:
             for message in peer_pb2.MessageBatch.FromString(data).messages:
                 self.on_message(message_from_pb(message))
