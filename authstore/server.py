@@ -35,7 +35,7 @@ from authstore.watch.hub import WatchHub, progress_interval_from_env
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.internal import INTERNAL_SECRET_METADATA
+from protos.internal import INTERNAL_SECRET_METADATA, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store.server")
@@ -43,8 +43,6 @@ log = logging.getLogger("raftgate.store.server")
 SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
-#: DoStream answers in one stream message at most (a larger single answer goes alone).
-MAX_BATCH_BYTES = 4 << 20
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
@@ -101,17 +99,14 @@ class StoreService:
         running: set[asyncio.Task[None]] = set()
         reading = True
 
+        methods = {spb.DoCall.DO: self.answer, spb.DoCall.CREDENTIALS: self.credentials,
+                   spb.DoCall.RESOLVE_TOKEN: self.resolve_token}
+
         async def one(call_id: int, request: bytes, method: int) -> None:
             try:
-                if method == spb.DoCall.DO:
-                    response = await self.answer(request)
-                elif method == spb.DoCall.CREDENTIALS:
-                    response = await self.credentials(request)
-                elif method == spb.DoCall.RESOLVE_TOKEN:
-                    response = await self.resolve_token(request)
-                else:
+                if method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
-                result = spb.DoResult(id=call_id, response=response)
+                result = spb.DoResult(id=call_id, response=await methods[method](request))
             except (Refusal, EtcdError) as exc:
                 result = spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message)
             except Exception:
@@ -268,7 +263,7 @@ def _take_batch(results: list[spb.DoResult]) -> tuple[list[spb.DoResult], list[s
     size = 0
     for i, result in enumerate(results):
         size += len(result.response) + len(result.message)
-        if i and size > MAX_BATCH_BYTES:
+        if i and size > STREAM_BATCH_BYTES:
             return results[:i], results[i:]
     return results, []
 
@@ -341,16 +336,12 @@ class _SecretCheck(grpc.aio.ServerInterceptor):
         return _deny
 
 
-async def _deny_behaviour(_request: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
-
-
-async def _deny_stream_behaviour(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+async def _deny_behaviour(_request_or_requests: Any, context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
 
 
 _deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
-_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_stream_behaviour)
+_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_behaviour)
 
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,

@@ -1,11 +1,11 @@
 """Raft messages between store nodes over gRPC streams.
 
-Each peer gets one long-lived outbound stream fed from a bounded queue (what queued while the
-previous write was under way goes as one batch, built from the encoded messages without
-re-encoding them): Raft tolerates lost
-messages, so when a peer is slow or down its queue drops rather than growing, and the core is
-told the peer is unreachable so it probes instead of streaming. Snapshots travel separately, as
-chunks of a consistent store copy, so a large transfer never delays heartbeats.
+Each peer gets one long-lived outbound stream fed from a bounded queue; what queued while the
+previous write was under way goes as one batch, framed from the encoded messages without
+re-encoding them. Raft tolerates lost messages, so when a peer is slow or down its queue drops
+rather than growing, and the core is told the peer is unreachable so it probes instead of
+streaming. Snapshots travel separately, as chunks of a consistent store copy, so a large transfer
+never delays heartbeats.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import grpc
 from authstore.raft.codec import decode_message, encode_message, message_from_pb
 from authstore.raft.types import Message
 from protos import wire
-from protos.internal import PEER_SECRET_METADATA
+from protos.internal import PEER_SECRET_METADATA, STREAM_BATCH_BYTES
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
 
@@ -35,8 +35,6 @@ CHUNK = 256 << 10
 MAX_MESSAGE = 64 << 20
 BACKOFF = (0.05, 1.0)
 BATCH_FIELD = peer_pb2.MessageBatch.DESCRIPTOR.fields_by_name["messages"].number
-#: A batch stops growing here (one message may be larger: Raft bounds what it puts in a MsgApp).
-MAX_BATCH_BYTES = 4 << 20
 
 OnMessage = Callable[[Message], None]
 OnSnapshot = Callable[[Message, Path], Awaitable[None]]
@@ -170,7 +168,7 @@ class Transport:
         await opened.wait()
         while True:
             batch = bytearray(wire.length_delimited(BATCH_FIELD, await peer.queue.get()))
-            while len(batch) < MAX_BATCH_BYTES and not peer.queue.empty():
+            while len(batch) < STREAM_BATCH_BYTES and not peer.queue.empty():
                 batch += wire.length_delimited(BATCH_FIELD, peer.queue.get_nowait())
             yield bytes(batch)
 

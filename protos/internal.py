@@ -12,6 +12,10 @@ from protos.etcdserverpb import raft_internal_pb2
 INTERNAL_SECRET_METADATA = "x-raftgate-internal-secret"
 #: gRPC metadata carrying the shared secret between store nodes (development mode, no mTLS).
 PEER_SECRET_METADATA = "x-raftgate-peer-secret"
+#: The most bytes one batch message of an internal stream carries (DoStream both ways, watch
+#: responses, Raft messages); a single larger item still travels, alone. Well under the 64 MiB
+#: gRPC message limit of the store's ports.
+STREAM_BATCH_BYTES = 4 << 20
 
 _FIELDS = raft_internal_pb2.InternalRaftRequest.DESCRIPTOR.fields_by_name
 #: InternalRaftRequest field numbers the proxy builds requests with itself.

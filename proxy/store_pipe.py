@@ -27,14 +27,14 @@ import logging
 import grpc
 import grpc.aio
 
+from protos.internal import STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-#: Calls in one stream message at most, and their request bytes at most (one call always fits).
+#: Calls in one stream message at most (their bytes are bounded by STREAM_BATCH_BYTES).
 MAX_BATCH = 512
-MAX_BATCH_BYTES = 4 << 20
 #: How long a request may wait for an answer to come back before it is sent anyway.
 CORK_SECONDS = 0.0005
 #: ``store_client`` retries an unreached call; this text says the store never saw it.
@@ -103,7 +103,7 @@ class _Stream:
         size = 0
         while self.queue and len(batch) < MAX_BATCH:
             call = self.queue[0]
-            if batch and size + len(call.request) > MAX_BATCH_BYTES:
+            if batch and size + len(call.request) > STREAM_BATCH_BYTES:
                 break
             self.queue.popleft()
             fut = self.unsent.pop(call.id, None)

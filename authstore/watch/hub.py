@@ -42,6 +42,7 @@ from authstore.errors import Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.internal import STREAM_BATCH_BYTES
 from protos.mvccpb import kv_pb2
 from protos.storepb import store_pb2 as spb
 
@@ -53,7 +54,6 @@ DUPLICATE_ID = "mvcc: duplicate watch ID provided on the WatchStream"
 CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
 #: Responses for one stream that travel to the proxy in one message at most.
 MAX_BATCH = 512
-MAX_BATCH_BYTES = 4 << 20
 _NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
@@ -486,7 +486,7 @@ class WatchHub:
                 while isinstance(item, bytes):
                     batch.append(item)
                     size += len(item)
-                    if len(batch) >= MAX_BATCH or size >= MAX_BATCH_BYTES or stream.queue.empty():
+                    if len(batch) >= MAX_BATCH or size >= STREAM_BATCH_BYTES or stream.queue.empty():
                         item = _NOTHING_MORE
                         break
                     item = stream.queue.get_nowait()
