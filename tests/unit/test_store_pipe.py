@@ -11,6 +11,7 @@ import grpc.aio
 import pytest
 from harness import free_port
 
+from protos.internal import STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 from proxy.store_client import _unreached
 from proxy.store_pipe import StorePipe
@@ -20,11 +21,14 @@ Behaviour = Callable[[store_pb2.DoCall], Awaitable[store_pb2.DoResult | None]]
 
 
 async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_after: float = 0.0,
-                 refuse: grpc.StatusCode | None = None) -> grpc.aio.Server:
+                 refuse: grpc.StatusCode | None = None, batch_sizes: list[int] | None = None) -> grpc.aio.Server:
     """A DoStream that answers every call with ``behaviour`` as its own task (None: never); it
     opens (initial metadata) after ``opens_after`` seconds, or refuses the stream with ``refuse``."""
 
+    sizes = batch_sizes if batch_sizes is not None else []
+
     async def do_stream(batches: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        batch_sizes = sizes
         if refuse is not None:
             await context.abort(refuse, "raftgate: internal port requires proxy credentials")
         await asyncio.sleep(opens_after)
@@ -38,6 +42,7 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_af
 
         async def read() -> None:
             async for raw in batches:
+                batch_sizes.append(len(raw))
                 for call in store_pb2.DoBatch.FromString(raw).calls:
                     seen.append(call.request)
                     asyncio.get_running_loop().create_task(one(call))
@@ -52,7 +57,7 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_af
         finally:
             reader.cancel()
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])  # as the store
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "raftgate.storepb.Store", {"DoStream": grpc.stream_stream_rpc_method_handler(do_stream)}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -211,3 +216,18 @@ def test_a_call_that_expires_before_it_is_sent_is_never_sent() -> None:
         assert seen == [b"kept"]
 
     _run(_ok, scenario, opens_after=0.3)
+
+
+def test_large_requests_travel_in_batches_bounded_in_bytes() -> None:
+    """Forty 1.5 MiB writes queued together must not become one 60 MiB message (the store's
+    ports take 64 MiB at most); a single item over the bound still travels, alone."""
+    sizes: list[int] = []
+    big = b"v" * (3 << 19)
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        answers = await asyncio.gather(*(pipe.do(big, 10.0) for _ in range(40)), pipe.do(b"w" * (5 << 20), 10.0))
+        assert answers == [b"ok"] * 41 and len(seen) == 41
+        assert max(sizes) < STREAM_BATCH_BYTES + (6 << 20) and len(sizes) >= 15
+        assert all(size <= STREAM_BATCH_BYTES + 64 for size in sizes if size < (5 << 20))
+
+    _run(_ok, scenario, opens_after=0.2, batch_sizes=sizes)
