@@ -25,7 +25,9 @@ SNAPSHOT_FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]
 PREFIX = b"/snap/"
 
 
-def _catch_up_by_snapshot(workdir: Path, *, wipe: bool) -> None:
+def _catch_up_by_snapshot(workdir: Path, *, wipe: bool, hot_revisions: int = 0) -> None:
+    """hot_revisions: puts to one key while the follower is down (many duplicates of one index key,
+    the shape LMDB 0.9.36's compacting copy crashed on, on the leader that builds the snapshot)."""
     with program_cluster(workdir, nodes=3, store_flags=SNAPSHOT_FLAGS) as cluster:
         client = Client(cluster.endpoint)
         try:
@@ -40,6 +42,8 @@ def _catch_up_by_snapshot(workdir: Path, *, wipe: bool) -> None:
             # (a write that fails, e.g. on a leader change under load, is sent again: same final state)
             for i in range(200):
                 retry_ok(lambda i=i: client.put(PREFIX + b"while-down/%03d" % i, b"y" * 100), 20, "writes")
+            for i in range(hot_revisions):
+                retry_ok(lambda i=i: client.put(PREFIX + b"hot", b"%d" % i), 20, "writes to one key")
             retry_ok(lambda: client.kv.DeleteRange(rpc_pb2.DeleteRangeRequest(key=PREFIX + b"while-down/000"),
                                                    timeout=10), 20, "a delete")
             wait_for(lambda: "log compacted" in leader.output(), 10, "the leader to compact its log")
@@ -49,7 +53,9 @@ def _catch_up_by_snapshot(workdir: Path, *, wipe: bool) -> None:
             cluster.wait_converged(timeout=15)
             wait_for(lambda: "installed a snapshot" in victim.output(), 10, "the follower to report the snapshot")
             expected = client.scan(PREFIX)
-            assert len(expected) == 20 + 199 + 10
+            assert len(expected) == 20 + 199 + 10 + (1 if hot_revisions else 0)
+            if hot_revisions:
+                assert expected[PREFIX + b"hot"] == b"%d" % (hot_revisions - 1)
             assert cluster.local_keys(victim, PREFIX) == expected
             # a full voter: with the other follower down, writes need victim's vote and log
             cluster.kill(other)
@@ -71,3 +77,8 @@ def test_lagging_follower_catches_up_by_snapshot(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_wiped_follower_catches_up_by_snapshot(tmp_path: Path) -> None:
     _catch_up_by_snapshot(tmp_path, wipe=True)
+
+
+@pytest.mark.slow
+def test_follower_catches_up_by_snapshot_with_a_key_of_many_revisions(tmp_path: Path) -> None:
+    _catch_up_by_snapshot(tmp_path, wipe=True, hot_revisions=300)
