@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -208,7 +209,12 @@ class StoreService:
             await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
         tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
         try:
-            path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
+            try:
+                path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
+            except (OSError, lmdb.Error) as exc:
+                # that call's failure (e.g. a full disk), never the node's
+                log.warning("a client's snapshot failed: %s", exc.__class__.__name__)
+                await context.abort(*Err.SNAPSHOT_FAILED.value)
             # As etcd does, the stream ends with the sha256 of everything before it, which
             # etcdctl checks before it keeps the file.
             total = path.stat().st_size + hashlib.sha256().digest_size
@@ -227,9 +233,7 @@ class StoreService:
                     yield msg.SerializeToString()
             yield pb.SnapshotResponse(remaining_bytes=0, blob=digest.digest()).SerializeToString()
         finally:
-            for p in tmp.iterdir():
-                p.unlink()
-            tmp.rmdir()
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # ---- Credentials and tokens ----
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:

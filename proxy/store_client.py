@@ -25,7 +25,7 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from authstore.errors import Err, EtcdError, from_message
+from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
@@ -98,6 +98,10 @@ def _unreached(error: grpc.aio.AioRpcError) -> bool:
         return False  # an etcd error from the store itself
     details = (error.details() or "").lower()
     return "failed to connect" in details or "connection refused" in details or "connect failed" in details
+
+
+#: a Snapshot stream's own ends: the client's deadline passed, or the client went away
+_SNAPSHOT_PASS_THROUGH = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 
 def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
@@ -202,9 +206,22 @@ class StoreClient:
         return await self._call(lambda ep, t: ep.pipe.do(internal_request, t), timeout, read=read)
 
     async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
-        """The raw SnapshotResponse messages of Store.Snapshot, from the leader."""
-        async for chunk in self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata):
-            yield chunk
+        """The raw SnapshotResponse messages of Store.Snapshot, from the leader.
+
+        A store node lost before or during the stream ends it with SNAPSHOT_LOST (code Unknown):
+        etcd's clients retry a stream that failed with Unavailable before its first message, and
+        each retry would meet the same lost node, so `etcdctl snapshot save` would never end.
+        The store's own answers (refusals, its own failure) pass through as they are.
+        """
+        try:
+            async for chunk in self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata):
+                yield chunk
+        except grpc.aio.AioRpcError as error:
+            if _etcd_error(error) is not None or error.code() in _SNAPSHOT_PASS_THROUGH:
+                raise
+            if error.code() == grpc.StatusCode.INTERNAL and (error.details() or "").startswith(UNMARSHAL_ERROR_PREFIX):
+                raise
+            raise EtcdError(Err.SNAPSHOT_LOST) from None
 
     async def credentials(self, name: str, timeout: float | None = None) -> store_pb2.CredentialsResponse:
         req = store_pb2.CredentialsRequest(name=name).SerializeToString()

@@ -61,7 +61,8 @@ class Store:
     def apply(self, reqs: Sequence[ipb.InternalRaftRequest], first_index: int) -> int:
         """Applies `reqs` as one batch from `first_index`; returns the next free index."""
         entries = [Entry(term=1, index=first_index + i, data=r.SerializeToString()) for i, r in enumerate(reqs)]
-        self.applier.apply_batch(entries)
+        if entries:
+            self.applier.apply_batch(entries)
         return first_index + len(entries)
 
     def apply_ops(self, ops: Sequence[Op], first_index: int, batch: int) -> int:
