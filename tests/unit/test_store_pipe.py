@@ -231,3 +231,37 @@ def test_large_requests_travel_in_batches_bounded_in_bytes() -> None:
         assert all(size <= STREAM_BATCH_BYTES + 64 for size in sizes if size < (5 << 20))
 
     _run(_ok, scenario, opens_after=0.2, batch_sizes=sizes)
+
+
+@pytest.mark.parametrize("field", ["put", "range"])
+def test_a_store_answer_is_never_taken_for_an_unreached_node(field: str) -> None:
+    """Trust item 15: whether a call may be sent again is decided by what the pipe knows (never
+    sent, or outcome unknown), not by words in a message. A store answer whose text happens to
+    say "failed to connect" is that call's answer: it reaches the client once, as it is."""
+    from protos.etcdserverpb import raft_internal_pb2 as ipb
+    from protos.etcdserverpb import rpc_pb2
+    from proxy.store_client import StoreClient
+
+    text = "raftgate: failed to connect the backup volume"
+
+    async def behaviour(call: store_pb2.DoCall) -> store_pb2.DoResult:
+        return store_pb2.DoResult(id=call.id, code=grpc.StatusCode.UNAVAILABLE.value[0], message=text)
+
+    request = (ipb.InternalRaftRequest(put=rpc_pb2.PutRequest(key=b"k", value=b"v")) if field == "put"
+               else ipb.InternalRaftRequest(range=rpc_pb2.RangeRequest(key=b"k"))).SerializeToString()
+
+    async def main() -> None:
+        port = free_port()
+        seen: list[bytes] = []
+        server = await _serve(port, behaviour, seen)
+        client = StoreClient(f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.do(request, timeout=2.0)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNAVAILABLE, text)
+            assert len(seen) == 1
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    asyncio.run(main())
