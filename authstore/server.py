@@ -9,6 +9,7 @@ back as raw bytes framed as InternalResponse, so nothing is encoded twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import logging
@@ -36,7 +37,7 @@ from authstore.watch.hub import WatchHub, progress_interval_from_env
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.internal import INTERNAL_SECRET_METADATA, STREAM_BATCH_BYTES
+from protos.internal import ANSWER_PART_BYTES, INTERNAL_SECRET_METADATA, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store.server")
@@ -91,11 +92,11 @@ class StoreService:
     async def do_stream(self, batches: AsyncIterator[bytes],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Store.DoStream: every call runs as its own task, as a Do call would, and the answers
-        that are ready when the stream can write travel as one batch."""
+        that are ready when the stream can write travel as one batch (``_Outbox``)."""
         # Opening the stream at once tells the proxy that whatever fails from now on may have been
         # taken, and whatever failed before was not.
         await context.send_initial_metadata(())
-        ready: list[spb.DoResult] = []
+        ready = _Outbox()
         wake = asyncio.Event()
         running: set[asyncio.Task[None]] = set()
         reading = True
@@ -107,14 +108,13 @@ class StoreService:
             try:
                 if method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
-                result = spb.DoResult(id=call_id, response=await methods[method](request))
+                ready.answer(call_id, await methods[method](request))
             except (Refusal, EtcdError) as exc:
-                result = spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message)
+                ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message))
             except Exception:
                 log.exception("a streamed request failed")
-                result = spb.DoResult(id=call_id, code=grpc.StatusCode.UNKNOWN.value[0],
-                                      message="raftgate: internal error in the store")
-            ready.append(result)
+                ready.refuse(spb.DoResult(id=call_id, code=grpc.StatusCode.UNKNOWN.value[0],
+                                          message="raftgate: internal error in the store"))
             wake.set()
 
         async def read() -> None:
@@ -137,8 +137,7 @@ class StoreService:
                 await asyncio.sleep(0)  # calls finishing in this turn of the loop join the batch
                 wake.clear()
                 while ready:
-                    out, ready = _take_batch(ready)
-                    yield spb.DoResultBatch(results=out).SerializeToString()
+                    yield ready.take()
             await reader  # raises what ended the reader (a malformed batch, a broken stream)
         finally:
             reader.cancel()
@@ -173,7 +172,7 @@ class StoreService:
             raise Refusal(exc.code, exc.message) from None
         except AuthRevisionMoved:
             raise Refusal(grpc.StatusCode.ABORTED, REVISION_MOVED) from None
-        return wire.length_delimited(FIELD_NUMBERS[kind], resp.SerializeToString())
+        return wire.length_delimited(FIELD_NUMBERS[kind], check_answer_size(resp.SerializeToString()))
 
     async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
         if kind in READ_KINDS or (kind == "txn" and is_read_only_txn(req.txn)) or (
@@ -262,14 +261,64 @@ class StoreService:
                                   raft_term=self.node.term).SerializeToString()
 
 
-def _take_batch(results: list[spb.DoResult]) -> tuple[list[spb.DoResult], list[spb.DoResult]]:
-    """The first results that fit one stream message (at least one), and the rest."""
-    size = 0
-    for i, result in enumerate(results):
-        size += len(result.response) + len(result.message)
-        if i and size > STREAM_BATCH_BYTES:
-            return results[:i], results[i:]
-    return results, []
+class _Outbox:
+    """The answers of one DoStream waiting to be written, taken one bounded message at a time.
+
+    Answers up to ANSWER_PART_BYTES (and refusals) go first, as many as fit STREAM_BATCH_BYTES;
+    larger answers fill what room is left, one part at a time and in turn, so that a large answer
+    never travels as one message (over the gRPC limit it would end the stream for every call) and
+    holds the other calls back by one message at most.
+    """
+
+    def __init__(self) -> None:
+        self.whole: collections.deque[spb.DoResult] = collections.deque()
+        #: Large answers still being sent: the call id, the answer, and how much of it is sent.
+        self.large: collections.deque[tuple[int, bytes, int]] = collections.deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.whole or self.large)
+
+    def answer(self, call_id: int, response: bytes) -> None:
+        if len(response) > ANSWER_PART_BYTES:
+            self.large.append((call_id, response, 0))
+        else:
+            self.whole.append(spb.DoResult(id=call_id, response=response))
+
+    def refuse(self, result: spb.DoResult) -> None:
+        self.whole.append(result)
+
+    def take(self) -> bytes:
+        """The next DoResultBatch message (at least one result; none left makes it empty)."""
+        out: list[spb.DoResult] = []
+        size = 0
+        while self.whole:
+            result = self.whole[0]
+            n = len(result.response) + len(result.message)
+            if out and size + n > STREAM_BATCH_BYTES:
+                break
+            out.append(self.whole.popleft())
+            size += n
+        while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
+            call_id, response, sent = self.large.popleft()
+            part = response[sent : sent + ANSWER_PART_BYTES]
+            if sent == 0:
+                out.append(spb.DoResult(id=call_id, response=part, size=len(response)))
+            else:
+                out.append(spb.DoResult(id=call_id, response=part, rest=True))
+            sent += len(part)
+            size += len(part)
+            if sent < len(response):
+                self.large.append((call_id, response, sent))  # its next part after the others'
+        return spb.DoResultBatch(results=out).SerializeToString()
+
+
+def check_answer_size(body: bytes) -> bytes:
+    """etcd's server refuses to send an answer over its gRPC limit (math.MaxInt32), with grpc-go's
+    words; here the store refuses it, before it reaches the stream."""
+    if len(body) > MAX_ANSWER_BYTES:
+        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"grpc: trying to send message larger than max ({len(body)} vs. {MAX_ANSWER_BYTES})")
+    return body
 
 
 def unmarshal_error(data: bytes, exc: DecodeError) -> str:

@@ -16,6 +16,15 @@ PEER_SECRET_METADATA = "x-raftgate-peer-secret"
 #: responses, Raft messages); a single larger item still travels, alone. Well under the 64 MiB
 #: gRPC message limit of the store's ports.
 STREAM_BATCH_BYTES = 4 << 20
+#: The most bytes of one answer a DoStream message carries; a larger answer travels in parts of
+#: this size, interleaved with other answers (each DoStream message then stays within
+#: STREAM_BATCH_BYTES).
+ANSWER_PART_BYTES = 1 << 20
+#: The largest answer a client is given: etcd's server sends up to math.MaxInt32 bytes (grpc-go
+#: refuses a larger one with RESOURCE_EXHAUSTED, "trying to send message larger than max").
+MAX_ANSWER_BYTES = 2**31 - 1
+#: What the InternalResponse around a client's answer adds: a field tag and a length.
+ANSWER_ENVELOPE_BYTES = 8
 
 _FIELDS = raft_internal_pb2.InternalRaftRequest.DESCRIPTOR.fields_by_name
 #: InternalRaftRequest field numbers the proxy builds requests with itself.

@@ -18,6 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from authstore.observe import Observability, start_observability
+from protos.internal import MAX_ANSWER_BYTES
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.identity import Resolver
@@ -76,7 +77,7 @@ class ProxyServer:
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.config.grpc_max_receive_bytes),
-                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.max_send_message_length", MAX_ANSWER_BYTES),  # etcd's (math.MaxInt32)
                 # grpc-core refuses metadata between its soft limit (8 KiB) and hard limit at
                 # random; etcd accepts large tokens, so both limits sit well above any real token.
                 ("grpc.max_metadata_size", METADATA_LIMIT),

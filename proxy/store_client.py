@@ -2,8 +2,9 @@
 
 The proxy knows every store node and sends each request to the leader, which it learns by asking
 the nodes (``Store.Leader``). When the leader changes or a node is down it finds the new leader
-and retries what is safe to retry: any request the store surely never took (the node could not
-be reached, or answered that it has no leader), and reads whatever happened. A write whose
+and retries what is safe to retry: any request the store surely never took (``store_pipe`` says
+so by the error's type, ``NotSent``, or the store answered that it has no leader), and reads
+whatever happened (``OutcomeUnknown`` included). A write whose
 outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
 `leader changed`) and decides, as with etcd.
 
@@ -29,7 +30,7 @@ from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_messag
 from protos import wire
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
-from proxy.store_pipe import StorePipe
+from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 
 log = logging.getLogger(__name__)
 
@@ -88,16 +89,6 @@ def request_field(internal_request: bytes) -> int:
             return key >> 3
         pos += length
     return 0
-
-
-def _unreached(error: grpc.aio.AioRpcError) -> bool:
-    """The call never reached a store node (nothing listening, or no connection at all)."""
-    if error.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
-    if from_message(error.details() or "") is not None:
-        return False  # an etcd error from the store itself
-    details = (error.details() or "").lower()
-    return "failed to connect" in details or "connection refused" in details or "connect failed" in details
 
 
 #: a Snapshot stream's own ends: the client's deadline passed, or the client went away
@@ -179,25 +170,29 @@ class StoreClient:
         retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
         while True:
             endpoint = self._leader
+            answer: grpc.aio.AioRpcError | None = None  # the store's answer, raised if time runs out
             try:
                 return await invoke(endpoint, max(client_deadline - time.monotonic(), 0.001))
+            except NotSent:
+                pass  # the store never saw it: send it again
+            except OutcomeUnknown:
+                if not read:
+                    raise EtcdError(Err.TIMEOUT_DUE_TO_CONNECTION_LOST) from None
+                # a read: asking again changes nothing
             except grpc.aio.AioRpcError as error:
+                # The store's answer (or the client's deadline): retried only when it is etcd's
+                # proof that the request never entered the log, or, for a read, leader trouble.
                 err = _etcd_error(error)
-                unreached = _unreached(error)
-                if err is not None and err not in NOT_TAKEN and not (read and err in READ_RETRY):
-                    raise  # the store's own answer
-                if err is None and not unreached:
-                    if error.code() != grpc.StatusCode.UNAVAILABLE:
-                        raise  # e.g. the client's deadline passed
-                    if not read:
-                        raise EtcdError(Err.TIMEOUT_DUE_TO_CONNECTION_LOST) from None
-                if time.monotonic() + BACKOFF >= retry_deadline:
-                    if err is not None:
-                        raise
-                    raise EtcdError(Err.NO_LEADER) from None
-                await self._rediscover()
-                if self._leader is endpoint:
-                    await asyncio.sleep(BACKOFF)
+                if err is None or (err not in NOT_TAKEN and not (read and err in READ_RETRY)):
+                    raise
+                answer = error
+            if time.monotonic() + BACKOFF >= retry_deadline:
+                if answer is not None:
+                    raise answer
+                raise EtcdError(Err.NO_LEADER)
+            await self._rediscover()
+            if self._leader is endpoint:
+                await asyncio.sleep(BACKOFF)
 
     # ---- the calls ----
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:

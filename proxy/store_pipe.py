@@ -4,13 +4,18 @@ In gRPC-Python a unary call costs the proxy and the store several times the CPU 
 message, and it is paid per request. Here requests queue while answers are outstanding and go out
 together; answers come back batched the same way. A caller sees what a unary ``Store.Do`` would
 have given it, including the ``grpc.aio.AioRpcError`` of a failed call, so the leader routing and
-retry rules of ``store_client`` stay as they are:
+retry rules of ``store_client`` stay as they are. What the caller may do next is told by the
+type of the error, decided here, where the facts are known, never by its text:
 
-- a refusal from the store carries the store's code and message;
+- a refusal from the store carries the store's code and message (a plain ``AioRpcError``);
 - the store opens each stream with its initial metadata; a stream that fails before that took
-  nothing, so its calls fail as never sent ("failed to connect": the caller may retry them);
-- when an open stream breaks, the calls written on it fail with UNAVAILABLE (their outcome is
-  unknown: a write is never sent twice), and the calls still queued fail as never sent;
+  nothing, so its calls fail as ``NotSent`` (the caller may send them again);
+- when an open stream breaks, the calls written on it fail as ``OutcomeUnknown`` (a write is never
+  sent twice), and the calls still queued fail as ``NotSent``;
+- an answer larger than one part arrives in parts, interleaved with other answers, and is put
+  together for its caller alone, in a buffer bounded by ``max_answer``: the store refuses an
+  answer over ``MAX_ANSWER_BYTES`` itself, and one announced larger than the bound fails that call
+  alone, with grpc-go's RESOURCE_EXHAUSTED (etcd's server cannot send it either);
 - the store's refusal of the stream itself (a wrong secret, no such method) reaches every caller;
 - a call whose deadline passes fails with DEADLINE_EXCEEDED, and if it was still queued it is
   never sent.
@@ -27,7 +32,7 @@ import logging
 import grpc
 import grpc.aio
 
-from protos.internal import STREAM_BATCH_BYTES
+from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 
 log = logging.getLogger(__name__)
@@ -37,15 +42,29 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 MAX_BATCH = 512
 #: How long a request may wait for an answer to come back before it is sent anyway.
 CORK_SECONDS = 0.0005
-#: ``store_client`` retries an unreached call; this text says the store never saw it.
-NOT_SENT = "failed to connect: the stream to the store ended before the request was sent"
+NOT_SENT = "raftgate: the stream to the store ended before the request was sent"
 #: The store refused the stream itself: configuration, not a node going away; callers see it as is.
 REFUSED_STREAM = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                             grpc.StatusCode.UNIMPLEMENTED})
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+class NotSent(grpc.aio.AioRpcError):
+    """The store never saw this call: sending it again, to any node, cannot apply it twice."""
+
+
+class OutcomeUnknown(grpc.aio.AioRpcError):
+    """The call was written on a stream that broke before its answer came: it may have been taken."""
+
+
+def rpc_error(code: grpc.StatusCode, details: str,
+              kind: type[grpc.aio.AioRpcError] = grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    return kind(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+def too_large(size: int, limit: int) -> grpc.aio.AioRpcError:
+    """grpc-go's refusal of a message over the server's send limit (etcd's: math.MaxInt32)."""
+    return rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     f"grpc: trying to send message larger than max ({size} vs. {limit})")
 
 
 def _expire(fut: asyncio.Future[bytes]) -> None:
@@ -56,11 +75,14 @@ def _expire(fut: asyncio.Future[bytes]) -> None:
 class _Stream:
     """One DoStream call: a writer task, a reader task, and the calls queued and sent on it."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, max_answer: int) -> None:
         self.call = call
+        self.max_answer = max_answer
         self.queue: collections.deque[store_pb2.DoCall] = collections.deque()
         self.sent: dict[int, asyncio.Future[bytes]] = {}
         self.unsent: dict[int, asyncio.Future[bytes]] = {}
+        #: Answers arriving in parts: the announced size, the parts so far and their length.
+        self.partial: dict[int, tuple[int, list[bytes], int]] = {}
         self.wake = asyncio.Event()
         self.answered = asyncio.Event()
         self.established = False
@@ -119,14 +141,7 @@ class _Stream:
             async for raw in self.call:
                 self.answered.set()
                 for result in store_pb2.DoResultBatch.FromString(raw).results:
-                    fut = self.sent.pop(result.id, None)
-                    if fut is None or fut.done():
-                        continue
-                    if result.code:
-                        fut.set_exception(rpc_error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN),
-                                                    result.message))
-                    else:
-                        fut.set_result(result.response)
+                    self._answer(result)
             self.fail(rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: the store ended the stream"))
         except asyncio.CancelledError:
             raise
@@ -136,12 +151,48 @@ class _Stream:
             log.error("unexpected answer on the store stream: %s", e)
             self.fail(rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: unexpected answer from the store"))
 
+    def _answer(self, result: store_pb2.DoResult) -> None:
+        """Settles the call ``result`` answers, or adds a part to its answer."""
+        response = result.response
+        if result.rest:
+            partial = self.partial.pop(result.id, None)
+            if partial is None:
+                return  # its caller gave up, or the answer was refused at its first part
+            size, parts, have = partial
+            parts.append(response)
+            have += len(response)
+            if have > size:
+                raise ValueError("an answer longer than announced")
+            if have < size:
+                self.partial[result.id] = (size, parts, have)
+                return
+            response = b"".join(parts)
+        elif result.size:
+            fut = self.sent.get(result.id)
+            if fut is None or fut.done():
+                return
+            if result.size > self.max_answer:
+                del self.sent[result.id]  # its later parts find no partial answer and are dropped
+                fut.set_exception(too_large(result.size, self.max_answer))
+                return
+            if len(response) < result.size:
+                self.partial[result.id] = (result.size, [response], len(response))
+                return
+        fut = self.sent.pop(result.id, None)
+        if fut is None or fut.done():
+            return
+        if result.code:
+            fut.set_exception(rpc_error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message))
+        else:
+            fut.set_result(response)
+
     def fail(self, error: grpc.aio.AioRpcError) -> None:
         """Ends the stream and answers every call on it (see the module docstring for which error)."""
         if self.broken:
             return
         self.broken = True
-        not_sent = rpc_error(grpc.StatusCode.UNAVAILABLE, NOT_SENT)
+        not_sent = rpc_error(grpc.StatusCode.UNAVAILABLE, NOT_SENT, NotSent)
+        lost: grpc.aio.AioRpcError
         if error.code() in REFUSED_STREAM:
             lost = not_sent = error
         elif not self.established:
@@ -150,7 +201,7 @@ class _Stream:
             # gRPC reports a stream cut under a write as INTERNAL or CANCELLED as often as
             # UNAVAILABLE; to the caller it is one thing, a node that went away.
             log.debug("store stream broke: %s %s", error.code(), error.details())
-            lost = rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: the stream to the store broke")
+            lost = rpc_error(grpc.StatusCode.UNAVAILABLE, "raftgate: the stream to the store broke", OutcomeUnknown)
         for fut in self.sent.values():
             if not fut.done():
                 fut.set_exception(lost)
@@ -159,6 +210,7 @@ class _Stream:
                 fut.set_exception(not_sent)
         self.sent.clear()
         self.unsent.clear()
+        self.partial.clear()
         self.queue.clear()
         self.call.cancel()
         current = asyncio.current_task()
@@ -170,8 +222,10 @@ class _Stream:
 class StorePipe:
     """Do over the node's stream; a broken stream is replaced by the next call."""
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, channel: grpc.aio.Channel, method: str, metadata: tuple[tuple[str, str], ...],
+                 *, max_answer: int = MAX_ANSWER_BYTES + ANSWER_ENVELOPE_BYTES) -> None:
         self._open = channel.stream_stream(method)
+        self._max_answer = max_answer
         self._metadata = metadata
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
@@ -184,7 +238,7 @@ class StorePipe:
             raise rpc_error(grpc.StatusCode.CANCELLED, "raftgate: the proxy is closing")
         stream = self._stream
         if stream is None or stream.broken:
-            stream = self._stream = _Stream(self._open(metadata=self._metadata))
+            stream = self._stream = _Stream(self._open(metadata=self._metadata), self._max_answer)
         loop = asyncio.get_running_loop()
         call_id = next(self._ids)
         fut: asyncio.Future[bytes] = loop.create_future()
@@ -198,6 +252,7 @@ class StorePipe:
             timer.cancel()
             stream.sent.pop(call_id, None)
             stream.unsent.pop(call_id, None)
+            stream.partial.pop(call_id, None)
 
     async def close(self) -> None:
         self._closed = True

@@ -11,19 +11,23 @@ import grpc.aio
 import pytest
 from harness import free_port
 
-from protos.internal import STREAM_BATCH_BYTES
+from authstore.server import Refusal, _Outbox, check_answer_size
+from protos.internal import ANSWER_PART_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
-from proxy.store_client import _unreached
-from proxy.store_pipe import StorePipe
+from proxy.store_client import _CHANNEL_OPTIONS
+from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 
 METHOD = "/raftgate.storepb.Store/DoStream"
 Behaviour = Callable[[store_pb2.DoCall], Awaitable[store_pb2.DoResult | None]]
 
 
 async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_after: float = 0.0,
-                 refuse: grpc.StatusCode | None = None, batch_sizes: list[int] | None = None) -> grpc.aio.Server:
+                 refuse: grpc.StatusCode | None = None, batch_sizes: list[int] | None = None,
+                 answer_sizes: list[int] | None = None) -> grpc.aio.Server:
     """A DoStream that answers every call with ``behaviour`` as its own task (None: never); it
-    opens (initial metadata) after ``opens_after`` seconds, or refuses the stream with ``refuse``."""
+    opens (initial metadata) after ``opens_after`` seconds, or refuses the stream with ``refuse``.
+    With ``answer_sizes``, answers are written as the store writes them (large ones in parts) and
+    the size of each message is recorded there."""
 
     sizes = batch_sizes if batch_sizes is not None else []
 
@@ -48,12 +52,33 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_af
                     asyncio.get_running_loop().create_task(one(call))
 
         reader = asyncio.get_running_loop().create_task(read())
+        outbox = _Outbox()
         try:
             while True:
                 result = await out.get()
                 if result.message == "abort the stream":
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
-                yield store_pb2.DoResultBatch(results=[result]).SerializeToString()
+                if answer_sizes is None:
+                    yield store_pb2.DoResultBatch(results=[result]).SerializeToString()
+                    continue
+                while True:
+                    if result.code:
+                        outbox.refuse(result)
+                    else:
+                        outbox.answer(result.id, result.response)
+                    if out.empty():
+                        break
+                    result = out.get_nowait()
+                while outbox:
+                    message = outbox.take()
+                    answer_sizes.append(len(message))
+                    yield message
+                    while not out.empty():
+                        result = out.get_nowait()
+                        if result.code:
+                            outbox.refuse(result)
+                        else:
+                            outbox.answer(result.id, result.response)
         finally:
             reader.cancel()
 
@@ -70,7 +95,7 @@ def _run(behaviour: Behaviour, scenario: Callable[[StorePipe, list[bytes]], Awai
         port = free_port()
         seen: list[bytes] = []
         server = await _serve(port, behaviour, seen, **serve)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_CHANNEL_OPTIONS)  # as the proxy's
         pipe = StorePipe(channel, METHOD, ())
         try:
             await scenario(pipe, seen)
@@ -122,8 +147,8 @@ def test_a_broken_stream_fails_what_it_carried_and_the_next_call_reconnects() ->
         with pytest.raises(grpc.aio.AioRpcError) as lost:
             await slow
         for error in (broke.value, lost.value):
-            # sent, then the connection went: the outcome is unknown, so it is not "unreached"
-            assert error.code() == grpc.StatusCode.UNAVAILABLE and not _unreached(error)
+            # sent, then the connection went: the outcome is unknown
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and isinstance(error, OutcomeUnknown)
         assert await pipe.do(b"again", 5.0) == b"ok"
 
     _run(behaviour, scenario)
@@ -149,7 +174,7 @@ def test_no_store_listening_reads_as_unreached() -> None:
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await pipe.do(b"anything", 5.0)
-            assert _unreached(err.value)  # so the client retries it elsewhere: nothing was taken
+            assert isinstance(err.value, NotSent)  # so the client retries it elsewhere: nothing was taken
         finally:
             await pipe.close()
             await channel.close()
@@ -201,7 +226,8 @@ def test_a_refused_stream_reaches_every_caller_as_is() -> None:
         results = await asyncio.gather(*(pipe.do(b"x", 5.0) for _ in range(3)), return_exceptions=True)
         for result in results:
             assert isinstance(result, grpc.aio.AioRpcError)
-            assert result.code() == grpc.StatusCode.UNAUTHENTICATED and not _unreached(result)
+            assert result.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert not isinstance(result, NotSent | OutcomeUnknown)
 
     _run(_ok, scenario, refuse=grpc.StatusCode.UNAUTHENTICATED)
 
@@ -231,3 +257,114 @@ def test_large_requests_travel_in_batches_bounded_in_bytes() -> None:
         assert all(size <= STREAM_BATCH_BYTES + 64 for size in sizes if size < (5 << 20))
 
     _run(_ok, scenario, opens_after=0.2, batch_sizes=sizes)
+
+
+@pytest.mark.parametrize("field", ["put", "range"])
+def test_a_store_answer_is_never_taken_for_an_unreached_node(field: str) -> None:
+    """Trust item 15: whether a call may be sent again is decided by what the pipe knows (never
+    sent, or outcome unknown), not by words in a message. A store answer whose text happens to
+    say "failed to connect" is that call's answer: it reaches the client once, as it is."""
+    from protos.etcdserverpb import raft_internal_pb2 as ipb
+    from protos.etcdserverpb import rpc_pb2
+    from proxy.store_client import StoreClient
+
+    text = "raftgate: failed to connect the backup volume"
+
+    async def behaviour(call: store_pb2.DoCall) -> store_pb2.DoResult:
+        return store_pb2.DoResult(id=call.id, code=grpc.StatusCode.UNAVAILABLE.value[0], message=text)
+
+    request = (ipb.InternalRaftRequest(put=rpc_pb2.PutRequest(key=b"k", value=b"v")) if field == "put"
+               else ipb.InternalRaftRequest(range=rpc_pb2.RangeRequest(key=b"k"))).SerializeToString()
+
+    async def main() -> None:
+        port = free_port()
+        seen: list[bytes] = []
+        server = await _serve(port, behaviour, seen)
+        client = StoreClient(f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.do(request, timeout=2.0)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNAVAILABLE, text)
+            assert len(seen) == 1
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def _sized(call: store_pb2.DoCall) -> bytes:
+    """An answer of the size the request names, made of the request's first byte."""
+    return call.request[:1] * int(call.request[1:])
+
+
+async def _sized_answer(call: store_pb2.DoCall) -> store_pb2.DoResult:
+    await asyncio.sleep(0.0005)
+    return store_pb2.DoResult(id=call.id, response=_sized(call))
+
+
+def test_large_answers_arrive_whole_in_bounded_parts() -> None:
+    """Trust item 7: an answer far over one stream message (here 9 MiB and 5 MiB, at once with
+    small ones) reaches its caller whole, and no message on the stream is larger than the bound."""
+    sizes: list[int] = []
+
+    async def scenario(pipe: StorePipe, _seen: list[bytes]) -> None:
+        requests = [b"a%d" % (9 << 20), b"b5", b"c%d" % (5 << 20), *(b"d%d" % n for n in range(20))]
+        answers = await asyncio.gather(*(pipe.do(r, 10.0) for r in requests))
+        assert answers == [r[:1] * int(r[1:]) for r in requests]
+        assert max(sizes) <= STREAM_BATCH_BYTES + 1024 and sum(sizes) > 14 << 20
+        assert await pipe.do(b"e3", 5.0) == b"eee"  # the stream goes on
+
+    _run(_sized_answer, scenario, answer_sizes=sizes)
+
+
+def test_an_answer_over_the_bound_fails_its_call_alone() -> None:
+    """The proxy puts an answer together in a buffer bounded in bytes: one announced larger fails
+    that call alone, as etcd's server refuses a message over its limit; the others go on."""
+
+    async def main() -> None:
+        port = free_port()
+        server = await _serve(port, _sized_answer, [], answer_sizes=[])
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_CHANNEL_OPTIONS)
+        pipe = StorePipe(channel, METHOD, (), max_answer=2 << 20)
+        try:
+            huge, small, fits = await asyncio.gather(pipe.do(b"h%d" % (3 << 20), 10.0), pipe.do(b"s7", 10.0),
+                                                     pipe.do(b"f%d" % (2 << 20), 10.0), return_exceptions=True)
+            assert isinstance(huge, grpc.aio.AioRpcError)
+            assert (huge.code(), huge.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "grpc: trying to send message larger than max (3145728 vs. 2097152)")
+            assert small == b"sssssss" and fits == b"f" * (2 << 20)
+            assert await pipe.do(b"e3", 5.0) == b"eee"
+        finally:
+            await pipe.close()
+            await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_small_answers_pass_a_large_answer_being_written() -> None:
+    """A large answer takes what room the small answers leave in each message: an answer that
+    becomes ready while a large one is being written waits for one message at most."""
+    outbox = _Outbox()
+    outbox.answer(1, b"x" * (10 * ANSWER_PART_BYTES))
+    first = store_pb2.DoResultBatch.FromString(outbox.take()).results
+    assert [(r.id, r.size, r.rest) for r in first] == [(1, 10 * ANSWER_PART_BYTES, False)] + [(1, 0, True)] * 3
+    outbox.answer(2, b"small")
+    outbox.refuse(store_pb2.DoResult(id=3, code=grpc.StatusCode.NOT_FOUND.value[0], message="no"))
+    second = store_pb2.DoResultBatch.FromString(outbox.take()).results
+    assert [r.id for r in second][:2] == [2, 3] and {r.id for r in second[2:]} == {1}
+    rest = []
+    while outbox:
+        rest.extend(store_pb2.DoResultBatch.FromString(outbox.take()).results)
+    assert b"".join(r.response for r in (*first, *second[2:], *rest)) == b"x" * (10 * ANSWER_PART_BYTES)
+
+
+def test_the_store_refuses_an_answer_over_etcds_send_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("authstore.server.MAX_ANSWER_BYTES", 10)
+    assert check_answer_size(b"x" * 10) == b"x" * 10
+    with pytest.raises(Refusal) as err:
+        check_answer_size(b"x" * 11)
+    assert (err.value.code, err.value.message) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "grpc: trying to send message larger than max (11 vs. 10)")
