@@ -13,9 +13,15 @@ Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
   reads history from the MVCC store in chunks until it reaches the drained revision, then joins
   the synced set with no await in between, so no revision is missed or sent twice. A start
   revision below the compaction answers ``compact_revision`` and cancels, as etcd does.
-* **Create** runs on the apply thread between batches (``RaftNode.between_batches``), so its
-  permission check and its registration see one consistent state and no auth change can slip
-  between them.
+* **Create** checks permission on the apply thread between batches (``RaftNode.between_batches``)
+  and enters the watcher into the apply thread's re-check set there, so no auth change can slip
+  between the check and the registration; the event loop then gives it its id and its place in
+  the stream and the delivery set.
+
+Each piece of state has one owner thread. The apply thread owns the re-check set and the tap's
+position; the event loop owns streams, ids, the delivery set and the delivered revision. They
+meet only through two hand-offs: the tap's queue (under a lock) and the queue of removed watchers
+the apply thread prunes from its set (``collections.deque``, whose append and popleft are atomic).
 
 Streams are served by the leader only; when it loses leadership every stream fails and the proxy
 re-creates its watches on the new leader from the revision each one has not yet seen.
@@ -24,6 +30,7 @@ re-creates its watches on the new leader from the revision each one has not yet 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -154,17 +161,19 @@ class WatchHub:
         self.node = node
         self.progress_interval = progress_interval
         self.max_response_bytes = max_response_bytes
-        self._lock = threading.Lock()
-        self._watchers: dict[int, Watcher] = {}
+        self._lock = threading.Lock()  # guards the hand-off queue `_pending` only
         self._gids = itertools.count(1)
+        # event-loop state: streams, the watchers events are delivered to, the delivered revision
         self._streams: set[Stream] = set()
-        # apply-thread state
+        self._watchers: dict[int, Watcher] = {}
+        # apply-thread state: the watchers an auth change re-checks, the tap's position
+        self._live: dict[int, Watcher] = {}
+        self._gone: collections.deque[int] = collections.deque()  # loop -> apply: removed gids
         self._stale = True
         self._tap_rev = 0
         self._tap_auth: tuple[bool, int] = (False, 0)
         self._pending: list[tuple[Any, ...]] = []
-        # event-loop state: the newest revision whose events synced watchers have been given
-        self.rev = 0
+        self.rev = 0  # the newest revision whose events synced watchers have been given
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
 
     def attach(self) -> None:
@@ -172,27 +181,38 @@ class WatchHub:
         self.node.on_applied = self.applied
 
     # ---- apply thread ---------------------------------------------------------------------------
+    def _prune(self) -> None:
+        gone = self._gone
+        while gone:
+            self._live.pop(gone.popleft(), None)
+
     def tap(self, txn: lmdb.Transaction) -> None:
-        if not self._watchers:
+        self._prune()
+        if not self._live:
             self._stale = True
             return
         kv, auth = self.applier.kv, self.applier.auth
         rev = kv.current_revision(txn)
-        with self._lock:
-            if rev > self._tap_rev:
-                self._pending.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
-                self._tap_rev = rev
-            state = (auth.is_enabled(txn), auth.revision(txn))
-            if state == self._tap_auth:
-                return
+        out: list[tuple[Any, ...]] = []
+        if rev > self._tap_rev:
+            out.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
+            self._tap_rev = rev
+        state = (auth.is_enabled(txn), auth.revision(txn))
+        if state != self._tap_auth:
             self._tap_auth = state
-            for w in self._watchers.values():
+            for gid, w in list(self._live.items()):
+                if w.removed:  # a create canceled while it was being admitted
+                    del self._live[gid]
+                    continue
                 if w.doomed:
                     continue
                 err = self._check(txn, w, recheck=True)
                 if err is not None:
                     w.doomed = True
-                    self._pending.append(("cancel", rev, w, err.status_string()))
+                    out.append(("cancel", rev, w, err.status_string()))
+        if out:
+            with self._lock:
+                self._pending.extend(out)
 
     def _check(self, txn: lmdb.Transaction, w: Watcher, *, recheck: bool) -> EtcdError | None:
         """etcd's isWatchPermitted (READ over the watched interval), or a re-check of it."""
@@ -216,8 +236,11 @@ class WatchHub:
             return exc
         return None
 
-    def _register(self, w: Watcher, requested_id: int, resume: bool) -> tuple[str, int, bool]:
-        """On the apply thread between batches: (refusal reason or "", current revision, stale)."""
+    def _admit(self, w: Watcher, resume: bool, refusal: str) -> tuple[str, int, bool]:
+        """On the apply thread between batches: checks `w` and enters it into the re-check set;
+        (refusal reason or "", current revision, stale). `refusal` is what the event loop found
+        (a duplicate id), told after the permission check as etcd orders them."""
+        self._prune()
         with self.applier.env.begin() as txn:
             rev = self.applier.kv.current_revision(txn)
             if w.username:
@@ -229,31 +252,42 @@ class WatchHub:
                 return err.status_string(), rev, False
             if w.range_end and w.range_end != b"\x00" and w.key >= w.range_end:
                 return EMPTY_RANGE, rev, False
-            stream = w.stream
-            with self._lock:
-                if requested_id == 0 and not resume:  # etcd's AutoWatchID
-                    while stream.next_id in stream.watchers:
-                        stream.next_id += 1
-                    w.id = stream.next_id
-                    stream.next_id += 1
-                elif requested_id in stream.watchers:
-                    return DUPLICATE_ID, rev, False
-                else:
-                    w.id = requested_id
-                    if resume:  # the old stream's auto ids went past this one: never hand it out again
-                        stream.next_id = max(stream.next_id, requested_id + 1)
-                stale = self._stale or not self._watchers
-                if stale:
-                    self._tap_rev = rev
-                    self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
-                    self._stale = False
-                w.gid = next(self._gids)
-                w.reg_rev = rev
-                if w.next_rev <= 0:
-                    w.next_rev = rev + 1
-                stream.watchers[w.id] = w
-                self._watchers[w.gid] = w
+            if refusal:
+                return refusal, rev, False
+            stale = self._stale or not self._live
+            if stale:
+                self._tap_rev = rev
+                self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
+                self._stale = False
+            w.reg_rev = rev
+            if w.next_rev <= 0:
+                w.next_rev = rev + 1
+            if not w.removed:
+                self._live[w.gid] = w
         return "", rev, stale
+
+    # ---- event loop: create and remove ----------------------------------------------------------
+    @staticmethod
+    def _refusal(stream: Stream, requested_id: int, resume: bool) -> str:
+        """What the loop alone can refuse (before the apply thread checks permission)."""
+        if (requested_id != 0 or resume) and requested_id in stream.watchers:
+            return DUPLICATE_ID
+        return ""
+
+    def _attach(self, w: Watcher, requested_id: int, resume: bool) -> None:
+        """Gives an admitted watcher its id and its place in the stream and the delivery set."""
+        stream = w.stream
+        if requested_id == 0 and not resume:  # etcd's AutoWatchID
+            while stream.next_id in stream.watchers:
+                stream.next_id += 1
+            w.id = stream.next_id
+            stream.next_id += 1
+        else:
+            w.id = requested_id
+            if resume:  # the old stream's auto ids went past this one: never hand it out again
+                stream.next_id = max(stream.next_id, requested_id + 1)
+        stream.watchers[w.id] = w
+        self._watchers[w.gid] = w
 
     # ---- event loop: drain --------------------------------------------------------------------
     def applied(self) -> None:
@@ -327,11 +361,13 @@ class WatchHub:
         self._control(w.stream, max(self.rev, w.stop_at or 0), w.id, canceled=True, cancel_reason=w.stop_reason)
 
     def _remove(self, w: Watcher) -> None:
-        with self._lock:
-            w.removed = True
-            self._watchers.pop(w.gid, None)
-            if w.stream.watchers.get(w.id) is w:
-                del w.stream.watchers[w.id]
+        if w.removed:
+            return
+        w.removed = True
+        self._watchers.pop(w.gid, None)
+        if w.stream.watchers.get(w.id) is w:
+            del w.stream.watchers[w.id]
+        self._gone.append(w.gid)
 
     # ---- catch-up ----------------------------------------------------------------------------------
     def _read_history(self, first: int, last: int, prev: bool) -> tuple[int, list[Event]]:
@@ -433,7 +469,14 @@ class WatchHub:
                     current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
                     fragment=creq.fragment)
-        reason, rev, stale = await self.node.between_batches(self._register, w, creq.watch_id, msg.resume)
+        w.gid = next(self._gids)
+        refusal = self._refusal(stream, creq.watch_id, msg.resume)
+        try:
+            reason, rev, stale = await self.node.between_batches(self._admit, w, msg.resume, refusal)
+        except asyncio.CancelledError:
+            w.removed = True  # the stream ended meanwhile: the apply thread drops it from its set
+            self._gone.append(w.gid)
+            raise
         if stale:
             self.rev = max(self.rev, rev)
         if reason:
@@ -446,6 +489,7 @@ class WatchHub:
         if stream.failed:
             self._remove(w)
             return
+        self._attach(w, creq.watch_id, msg.resume)
         if not msg.resume:
             self._control(stream, rev, w.id, created=True)
         if w.next_rev > max(self.rev, w.reg_rev) and w.stop_at is None:

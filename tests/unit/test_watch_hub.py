@@ -189,9 +189,12 @@ class World:
         stream = stream or new_stream()
         w = Watcher(stream=stream, id=watch_id, key=key, range_end=end, next_rev=0, username=user,
                     auth_revision=ANY_REV, invalid_token=False, current_revision=True, **kw)
-        reason, rev, stale = self.hub._register(w, watch_id, False)
+        w.gid = next(self.hub._gids)
+        reason, rev, stale = self.hub._admit(w, False, self.hub._refusal(stream, watch_id, False))
         if stale:
             self.hub.rev = max(self.hub.rev, rev)
+        if not reason:
+            self.hub._attach(w, watch_id, False)
         w.synced = not reason
         return reason, w
 
