@@ -46,6 +46,7 @@ from google.protobuf.message import DecodeError
 
 from authstore.auth.authorize import authorize
 from authstore.errors import Err, EtcdError
+from authstore.watch.index import WatchIndex
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -65,6 +66,8 @@ _NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
 DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
+DEFAULT_MAX_WATCHES_PER_STREAM = 10_000  # --max-watches-per-stream
+DEFAULT_MAX_WATCHES_PER_USER = 20_000  # --max-watches-per-user (anonymous watches count as one user)
 _NOPUT = pb.WatchCreateRequest.NOPUT
 _NODELETE = pb.WatchCreateRequest.NODELETE
 _EVENTS_FIELD = 11  # WatchResponse.events
@@ -118,6 +121,7 @@ class Watcher:
     stop_reason: str = ""
     quiet: bool = True  # no events since the last progress tick
     gid: int = 0
+    counted: bool = False  # holds one of its user's places (--max-watches-per-user)
 
     def matches(self, ev: Event) -> bool:
         if ev.delete and self.no_delete or not ev.delete and self.no_put:
@@ -156,16 +160,21 @@ class Stream:
 
 class WatchHub:
     def __init__(self, applier: Any, node: Any, *, progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
+                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER) -> None:
         self.applier = applier
         self.node = node
         self.progress_interval = progress_interval
         self.max_response_bytes = max_response_bytes
+        self.max_watches_per_stream = max_watches_per_stream
+        self.max_watches_per_user = max_watches_per_user
         self._lock = threading.Lock()  # guards the hand-off queue `_pending` only
         self._gids = itertools.count(1)
         # event-loop state: streams, the watchers events are delivered to, the delivered revision
         self._streams: set[Stream] = set()
-        self._watchers: dict[int, Watcher] = {}
+        self._watchers = WatchIndex()
+        self._per_user: dict[str, int] = {}
         # apply-thread state: the watchers an auth change re-checks, the tap's position
         self._live: dict[int, Watcher] = {}
         self._gone: collections.deque[int] = collections.deque()  # loop -> apply: removed gids
@@ -287,7 +296,7 @@ class WatchHub:
             if resume:  # the old stream's auto ids went past this one: never hand it out again
                 stream.next_id = max(stream.next_id, requested_id + 1)
         stream.watchers[w.id] = w
-        self._watchers[w.gid] = w
+        self._watchers.add(w)
 
     # ---- event loop: drain --------------------------------------------------------------------
     def applied(self) -> None:
@@ -303,17 +312,26 @@ class WatchHub:
                     self._finish(w)
 
     def _publish(self, rev: int, records: list[tuple[int, bytes]]) -> None:
+        """Each revision's events to the synced watchers the index finds for their keys (a synced
+        watcher has been given everything up to ``self.rev``; ``next_rev`` moves on a send)."""
         by_rev: dict[int, list[Event]] = {}
         for main, rec in records:
             by_rev.setdefault(main, []).append(_event(main, rec))
-        watchers = [w for w in self._watchers.values() if w.synced and not w.removed]
         for main, events in by_rev.items():
-            for w in watchers:
-                if w.removed or main < w.next_rev or (w.stop_at is not None and main > w.stop_at):
-                    continue
-                mine = [ev for ev in events if w.matches(ev)]
-                if mine:
-                    self._send_events(w, mine, main)
+            hits: dict[int, tuple[Watcher, list[Event]]] = {}
+            for ev in events:
+                for w in self._watchers.stab(ev.key):
+                    if (not w.synced or w.removed or main < w.next_rev
+                            or (w.stop_at is not None and main > w.stop_at) or not w.matches(ev)):
+                        continue
+                    hit = hits.get(w.gid)
+                    if hit is None:
+                        hits[w.gid] = (w, [ev])
+                    else:
+                        hit[1].append(ev)
+            for gid in sorted(hits):  # in the order the watches were created, as before
+                w, mine = hits[gid]
+                self._send_events(w, mine, main)
                 w.next_rev = main + 1
         self.rev = max(self.rev, rev)
 
@@ -364,10 +382,32 @@ class WatchHub:
         if w.removed:
             return
         w.removed = True
-        self._watchers.pop(w.gid, None)
+        self._watchers.remove(w)
         if w.stream.watchers.get(w.id) is w:
             del w.stream.watchers[w.id]
+        self._release(w)
         self._gone.append(w.gid)
+
+    def _cap(self, stream: Stream, w: Watcher, resume: bool) -> Err | None:
+        """Takes one of the user's places for `w`, or says which cap a new watch would pass. A
+        resumed watch (the proxy moving a watch the cluster already holds) is counted, never refused."""
+        if not resume:
+            if len(stream.watchers) >= self.max_watches_per_stream:
+                return Err.TOO_MANY_WATCHES_STREAM
+            if self._per_user.get(w.username, 0) >= self.max_watches_per_user:
+                return Err.TOO_MANY_WATCHES_USER
+        self._per_user[w.username] = self._per_user.get(w.username, 0) + 1
+        w.counted = True
+        return None
+
+    def _release(self, w: Watcher) -> None:
+        if w.counted:
+            w.counted = False
+            left = self._per_user[w.username] - 1
+            if left:
+                self._per_user[w.username] = left
+            else:
+                del self._per_user[w.username]
 
     # ---- catch-up ----------------------------------------------------------------------------------
     def _read_history(self, first: int, last: int, prev: bool) -> tuple[int, list[Event]]:
@@ -470,16 +510,23 @@ class WatchHub:
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
                     fragment=creq.fragment)
         w.gid = next(self._gids)
+        capped = self._cap(stream, w, msg.resume)
+        if capped is not None:  # refused before it costs the apply thread anything
+            self._control(stream, self.rev, INVALID_WATCH_ID, created=True, canceled=True,
+                          cancel_reason=EtcdError(capped).status_string())
+            return
         refusal = self._refusal(stream, creq.watch_id, msg.resume)
         try:
             reason, rev, stale = await self.node.between_batches(self._admit, w, msg.resume, refusal)
         except asyncio.CancelledError:
             w.removed = True  # the stream ended meanwhile: the apply thread drops it from its set
+            self._release(w)
             self._gone.append(w.gid)
             raise
         if stale:
             self.rev = max(self.rev, rev)
         if reason:
+            self._release(w)
             if msg.resume:  # the client knows this watch: cancel it under its own id
                 self._control(stream, max(self.rev, rev), creq.watch_id, canceled=True, cancel_reason=reason)
             else:
