@@ -44,11 +44,14 @@ class World:
         self.applier.after_entry = self.hub.tap
         self.index = itertools.count(1)
 
-    def put(self, *keys: bytes) -> None:
+    def put(self, *keys: bytes, value: bytes = b"v") -> None:
+        self.apply(*(ipb.InternalRaftRequest(put=pb.PutRequest(key=key, value=value)) for key in keys))
+
+    def apply(self, *reqs: ipb.InternalRaftRequest) -> None:
+        """One batch, then the event loop's drain."""
         entries = []
-        for key in keys:
-            req = ipb.InternalRaftRequest(ID=next(self.index), header=ipb.RequestHeader(),
-                                          put=pb.PutRequest(key=key, value=b"v"))
+        for req in reqs:
+            req.ID = next(self.index)
             entries.append(Entry(term=1, index=req.ID, data=req.SerializeToString()))
         self.applier.apply_batch(entries)
         self.hub.applied()
