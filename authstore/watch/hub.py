@@ -13,6 +13,12 @@ Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
   reads history from the MVCC store in chunks until it reaches the drained revision, then joins
   the synced set with no await in between, so no revision is missed or sent twice. A start
   revision below the compaction answers ``compact_revision`` and cancels, as etcd does.
+* **Bound** (etcd's unsynced and victim watchers): a stream queues at most ``STREAM_BUFFER_BYTES``
+  of responses for its reader. A synced watcher whose events would not fit leaves the synced set
+  at that revision and is caught up from history once the stream has drained to half the bound;
+  history is read in chunks of half the bound. While the stream is over the bound the hub also
+  stops reading the stream's requests. Nothing for a slow reader piles up in memory; what it has
+  not taken stays in the MVCC store until compaction (then it gets the compacted cancel).
 * **Create** checks permission on the apply thread between batches (``RaftNode.between_batches``)
   and enters the watcher into the apply thread's re-check set there, so no auth change can slip
   between the check and the registration; the event loop then gives it its id and its place in
@@ -64,6 +70,7 @@ CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
 MAX_BATCH = 512
 _NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
+STREAM_BUFFER_BYTES = 4 << 20  # response bytes one stream queues before its watchers fall back to history
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
 DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
 DEFAULT_MAX_WATCHES_PER_STREAM = 10_000  # --max-watches-per-stream
@@ -141,20 +148,40 @@ class Stream:
     next_id: int = 0
     progress_pending: bool = False
     failed: bool = False
+    limit: int = STREAM_BUFFER_BYTES
+    queued: int = 0  # bytes in `queue`
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: queued <= limit / 2 (or failed)
+
+    def __post_init__(self) -> None:
+        self.room.set()
+
+    def fits(self, size: int) -> bool:
+        """Whether `size` more bytes of events may queue (an empty stream takes any one response)."""
+        return self.queued == 0 or self.queued + size <= self.limit
 
     def send(self, data: bytes) -> None:
         if self.failed:
             return
         if self.queue.qsize() >= STREAM_BACKLOG:
-            # etcd moves a slow watcher to its victims; here the stream is dropped and the proxy
-            # re-creates its watches from the revisions it has delivered, which is the same catch-up.
+            # A backstop for small control responses (events are bounded in bytes, see fits()):
+            # the stream is dropped and the proxy re-creates its watches from what it delivered.
             self.fail(EtcdError(Err.TOO_MANY_REQUESTS))
             return
         self.queue.put_nowait(data)
+        self.queued += len(data)
+        if self.queued > self.limit:
+            self.room.clear()
+
+    def taken(self, size: int) -> None:
+        """The stream's writer took `size` bytes off the queue."""
+        self.queued -= size
+        if self.queued <= self.limit // 2:
+            self.room.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.failed:
             self.failed = True
+            self.room.set()  # wakes whoever waits for room, to notice
             self.queue.put_nowait(error)
 
 
@@ -162,13 +189,15 @@ class WatchHub:
     def __init__(self, applier: Any, node: Any, *, progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
-                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER) -> None:
+                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
+                 stream_buffer_bytes: int = STREAM_BUFFER_BYTES) -> None:
         self.applier = applier
         self.node = node
         self.progress_interval = progress_interval
         self.max_response_bytes = max_response_bytes
         self.max_watches_per_stream = max_watches_per_stream
         self.max_watches_per_user = max_watches_per_user
+        self.stream_buffer_bytes = stream_buffer_bytes
         self._lock = threading.Lock()  # guards the hand-off queue `_pending` only
         self._gids = itertools.count(1)
         # event-loop state: streams, the watchers events are delivered to, the delivered revision
@@ -331,9 +360,21 @@ class WatchHub:
                         hit[1].append(ev)
             for gid in sorted(hits):  # in the order the watches were created, as before
                 w, mine = hits[gid]
-                self._send_events(w, mine, main)
+                parts = self._responses(w, mine, main)
+                if not w.stream.fits(sum(len(p) for p in parts)):
+                    self._fall_behind(w, main)
+                    continue
+                for part in parts:
+                    w.stream.send(part)
                 w.next_rev = main + 1
         self.rev = max(self.rev, rev)
+
+    def _fall_behind(self, w: Watcher, rev: int) -> None:
+        """etcd's victim: `w` leaves the synced set at `rev` (not sent) and is caught up from history
+        once its stream has room, instead of its events piling up in memory."""
+        w.synced = False
+        w.next_rev = max(w.next_rev, rev)
+        asyncio.get_running_loop().create_task(self._catch_up(w))
 
     # ---- responses -------------------------------------------------------------------------------
     def _header(self, rev: int) -> pb.ResponseHeader:
@@ -352,6 +393,11 @@ class WatchHub:
                     ev.prev_known = True
 
     def _send_events(self, w: Watcher, events: list[Event], rev: int) -> None:
+        for part in self._responses(w, events, rev):
+            w.stream.send(part)
+
+    def _responses(self, w: Watcher, events: list[Event], rev: int) -> list[bytes]:
+        """The response(s) that carry `events` of revision(s) up to `rev` to `w`."""
         if w.prev_kv:
             self._fill_prev(events)
         head = pb.WatchResponse(header=self._header(rev), watch_id=w.id).SerializeToString()
@@ -359,19 +405,19 @@ class WatchHub:
         w.quiet = False
         total = len(head) + sum(len(e) for e in encoded)
         if not w.fragment or total < self.max_response_bytes or len(encoded) < 2:
-            w.stream.send(head + b"".join(encoded))
-            return
+            return [head + b"".join(encoded)]
         # etcd's sendFragments: fill each fragment up to the limit (at least one event each).
         frag_head = pb.WatchResponse(header=self._header(rev), watch_id=w.id, fragment=True).SerializeToString()
-        i = 0
+        out, i = [], 0
         while i < len(encoded):
             size, j = len(frag_head), i
             while j < len(encoded) and (j == i or size + len(encoded[j]) < self.max_response_bytes):
                 size += len(encoded[j])
                 j += 1
             last = j == len(encoded)
-            w.stream.send((head if last else frag_head) + b"".join(encoded[i:j]))
+            out.append((head if last else frag_head) + b"".join(encoded[i:j]))
             i = j
+        return out
 
     def _finish(self, w: Watcher) -> None:
         """A doomed watcher has everything up to its revision: cancel it with the reason."""
@@ -410,20 +456,25 @@ class WatchHub:
                 del self._per_user[w.username]
 
     # ---- catch-up ----------------------------------------------------------------------------------
-    def _read_history(self, first: int, last: int, prev: bool) -> tuple[int, list[Event]]:
-        """(compaction revision if `first` is compacted else 0, events of first..last)."""
+    def _read_history(self, first: int, last: int, prev: bool, max_bytes: int) -> tuple[int, list[Event], int]:
+        """(compaction revision if `first` is compacted else 0, events of first..upto, upto): at
+        most CATCHUP_CHUNK records or about `max_bytes` of them, whole revisions."""
         with self.applier.env.begin() as txn:
             kv = self.applier.kv
             compacted = kv.compacted_revision(txn)
             if first < compacted:
-                return compacted, []
-            events = [_event(main, rec) for main, rec in kv.changes(txn, first, last, CATCHUP_CHUNK)]
+                return compacted, [], last
+            records = kv.changes(txn, first, last, CATCHUP_CHUNK, max_bytes)
+            events = [_event(main, rec) for main, rec in records]
+            upto = last
+            if records and (len(records) >= CATCHUP_CHUNK or sum(len(r) for _, r in records) >= max_bytes):
+                upto = records[-1][0]  # (perhaps) cut short: the next chunk starts after it
             if prev:
                 for ev in events:
                     if not ev.create:
                         ev.prev = kv.previous(txn, ev.key, ev.rev)
                     ev.prev_known = True
-            return 0, events
+            return 0, events, upto
 
     async def _catch_up(self, w: Watcher) -> None:
         loop = asyncio.get_running_loop()
@@ -433,15 +484,18 @@ class WatchHub:
                 if w.stop_at is not None:
                     target = min(target, w.stop_at)
                 if w.next_rev <= target:
-                    compacted, events = await loop.run_in_executor(
-                        self._reads, self._read_history, w.next_rev, target, w.prev_kv)
+                    if not w.stream.room.is_set():
+                        await w.stream.room.wait()  # the reader takes what is queued first
+                        continue
+                    # Half the bound per chunk (prev_kv may double it): the stream stays near it.
+                    compacted, events, upto = await loop.run_in_executor(
+                        self._reads, self._read_history, w.next_rev, target, w.prev_kv, w.stream.limit // 2)
                     if w.removed:
                         return
                     if compacted:
                         self._remove(w)
                         self._control(w.stream, target, w.id, compact_revision=compacted, canceled=True)
                         return
-                    upto = events[-1].rev if len(events) >= CATCHUP_CHUNK else target
                     mine = [ev for ev in events if w.matches(ev)]
                     if mine:
                         self._send_events(w, mine, upto)
@@ -551,12 +605,13 @@ class WatchHub:
             await self.node.wait_applied(await self.node.read_index())
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = Stream(asyncio.Queue())
+        stream = Stream(asyncio.Queue(), limit=self.stream_buffer_bytes)
         self._streams.add(stream)
 
         async def read() -> None:
             try:
                 async for data in requests:
+                    await stream.room.wait()  # a reader that takes nothing sends no more requests
                     await self._handle(stream, data)
             except EtcdError as exc:
                 stream.fail(exc)
@@ -575,6 +630,7 @@ class WatchHub:
                 batch: list[bytes] = []
                 size = 0
                 while isinstance(item, bytes):
+                    stream.taken(len(item))
                     batch.append(item)
                     size += len(item)
                     if len(batch) >= MAX_BATCH or size >= STREAM_BATCH_BYTES or stream.queue.empty():
@@ -594,6 +650,7 @@ class WatchHub:
                 task.cancel()
             self._streams.discard(stream)
             stream.failed = True
+            stream.room.set()
             for w in list(stream.watchers.values()):
                 self._remove(w)
 
