@@ -49,6 +49,8 @@ class StoreConfig:
     snapshot_catchup_entries: int = 5_000
     max_txn_ops: int = 128
     quota_backend_bytes: int = 2 << 30
+    max_watches_per_stream: int = 10_000
+    max_watches_per_user: int = 20_000
     log_level: str = "info"
     observe: ObserveConfig = field(default_factory=ObserveConfig)
 
@@ -87,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="entries kept after a snapshot for slow followers")
     p.add_argument("--max-txn-ops", type=int, default=128)
     p.add_argument("--quota-backend-bytes", type=int, default=2 << 30)
+    p.add_argument("--max-watches-per-stream", type=int, default=10_000,
+                   help="open watches one watch stream may hold; a create beyond it is refused in-band")
+    p.add_argument("--max-watches-per-user", type=int, default=20_000,
+                   help="open watches one user may hold on this node, over all streams (anonymous: one user)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     add_observe_flags(p)
     return p
@@ -185,7 +191,8 @@ def parse(argv: list[str]) -> StoreConfig:
     cfg = StoreConfig(name=a.name, data_dir=Path(a.data_dir or f"{a.name}.raftgate"), listen_host=u.hostname,
                       listen_port=u.port, tls=tls, advertise_client_urls=_urls(a.advertise_client_urls),
                       peer_urls=_urls(a.initial_advertise_peer_urls), initial_cluster_token=a.initial_cluster_token,
-                      max_txn_ops=a.max_txn_ops, quota_backend_bytes=a.quota_backend_bytes, log_level=a.log_level)
+                      max_txn_ops=a.max_txn_ops, quota_backend_bytes=a.quota_backend_bytes, log_level=a.log_level,
+                      max_watches_per_stream=a.max_watches_per_stream, max_watches_per_user=a.max_watches_per_user)
     if tls:
         for flag in ("cert_file", "key_file", "trusted_ca_file"):
             value = getattr(a, flag)
@@ -202,5 +209,8 @@ def parse(argv: list[str]) -> StoreConfig:
         raise ConfigError("--max-txn-ops must be at least 1")
     if cfg.quota_backend_bytes < 1 << 20:
         raise ConfigError("--quota-backend-bytes must be at least 1 MiB")
+    for flag in ("max_watches_per_stream", "max_watches_per_user"):
+        if getattr(cfg, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
     cfg.observe = observe_config(a, ConfigError)
     return cfg

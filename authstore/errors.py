@@ -73,6 +73,9 @@ class Err(enum.Enum):
     # server
     REQUEST_TOO_LARGE = (C.INVALID_ARGUMENT, "etcdserver: request is too large")
     TOO_MANY_REQUESTS = (C.RESOURCE_EXHAUSTED, "etcdserver: too many requests")
+    # raftgate's watch caps (etcd has none): answered in a watch's cancel_reason, the stream goes on
+    TOO_MANY_WATCHES_STREAM = (C.RESOURCE_EXHAUSTED, "etcdserver: too many watches on this stream")
+    TOO_MANY_WATCHES_USER = (C.RESOURCE_EXHAUSTED, "etcdserver: too many watches for this user")
     NO_LEADER = (C.UNAVAILABLE, "etcdserver: no leader")
     NOT_LEADER = (C.FAILED_PRECONDITION, "etcdserver: not leader")
     LEADER_CHANGED = (C.UNAVAILABLE, "etcdserver: leader changed")

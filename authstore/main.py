@@ -145,7 +145,8 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     applier = node.applier
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
-    service = StoreService(applier, node, maintenance)
+    service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
+                           max_watches_per_user=cfg.max_watches_per_user)
     service.watch_hub.attach()
     transport = Transport(node.id, security, node.step, node.receive_snapshot, node.report_unreachable,
                           cfg.data_dir / "snap")

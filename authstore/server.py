@@ -33,7 +33,12 @@ from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
 from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
-from authstore.watch.hub import WatchHub, progress_interval_from_env
+from authstore.watch.hub import (
+    DEFAULT_MAX_WATCHES_PER_STREAM,
+    DEFAULT_MAX_WATCHES_PER_USER,
+    WatchHub,
+    progress_interval_from_env,
+)
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -65,12 +70,16 @@ class Refusal(Exception):
 
 
 class StoreService:
-    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance) -> None:
+    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *,
+                 max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
+                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER) -> None:
         self.applier = applier
         self.node = node
         self.maintenance = maintenance
         self.draining = False
-        self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ))
+        self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
+                                  max_watches_per_stream=max_watches_per_stream,
+                                  max_watches_per_user=max_watches_per_user)
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")

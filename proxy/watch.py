@@ -10,6 +10,11 @@ leading), the proxy finds the leader again and re-creates every open watch there
 revision (``resume``: no second `created` message), then re-sends what the old stream left
 unanswered. The client sees no gap and no duplicate: an event older than what was delivered is
 dropped as a last guard.
+
+A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` of answers in the
+proxy: at that bound the proxy stops reading the store stream until the client has taken half of
+it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
+from its history later instead of buffering them (see ``authstore/watch/hub.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,33 @@ WATCH_METHOD = "/raftgate.storepb.Store/WatchBatches"
 RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
 _BACKOFF = 0.1
 _HEADER, _REQUEST, _RESUME, _CURRENT = 1, 2, 3, 4  # WatchStreamRequest fields
+CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
+
+
+class _Outbox(asyncio.Queue[Any]):
+    """The answers a client has not taken yet, counted in bytes (errors and ends are not)."""
+
+    def __init__(self, limit: int = CLIENT_BUFFER_BYTES) -> None:
+        super().__init__()
+        self.limit = limit
+        self.bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def put_nowait(self, item: Any) -> None:
+        super().put_nowait(item)
+        if isinstance(item, bytes):
+            self.bytes += len(item)
+            if self.bytes >= self.limit:
+                self.room.clear()
+
+    async def get(self) -> Any:
+        item = await super().get()
+        if isinstance(item, bytes):
+            self.bytes -= len(item)
+            if self.bytes <= self.limit // 2:
+                self.room.set()
+        return item
 
 
 @dataclass
@@ -133,7 +165,7 @@ class WatchProxy:
         header = ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
                                    invalid_token=identity.invalid_token).SerializeToString()
         state = _State(header, current_revision=identity.simple_token is not None)
-        out: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        out = _Outbox()
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out))]
         try:
@@ -219,6 +251,8 @@ class WatchProxy:
                         passed = track(state, response)
                         if passed is not None:
                             out.put_nowait(passed)
+                    if isinstance(out, _Outbox):
+                        await out.room.wait()  # the client has not taken enough: read no more
             except grpc.aio.AioRpcError as exc:
                 error = exc
             async with state.lock:

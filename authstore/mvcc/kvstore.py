@@ -452,10 +452,11 @@ class KVStore:
         return self._index.history(txn, key)
 
     def changes(self, txn: lmdb.Transaction, first_rev: int, last_rev: int,
-                limit: int = 0) -> list[tuple[int, bytes]]:
+                limit: int = 0, max_bytes: int = 0) -> list[tuple[int, bytes]]:
         """The records written at main revisions first_rev..last_rev, in revision order, as
-        (main revision, KeyValue bytes; version 0 = a delete); for watches. With `limit`, stops
-        after the revision holding the limit-th record (a revision is never split)."""
+        (main revision, KeyValue bytes; version 0 = a delete); for watches. With `limit` (records)
+        or `max_bytes` (their size), stops after the revision that reaches it (a revision is never
+        split), so a reader of history holds a bounded amount at a time."""
         out: list[tuple[int, bytes]] = []
         if last_rev < first_rev:
             return out
@@ -463,13 +464,15 @@ class KVStore:
         if not cur.set_range(revision.encode(max(first_rev, 0), 0)):
             return out
         upper = revision.encode(last_rev + 1, 0)
+        size = 0
         for k, v in cur:
             if k >= upper:
                 break
             main = revision.main_of(k)
-            if limit and len(out) >= limit and main != out[-1][0]:
+            if out and main != out[-1][0] and (limit and len(out) >= limit or max_bytes and size >= max_bytes):
                 break
             out.append((main, v))
+            size += len(v)
         return out
 
     def previous(self, txn: lmdb.Transaction, key: bytes, rev: int) -> bytes | None:

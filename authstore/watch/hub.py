@@ -13,9 +13,21 @@ Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
   reads history from the MVCC store in chunks until it reaches the drained revision, then joins
   the synced set with no await in between, so no revision is missed or sent twice. A start
   revision below the compaction answers ``compact_revision`` and cancels, as etcd does.
-* **Create** runs on the apply thread between batches (``RaftNode.between_batches``), so its
-  permission check and its registration see one consistent state and no auth change can slip
-  between them.
+* **Bound** (etcd's unsynced and victim watchers): a stream queues at most ``STREAM_BUFFER_BYTES``
+  of responses for its reader. A synced watcher whose events would not fit leaves the synced set
+  at that revision and is caught up from history once the stream has drained to half the bound;
+  history is read in chunks of half the bound. While the stream is over the bound the hub also
+  stops reading the stream's requests. Nothing for a slow reader piles up in memory; what it has
+  not taken stays in the MVCC store until compaction (then it gets the compacted cancel).
+* **Create** checks permission on the apply thread between batches (``RaftNode.between_batches``)
+  and enters the watcher into the apply thread's re-check set there, so no auth change can slip
+  between the check and the registration; the event loop then gives it its id and its place in
+  the stream and the delivery set.
+
+Each piece of state has one owner thread. The apply thread owns the re-check set and the tap's
+position; the event loop owns streams, ids, the delivery set and the delivered revision. They
+meet only through two hand-offs: the tap's queue (under a lock) and the queue of removed watchers
+the apply thread prunes from its set (``collections.deque``, whose append and popleft are atomic).
 
 Streams are served by the leader only; when it loses leadership every stream fails and the proxy
 re-creates its watches on the new leader from the revision each one has not yet seen.
@@ -24,6 +36,7 @@ re-creates its watches on the new leader from the revision each one has not yet 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -39,6 +52,7 @@ from google.protobuf.message import DecodeError
 
 from authstore.auth.authorize import authorize
 from authstore.errors import Err, EtcdError
+from authstore.watch.index import WatchIndex
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -56,8 +70,11 @@ CATCHUP_CHUNK = 1000  # records per history read (etcd: watchBatchMaxRevs)
 MAX_BATCH = 512
 _NOTHING_MORE = object()
 STREAM_BACKLOG = 20_000  # responses queued for one stream before it is dropped (the proxy resumes)
+STREAM_BUFFER_BYTES = 4 << 20  # response bytes one stream queues before its watchers fall back to history
 DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
 DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
+DEFAULT_MAX_WATCHES_PER_STREAM = 10_000  # --max-watches-per-stream
+DEFAULT_MAX_WATCHES_PER_USER = 20_000  # --max-watches-per-user (anonymous watches count as one user)
 _NOPUT = pb.WatchCreateRequest.NOPUT
 _NODELETE = pb.WatchCreateRequest.NODELETE
 _EVENTS_FIELD = 11  # WatchResponse.events
@@ -111,6 +128,7 @@ class Watcher:
     stop_reason: str = ""
     quiet: bool = True  # no events since the last progress tick
     gid: int = 0
+    counted: bool = False  # holds one of its user's places (--max-watches-per-user)
 
     def matches(self, ev: Event) -> bool:
         if ev.delete and self.no_delete or not ev.delete and self.no_put:
@@ -130,41 +148,70 @@ class Stream:
     next_id: int = 0
     progress_pending: bool = False
     failed: bool = False
+    limit: int = STREAM_BUFFER_BYTES
+    queued: int = 0  # bytes in `queue`
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: queued <= limit / 2 (or failed)
+
+    def __post_init__(self) -> None:
+        self.room.set()
+
+    def fits(self, size: int) -> bool:
+        """Whether `size` more bytes of events may queue (an empty stream takes any one response)."""
+        return self.queued == 0 or self.queued + size <= self.limit
 
     def send(self, data: bytes) -> None:
         if self.failed:
             return
         if self.queue.qsize() >= STREAM_BACKLOG:
-            # etcd moves a slow watcher to its victims; here the stream is dropped and the proxy
-            # re-creates its watches from the revisions it has delivered, which is the same catch-up.
+            # A backstop for small control responses (events are bounded in bytes, see fits()):
+            # the stream is dropped and the proxy re-creates its watches from what it delivered.
             self.fail(EtcdError(Err.TOO_MANY_REQUESTS))
             return
         self.queue.put_nowait(data)
+        self.queued += len(data)
+        if self.queued > self.limit:
+            self.room.clear()
+
+    def taken(self, size: int) -> None:
+        """The stream's writer took `size` bytes off the queue."""
+        self.queued -= size
+        if self.queued <= self.limit // 2:
+            self.room.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.failed:
             self.failed = True
+            self.room.set()  # wakes whoever waits for room, to notice
             self.queue.put_nowait(error)
 
 
 class WatchHub:
     def __init__(self, applier: Any, node: Any, *, progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
+                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
+                 stream_buffer_bytes: int = STREAM_BUFFER_BYTES) -> None:
         self.applier = applier
         self.node = node
         self.progress_interval = progress_interval
         self.max_response_bytes = max_response_bytes
-        self._lock = threading.Lock()
-        self._watchers: dict[int, Watcher] = {}
+        self.max_watches_per_stream = max_watches_per_stream
+        self.max_watches_per_user = max_watches_per_user
+        self.stream_buffer_bytes = stream_buffer_bytes
+        self._lock = threading.Lock()  # guards the hand-off queue `_pending` only
         self._gids = itertools.count(1)
+        # event-loop state: streams, the watchers events are delivered to, the delivered revision
         self._streams: set[Stream] = set()
-        # apply-thread state
+        self._watchers = WatchIndex()
+        self._per_user: dict[str, int] = {}
+        # apply-thread state: the watchers an auth change re-checks, the tap's position
+        self._live: dict[int, Watcher] = {}
+        self._gone: collections.deque[int] = collections.deque()  # loop -> apply: removed gids
         self._stale = True
         self._tap_rev = 0
         self._tap_auth: tuple[bool, int] = (False, 0)
         self._pending: list[tuple[Any, ...]] = []
-        # event-loop state: the newest revision whose events synced watchers have been given
-        self.rev = 0
+        self.rev = 0  # the newest revision whose events synced watchers have been given
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
 
     def attach(self) -> None:
@@ -172,27 +219,38 @@ class WatchHub:
         self.node.on_applied = self.applied
 
     # ---- apply thread ---------------------------------------------------------------------------
+    def _prune(self) -> None:
+        gone = self._gone
+        while gone:
+            self._live.pop(gone.popleft(), None)
+
     def tap(self, txn: lmdb.Transaction) -> None:
-        if not self._watchers:
+        self._prune()
+        if not self._live:
             self._stale = True
             return
         kv, auth = self.applier.kv, self.applier.auth
         rev = kv.current_revision(txn)
-        with self._lock:
-            if rev > self._tap_rev:
-                self._pending.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
-                self._tap_rev = rev
-            state = (auth.is_enabled(txn), auth.revision(txn))
-            if state == self._tap_auth:
-                return
+        out: list[tuple[Any, ...]] = []
+        if rev > self._tap_rev:
+            out.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
+            self._tap_rev = rev
+        state = (auth.is_enabled(txn), auth.revision(txn))
+        if state != self._tap_auth:
             self._tap_auth = state
-            for w in self._watchers.values():
+            for gid, w in list(self._live.items()):
+                if w.removed:  # a create canceled while it was being admitted
+                    del self._live[gid]
+                    continue
                 if w.doomed:
                     continue
                 err = self._check(txn, w, recheck=True)
                 if err is not None:
                     w.doomed = True
-                    self._pending.append(("cancel", rev, w, err.status_string()))
+                    out.append(("cancel", rev, w, err.status_string()))
+        if out:
+            with self._lock:
+                self._pending.extend(out)
 
     def _check(self, txn: lmdb.Transaction, w: Watcher, *, recheck: bool) -> EtcdError | None:
         """etcd's isWatchPermitted (READ over the watched interval), or a re-check of it."""
@@ -216,8 +274,11 @@ class WatchHub:
             return exc
         return None
 
-    def _register(self, w: Watcher, requested_id: int, resume: bool) -> tuple[str, int, bool]:
-        """On the apply thread between batches: (refusal reason or "", current revision, stale)."""
+    def _admit(self, w: Watcher, resume: bool, refusal: str) -> tuple[str, int, bool]:
+        """On the apply thread between batches: checks `w` and enters it into the re-check set;
+        (refusal reason or "", current revision, stale). `refusal` is what the event loop found
+        (a duplicate id), told after the permission check as etcd orders them."""
+        self._prune()
         with self.applier.env.begin() as txn:
             rev = self.applier.kv.current_revision(txn)
             if w.username:
@@ -229,31 +290,42 @@ class WatchHub:
                 return err.status_string(), rev, False
             if w.range_end and w.range_end != b"\x00" and w.key >= w.range_end:
                 return EMPTY_RANGE, rev, False
-            stream = w.stream
-            with self._lock:
-                if requested_id == 0 and not resume:  # etcd's AutoWatchID
-                    while stream.next_id in stream.watchers:
-                        stream.next_id += 1
-                    w.id = stream.next_id
-                    stream.next_id += 1
-                elif requested_id in stream.watchers:
-                    return DUPLICATE_ID, rev, False
-                else:
-                    w.id = requested_id
-                    if resume:  # the old stream's auto ids went past this one: never hand it out again
-                        stream.next_id = max(stream.next_id, requested_id + 1)
-                stale = self._stale or not self._watchers
-                if stale:
-                    self._tap_rev = rev
-                    self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
-                    self._stale = False
-                w.gid = next(self._gids)
-                w.reg_rev = rev
-                if w.next_rev <= 0:
-                    w.next_rev = rev + 1
-                stream.watchers[w.id] = w
-                self._watchers[w.gid] = w
+            if refusal:
+                return refusal, rev, False
+            stale = self._stale or not self._live
+            if stale:
+                self._tap_rev = rev
+                self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
+                self._stale = False
+            w.reg_rev = rev
+            if w.next_rev <= 0:
+                w.next_rev = rev + 1
+            if not w.removed:
+                self._live[w.gid] = w
         return "", rev, stale
+
+    # ---- event loop: create and remove ----------------------------------------------------------
+    @staticmethod
+    def _refusal(stream: Stream, requested_id: int, resume: bool) -> str:
+        """What the loop alone can refuse (before the apply thread checks permission)."""
+        if (requested_id != 0 or resume) and requested_id in stream.watchers:
+            return DUPLICATE_ID
+        return ""
+
+    def _attach(self, w: Watcher, requested_id: int, resume: bool) -> None:
+        """Gives an admitted watcher its id and its place in the stream and the delivery set."""
+        stream = w.stream
+        if requested_id == 0 and not resume:  # etcd's AutoWatchID
+            while stream.next_id in stream.watchers:
+                stream.next_id += 1
+            w.id = stream.next_id
+            stream.next_id += 1
+        else:
+            w.id = requested_id
+            if resume:  # the old stream's auto ids went past this one: never hand it out again
+                stream.next_id = max(stream.next_id, requested_id + 1)
+        stream.watchers[w.id] = w
+        self._watchers.add(w)
 
     # ---- event loop: drain --------------------------------------------------------------------
     def applied(self) -> None:
@@ -269,19 +341,40 @@ class WatchHub:
                     self._finish(w)
 
     def _publish(self, rev: int, records: list[tuple[int, bytes]]) -> None:
+        """Each revision's events to the synced watchers the index finds for their keys (a synced
+        watcher has been given everything up to ``self.rev``; ``next_rev`` moves on a send)."""
         by_rev: dict[int, list[Event]] = {}
         for main, rec in records:
             by_rev.setdefault(main, []).append(_event(main, rec))
-        watchers = [w for w in self._watchers.values() if w.synced and not w.removed]
         for main, events in by_rev.items():
-            for w in watchers:
-                if w.removed or main < w.next_rev or (w.stop_at is not None and main > w.stop_at):
+            hits: dict[int, tuple[Watcher, list[Event]]] = {}
+            for ev in events:
+                for w in self._watchers.stab(ev.key):
+                    if (not w.synced or w.removed or main < w.next_rev
+                            or (w.stop_at is not None and main > w.stop_at) or not w.matches(ev)):
+                        continue
+                    hit = hits.get(w.gid)
+                    if hit is None:
+                        hits[w.gid] = (w, [ev])
+                    else:
+                        hit[1].append(ev)
+            for gid in sorted(hits):  # in the order the watches were created, as before
+                w, mine = hits[gid]
+                parts = self._responses(w, mine, main)
+                if not w.stream.fits(sum(len(p) for p in parts)):
+                    self._fall_behind(w, main)
                     continue
-                mine = [ev for ev in events if w.matches(ev)]
-                if mine:
-                    self._send_events(w, mine, main)
+                for part in parts:
+                    w.stream.send(part)
                 w.next_rev = main + 1
         self.rev = max(self.rev, rev)
+
+    def _fall_behind(self, w: Watcher, rev: int) -> None:
+        """etcd's victim: `w` leaves the synced set at `rev` (not sent) and is caught up from history
+        once its stream has room, instead of its events piling up in memory."""
+        w.synced = False
+        w.next_rev = max(w.next_rev, rev)
+        asyncio.get_running_loop().create_task(self._catch_up(w))
 
     # ---- responses -------------------------------------------------------------------------------
     def _header(self, rev: int) -> pb.ResponseHeader:
@@ -300,6 +393,11 @@ class WatchHub:
                     ev.prev_known = True
 
     def _send_events(self, w: Watcher, events: list[Event], rev: int) -> None:
+        for part in self._responses(w, events, rev):
+            w.stream.send(part)
+
+    def _responses(self, w: Watcher, events: list[Event], rev: int) -> list[bytes]:
+        """The response(s) that carry `events` of revision(s) up to `rev` to `w`."""
         if w.prev_kv:
             self._fill_prev(events)
         head = pb.WatchResponse(header=self._header(rev), watch_id=w.id).SerializeToString()
@@ -307,19 +405,19 @@ class WatchHub:
         w.quiet = False
         total = len(head) + sum(len(e) for e in encoded)
         if not w.fragment or total < self.max_response_bytes or len(encoded) < 2:
-            w.stream.send(head + b"".join(encoded))
-            return
+            return [head + b"".join(encoded)]
         # etcd's sendFragments: fill each fragment up to the limit (at least one event each).
         frag_head = pb.WatchResponse(header=self._header(rev), watch_id=w.id, fragment=True).SerializeToString()
-        i = 0
+        out, i = [], 0
         while i < len(encoded):
             size, j = len(frag_head), i
             while j < len(encoded) and (j == i or size + len(encoded[j]) < self.max_response_bytes):
                 size += len(encoded[j])
                 j += 1
             last = j == len(encoded)
-            w.stream.send((head if last else frag_head) + b"".join(encoded[i:j]))
+            out.append((head if last else frag_head) + b"".join(encoded[i:j]))
             i = j
+        return out
 
     def _finish(self, w: Watcher) -> None:
         """A doomed watcher has everything up to its revision: cancel it with the reason."""
@@ -327,27 +425,56 @@ class WatchHub:
         self._control(w.stream, max(self.rev, w.stop_at or 0), w.id, canceled=True, cancel_reason=w.stop_reason)
 
     def _remove(self, w: Watcher) -> None:
-        with self._lock:
-            w.removed = True
-            self._watchers.pop(w.gid, None)
-            if w.stream.watchers.get(w.id) is w:
-                del w.stream.watchers[w.id]
+        if w.removed:
+            return
+        w.removed = True
+        self._watchers.remove(w)
+        if w.stream.watchers.get(w.id) is w:
+            del w.stream.watchers[w.id]
+        self._release(w)
+        self._gone.append(w.gid)
+
+    def _cap(self, stream: Stream, w: Watcher, resume: bool) -> Err | None:
+        """Takes one of the user's places for `w`, or says which cap a new watch would pass. A
+        resumed watch (the proxy moving a watch the cluster already holds) is counted, never refused."""
+        if not resume:
+            if len(stream.watchers) >= self.max_watches_per_stream:
+                return Err.TOO_MANY_WATCHES_STREAM
+            if self._per_user.get(w.username, 0) >= self.max_watches_per_user:
+                return Err.TOO_MANY_WATCHES_USER
+        self._per_user[w.username] = self._per_user.get(w.username, 0) + 1
+        w.counted = True
+        return None
+
+    def _release(self, w: Watcher) -> None:
+        if w.counted:
+            w.counted = False
+            left = self._per_user[w.username] - 1
+            if left:
+                self._per_user[w.username] = left
+            else:
+                del self._per_user[w.username]
 
     # ---- catch-up ----------------------------------------------------------------------------------
-    def _read_history(self, first: int, last: int, prev: bool) -> tuple[int, list[Event]]:
-        """(compaction revision if `first` is compacted else 0, events of first..last)."""
+    def _read_history(self, first: int, last: int, prev: bool, max_bytes: int) -> tuple[int, list[Event], int]:
+        """(compaction revision if `first` is compacted else 0, events of first..upto, upto): at
+        most CATCHUP_CHUNK records or about `max_bytes` of them, whole revisions."""
         with self.applier.env.begin() as txn:
             kv = self.applier.kv
             compacted = kv.compacted_revision(txn)
             if first < compacted:
-                return compacted, []
-            events = [_event(main, rec) for main, rec in kv.changes(txn, first, last, CATCHUP_CHUNK)]
+                return compacted, [], last
+            records = kv.changes(txn, first, last, CATCHUP_CHUNK, max_bytes)
+            events = [_event(main, rec) for main, rec in records]
+            upto = last
+            if records and (len(records) >= CATCHUP_CHUNK or sum(len(r) for _, r in records) >= max_bytes):
+                upto = records[-1][0]  # (perhaps) cut short: the next chunk starts after it
             if prev:
                 for ev in events:
                     if not ev.create:
                         ev.prev = kv.previous(txn, ev.key, ev.rev)
                     ev.prev_known = True
-            return 0, events
+            return 0, events, upto
 
     async def _catch_up(self, w: Watcher) -> None:
         loop = asyncio.get_running_loop()
@@ -357,15 +484,18 @@ class WatchHub:
                 if w.stop_at is not None:
                     target = min(target, w.stop_at)
                 if w.next_rev <= target:
-                    compacted, events = await loop.run_in_executor(
-                        self._reads, self._read_history, w.next_rev, target, w.prev_kv)
+                    if not w.stream.room.is_set():
+                        await w.stream.room.wait()  # the reader takes what is queued first
+                        continue
+                    # Half the bound per chunk (prev_kv may double it): the stream stays near it.
+                    compacted, events, upto = await loop.run_in_executor(
+                        self._reads, self._read_history, w.next_rev, target, w.prev_kv, w.stream.limit // 2)
                     if w.removed:
                         return
                     if compacted:
                         self._remove(w)
                         self._control(w.stream, target, w.id, compact_revision=compacted, canceled=True)
                         return
-                    upto = events[-1].rev if len(events) >= CATCHUP_CHUNK else target
                     mine = [ev for ev in events if w.matches(ev)]
                     if mine:
                         self._send_events(w, mine, upto)
@@ -433,10 +563,24 @@ class WatchHub:
                     current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
                     fragment=creq.fragment)
-        reason, rev, stale = await self.node.between_batches(self._register, w, creq.watch_id, msg.resume)
+        w.gid = next(self._gids)
+        capped = self._cap(stream, w, msg.resume)
+        if capped is not None:  # refused before it costs the apply thread anything
+            self._control(stream, self.rev, INVALID_WATCH_ID, created=True, canceled=True,
+                          cancel_reason=EtcdError(capped).status_string())
+            return
+        refusal = self._refusal(stream, creq.watch_id, msg.resume)
+        try:
+            reason, rev, stale = await self.node.between_batches(self._admit, w, msg.resume, refusal)
+        except asyncio.CancelledError:
+            w.removed = True  # the stream ended meanwhile: the apply thread drops it from its set
+            self._release(w)
+            self._gone.append(w.gid)
+            raise
         if stale:
             self.rev = max(self.rev, rev)
         if reason:
+            self._release(w)
             if msg.resume:  # the client knows this watch: cancel it under its own id
                 self._control(stream, max(self.rev, rev), creq.watch_id, canceled=True, cancel_reason=reason)
             else:
@@ -446,6 +590,7 @@ class WatchHub:
         if stream.failed:
             self._remove(w)
             return
+        self._attach(w, creq.watch_id, msg.resume)
         if not msg.resume:
             self._control(stream, rev, w.id, created=True)
         if w.next_rev > max(self.rev, w.reg_rev) and w.stop_at is None:
@@ -460,12 +605,13 @@ class WatchHub:
             await self.node.wait_applied(await self.node.read_index())
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = Stream(asyncio.Queue())
+        stream = Stream(asyncio.Queue(), limit=self.stream_buffer_bytes)
         self._streams.add(stream)
 
         async def read() -> None:
             try:
                 async for data in requests:
+                    await stream.room.wait()  # a reader that takes nothing sends no more requests
                     await self._handle(stream, data)
             except EtcdError as exc:
                 stream.fail(exc)
@@ -484,6 +630,7 @@ class WatchHub:
                 batch: list[bytes] = []
                 size = 0
                 while isinstance(item, bytes):
+                    stream.taken(len(item))
                     batch.append(item)
                     size += len(item)
                     if len(batch) >= MAX_BATCH or size >= STREAM_BATCH_BYTES or stream.queue.empty():
@@ -503,6 +650,7 @@ class WatchHub:
                 task.cancel()
             self._streams.discard(stream)
             stream.failed = True
+            stream.room.set()
             for w in list(stream.watchers.values()):
                 self._remove(w)
 
