@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from authstore.log.wal import WAL, WALCorrupt
+from authstore.log.wal import WAL, Replayed, WALCorrupt
 from authstore.raft.types import ConfState, Entry, EntryType, HardState, SnapshotMetadata
 
 
@@ -109,3 +109,129 @@ def test_a_bad_record_followed_by_good_ones_is_not_a_tear(tmp_path: Path) -> Non
     segment.write_bytes(bytes(data))
     with pytest.raises(WALCorrupt, match="checksum mismatch"):
         WAL(tmp_path)
+
+
+def test_a_corrupt_length_in_the_middle_of_the_newest_segment_stops_the_node(tmp_path: Path) -> None:
+    """A damaged length must not pass for a torn tail: the synced records after it and the vote would be cut."""
+    wal = WAL(tmp_path)
+    segment = next(tmp_path.glob("*.wal"))
+    ends = []
+    for i in range(1, 6):
+        wal.save(None, _entries(i, 1))
+        ends.append(segment.stat().st_size)
+        wal.save(HardState(i, 2, i), [])
+    wal.close()
+    before = segment.read_bytes()
+    data = bytearray(before)
+    data[ends[1]] ^= 0x40  # the length of the hard state after entry 2 now claims more than the file holds
+    segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorrupt):
+        WAL(tmp_path)
+    assert segment.stat().st_size == len(before)  # nothing was cut
+
+
+def test_a_zero_filled_tail_is_cut(tmp_path: Path) -> None:
+    """Some filesystems leave zeros after the last write that reached the disk: a torn tail, not corruption."""
+    wal = WAL(tmp_path)
+    wal.save(HardState(1, 2, 3), _entries(1, 3))
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    whole = segment.stat().st_size
+    with open(segment, "ab") as f:
+        f.write(bytes(4096))
+    wal = WAL(tmp_path)
+    assert [e.index for e in wal.replayed.entries] == [1, 2, 3]
+    assert wal.replayed.hard_state == HardState(1, 2, 3)
+    assert segment.stat().st_size == whole
+    wal.save(None, _entries(4, 1))
+    wal.close()
+    assert WAL(tmp_path).replayed.entries[-1].index == 4
+
+
+def _write_small_wal(directory: Path) -> tuple[list[tuple[int, int, int]], list[Replayed]]:
+    """Writes a two-segment WAL one record per save; returns each record's (segment, start, end) and the
+    state a replay must give after each prefix of the records."""
+    wal = WAL(directory, segment_bytes=150)
+    records: list[tuple[int, int, int]] = []
+    states = [Replayed()]
+    plan: list[tuple[HardState | None, list[Entry]]] = []
+    for i in range(1, 5):
+        plan.append((None, _entries(i, 1, term=2, size=6)))
+        plan.append((HardState(2, 3, i), []))
+    for hs, entries in plan:
+        before = {p.name: p.stat().st_size for p in directory.glob("*.wal")}
+        wal.save(hs, entries)
+        after = {p.name: p.stat().st_size for p in directory.glob("*.wal")}
+        grown = [n for n in before if after[n] != before[n]]
+        assert len(grown) == 1
+        segments = sorted(after)
+        records.append((segments.index(grown[0]), before[grown[0]], after[grown[0]]))
+        prev = states[-1]
+        states.append(Replayed(prev.snapshot, hs if hs is not None else prev.hard_state, prev.entries + entries))
+    wal.close()
+    assert len({seg for seg, _, _ in records}) == 2, "the test needs records in two segments"
+    return records, states
+
+
+def _outcome(directory: Path) -> Replayed | None:
+    """The replay of the directory, or None when the WAL refuses to start."""
+    try:
+        wal = WAL(directory, segment_bytes=150)
+    except WALCorrupt:
+        return None
+    got = wal.replayed
+    wal.close()
+    return got
+
+
+def test_every_damaged_byte_gives_a_correct_prefix_or_a_clear_error(tmp_path: Path) -> None:
+    """Flip, zero from, or cut at every byte of a small WAL: a replay is either a prefix of the records
+    that a true tear explains, or a refusal; never a wrong record, never a lost record that a valid one follows."""
+    src = tmp_path / "src"
+    records, states = _write_small_wal(src)
+    names = sorted(p.name for p in src.glob("*.wal"))
+    originals = {n: (src / n).read_bytes() for n in names}
+    tail = len(names) - 1
+    work = tmp_path / "work"
+
+    def run(seg: int, mutated: bytes) -> Replayed | None:
+        if work.exists():
+            for p in work.iterdir():
+                p.unlink()
+        work.mkdir(exist_ok=True)
+        for n in names:
+            (work / n).write_bytes(mutated if n == names[seg] else originals[n])
+        got = _outcome(work)
+        if got is not None:  # whatever was cut stays cut: a second start gives the same log
+            again = _outcome(work)
+            assert again is not None and _same(again, got)
+        return got
+
+    def first_damaged(seg: int, pos: int) -> int:
+        """The first record a change at (seg, pos) touches (a segment header belongs to its first record)."""
+        for r, (s, _start, end) in enumerate(records):
+            if s == seg and pos < end:
+                return r
+        return len(records)
+
+    for seg, name in enumerate(names):
+        data = originals[name]
+        for pos in range(len(data)):
+            r = first_damaged(seg, pos)
+            flipped = bytearray(data)
+            flipped[pos] ^= 0xFF
+            got = run(seg, bytes(flipped))
+            if got is not None:  # only the very last record may be dropped, and only from the newest segment
+                assert seg == tail and r == len(records) - 1, f"flip at {name}:{pos} lost record {r}"
+                assert _same(got, states[r]), f"flip at {name}:{pos} replayed a wrong log"
+            for how, mutated in (("zeros", data[:pos] + bytes(len(data) - pos)), ("cut", data[:pos])):
+                got = run(seg, mutated)
+                if seg != tail:
+                    assert got is None, f"{how} at {name}:{pos} in an older segment was not refused"
+                    continue
+                assert got is not None, f"{how} at {name}:{pos}: a torn tail was refused"
+                assert _same(got, states[r]), f"{how} at {name}:{pos} replayed a wrong log"
+
+
+def _same(a: Replayed, b: Replayed) -> bool:
+    return (a.hard_state, a.entries, a.snapshot.index) == (b.hard_state, b.entries, b.snapshot.index)
