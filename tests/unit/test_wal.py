@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -51,7 +53,8 @@ def test_torn_tail_is_cut(tmp_path: Path) -> None:
     assert WAL(tmp_path).replayed.entries[-1].index == 6
 
 
-def test_corrupt_tail_record_is_cut(tmp_path: Path) -> None:
+def test_a_damaged_last_record_is_not_a_tear(tmp_path: Path) -> None:
+    """A crash leaves a short record or zeros; a whole last record with wrong bytes is damage, not a tear."""
     wal = WAL(tmp_path)
     wal.save(None, _entries(1, 3))
     wal.close()
@@ -59,7 +62,43 @@ def test_corrupt_tail_record_is_cut(tmp_path: Path) -> None:
     data = bytearray(segment.read_bytes())
     data[-1] ^= 0xFF  # the last record's checksum no longer matches
     segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorrupt, match="checksum mismatch"):
+        WAL(tmp_path)
+    data[-1] = 0  # ... but zeros to the end are a write that never reached the disk
+    segment.write_bytes(bytes(data))
     assert [e.index for e in WAL(tmp_path).replayed.entries] == [1, 2]
+
+
+def test_segments_of_the_first_format_are_read_and_never_appended_to(tmp_path: Path) -> None:
+    """A data dir written before the header CRC still starts; new records go to a new segment."""
+    def v1(payload: bytes) -> bytes:
+        return struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+
+    old = b"".join(v1(struct.pack(">BQQB", 1, 1, i, 0) + b"v") for i in (1, 2))
+    old += v1(struct.pack(">BQQQ", 2, 1, 3, 2)) + b"\x00\x00\x00"  # and a torn tail
+    (tmp_path / f"{1:016x}.wal").write_bytes(old)
+    wal = WAL(tmp_path)
+    assert [e.index for e in wal.replayed.entries] == [1, 2]
+    assert wal.replayed.hard_state == HardState(1, 3, 2)
+    wal.save(HardState(1, 3, 3), _entries(3, 1))
+    wal.close()
+    assert (tmp_path / f"{1:016x}.wal").read_bytes() == old[:-3]
+    got = WAL(tmp_path).replayed
+    assert [e.index for e in got.entries] == [1, 2, 3] and got.hard_state == HardState(1, 3, 3)
+    assert len(list(tmp_path.glob("*.wal"))) == 2
+
+
+def test_a_missing_segment_stops_the_node(tmp_path: Path) -> None:
+    """Records are chained across segments: a whole segment gone (or cut at a record boundary) shows."""
+    wal = WAL(tmp_path, segment_bytes=100)
+    for i in range(1, 8):
+        wal.save(HardState(1, 1, i), [])
+    wal.close()
+    segments = sorted(tmp_path.glob("*.wal"))
+    assert len(segments) >= 3
+    segments[1].unlink()
+    with pytest.raises(WALCorrupt, match="does not continue"):
+        WAL(tmp_path, segment_bytes=100)
 
 
 def test_corruption_before_the_tail_stops_the_node(tmp_path: Path) -> None:
