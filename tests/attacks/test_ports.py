@@ -39,7 +39,8 @@ class _Program(_Server):
         return [sys.executable, "-m", "proxy.cli", *self.args]
 
     def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) for line in self.lines)
+        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
+                   for line in self.lines)
 
 
 def _store_args(tmp_path: Path, *, internal: int, peer: int, extra: tuple[str, ...] = ()) -> list[str]:
