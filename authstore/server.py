@@ -315,14 +315,15 @@ def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
 
 
 class _SecretCheck(grpc.aio.ServerInterceptor):
-    """Refuses internal calls without the shared secret (development mode); health stays open."""
+    """Refuses internal calls without the shared secret (development mode); only health stays open
+    (probes need it; reflection would hand anyone the internal contract)."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith("/grpc.health.v1.") or details.method.startswith("/grpc.reflection."):
+        if details.method.startswith("/grpc.health.v1."):
             return await continuation(details)
         given = b""
         for key, value in details.invocation_metadata or ():
