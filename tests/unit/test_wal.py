@@ -241,9 +241,15 @@ def test_every_damaged_byte_gives_a_correct_prefix_or_a_clear_error(tmp_path: Pa
         for n in names:
             (work / n).write_bytes(mutated if n == names[seg] else originals[n])
         got = _outcome(work)
-        if got is not None:  # whatever was cut stays cut: a second start gives the same log
+        if got is not None:  # whatever was cut stays cut, and the log takes new records after it
+            wal = WAL(work, segment_bytes=150)
+            assert _same(wal.replayed, got)
+            last = got.entries[-1].index if got.entries else 0
+            wal.save(HardState(9, 9, 9), _entries(last + 1, 1))
+            wal.close()
             again = _outcome(work)
-            assert again is not None and _same(again, got)
+            assert again is not None, "a log cut at start-up did not take new records"
+            assert again.entries == got.entries + _entries(last + 1, 1) and again.hard_state == HardState(9, 9, 9)
         return got
 
     def first_damaged(seg: int, pos: int) -> int:
