@@ -121,7 +121,7 @@ class WAL:
             is_tail = i == len(self._segments) - 1
             data = path.read_bytes()
             if data[:len(_MAGIC)] != _MAGIC and _is_v1_segment(data):
-                good = self._apply_all(state, path, self._records_v1(path.name, data, is_tail))
+                good = self._apply_all(state, path, self._records_v1(path.name, data, is_tail), 0)
                 self._chain = 0
                 self._tail_is_v1 = is_tail
             else:
@@ -131,7 +131,7 @@ class WAL:
                         f.write(_segment_header(self._chain))
                         os.fsync(f.fileno())
                     continue
-                good = self._apply_all(state, path, self._records(path.name, data, start, is_tail))
+                good = self._apply_all(state, path, self._records(path.name, data, start, is_tail), start)
             if is_tail and good != len(data):
                 with open(path, "r+b") as f:
                     f.truncate(good)
@@ -154,9 +154,10 @@ class WAL:
             return None
         raise WALCorrupt(f"{path.name}: not a raftgate WAL segment, or its header is damaged")
 
-    def _apply_all(self, state: Replayed, path: Path, records: Iterator[tuple[bytes, int]]) -> int:
-        """Applies a segment's records to the state; returns where the last sound record ends."""
-        good = 0
+    def _apply_all(self, state: Replayed, path: Path, records: Iterator[tuple[bytes, int]], start: int) -> int:
+        """Applies a segment's records to the state; returns where the last sound record ends (at
+        least ``start``, the end of the segment header, which a cut keeps)."""
+        good = start
         for payload, end in records:
             try:
                 self._apply(state, path, payload)
