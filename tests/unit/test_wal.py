@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -280,3 +281,33 @@ def test_every_damaged_byte_gives_a_correct_prefix_or_a_clear_error(tmp_path: Pa
 
 def _same(a: Replayed, b: Replayed) -> bool:
     return (a.hard_state, a.entries, a.snapshot.index) == (b.hard_state, b.entries, b.snapshot.index)
+
+
+def test_a_segment_is_synced_before_the_log_moves_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the newest segment may be torn: an unsynced record left in an older one (a commit-only
+    hard state, written without fsync) could vanish in a power loss and stop the node at start-up."""
+    from authstore.log import wal as wal_module
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_write = os.fsync, os.write
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def write(fd: int, data: bytes) -> int:
+        events.append(("write", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    monkeypatch.setattr(wal_module.os, "write", write)
+    wal = WAL(tmp_path, segment_bytes=100)
+    wal.save(None, _entries(1, 1))
+    for i in range(1, 4):
+        wal.save(HardState(1, 1, i), [], sync=False)  # the last of these fills the segment
+    wal.checkpoint(SnapshotMetadata(ConfState([1]), index=1, term=1), HardState(1, 1, 3), [])
+    monkeypatch.undo()
+    wal.close()
+    for path in {p for kind, p in events if kind == "write"}:
+        last_write = max(i for i, e in enumerate(events) if e == ("write", path))
+        assert ("fsync", path) in events[last_write:], f"{Path(path).name} was left with an unsynced write"
