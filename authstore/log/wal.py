@@ -294,10 +294,11 @@ class WAL:
             return
         out = self._frames(payloads)
         os.write(self._fd, out)
-        if sync or entries:
+        full = os.fstat(self._fd).st_size >= self.segment_bytes
+        if sync or entries or full:  # only the newest segment may hold unsynced (tearable) records
             with metrics.WAL_FSYNC_DURATION.time():
                 os.fsync(self._fd)
-        if os.fstat(self._fd).st_size >= self.segment_bytes:
+        if full:
             os.close(self._fd)
             self._fd = self._new_segment(int(self._segments[-1].stem, 16) + 1)
 
@@ -306,6 +307,7 @@ class WAL:
 
         ``entries`` are the log entries after ``snapshot.index`` that must survive a restart.
         """
+        os.fsync(self._fd)  # the old segments stay until the new one is durable: keep them sound
         os.close(self._fd)
         old = list(self._segments)
         self._fd = self._new_segment(int(old[-1].stem, 16) + 1)
