@@ -214,8 +214,9 @@ class WAL:
                     torn = zeros_from < end  # zeros from inside this record to the end of the file
                 if is_tail and torn:
                     return
-                where = "" if is_tail else " in an older segment"
-                raise WALCorrupt(f"{name} at byte {pos}: {problem}{where}; data follows, so this is not a torn write")
+                why = ("data follows it, so this is not a torn write" if is_tail
+                       else "the log has moved past this segment, so this is not a torn write")
+                raise WALCorrupt(f"{name} at byte {pos}: {problem}; {why}")
             self._chain = crc
             yield data[pos + _FRAME.size:end], end
             pos = end
