@@ -20,6 +20,9 @@ REVISION_MOVED = "raftgate: auth revision moved"
 #: grpc-go's status message for a request that does not unmarshal (code Internal); the reason
 #: follows the colon.
 UNMARSHAL_ERROR_PREFIX = "grpc: error unmarshalling request: "
+#: grpc-go's status message (code Internal) for a streaming call's message that does not unmarshal
+#: (Watch, LeaseKeepAlive, Snapshot, RangeStream); etcd 3.5.1's older grpc-go leaves out the colon.
+STREAM_UNMARSHAL_ERROR_PREFIX = "grpc: failed to unmarshal the received message: "
 
 
 class Err(enum.Enum):

@@ -177,14 +177,18 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     node.on_leader_change = leader_changed
     address = f"{cfg.listen_host}:{cfg.listen_port}"
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
-    peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
     peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"
-    bound = (peer_server.add_secure_port(peer_listen, peer_creds) if peer_creds
-             else peer_server.add_insecure_port(peer_listen))
+    try:
+        bound = (peer_server.add_secure_port(peer_listen, peer_creds) if peer_creds
+                 else peer_server.add_insecure_port(peer_listen))
+    except RuntimeError:  # grpc reports a failed bind this way
+        bound = 0
     if not bound:
-        raise OSError(f"cannot listen on {peer_listen}")
+        raise OSError(f"--listen-peer-urls: cannot listen on {peer_listen}: the port is in use or the address is "
+                      "not available here")
     await peer_server.start()
     node.start()
     refresh_peers()
@@ -192,7 +196,16 @@ async def serve(cfg: store_config.StoreConfig) -> None:
                   asyncio.get_running_loop().create_task(maintenance.publish_attributes()),
                   asyncio.get_running_loop().create_task(leases.run())]
     await server.start()
-    observability = await start_observability(cfg.observe, health)
+    try:
+        observability = await start_observability(cfg.observe, health)
+    except BaseException:  # e.g. --health-addr in use: stop what runs, so the process ends cleanly
+        for task in background:
+            task.cancel()
+        await server.stop(0)
+        await peer_server.stop(0)
+        await node.stop()
+        backend.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

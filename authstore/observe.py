@@ -153,15 +153,16 @@ def _start_metrics(obs: Observability, addr: ListenAddr, registry: CollectorRegi
 
 
 async def _start_health(obs: Observability, addr: ListenAddr) -> str:
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a port in use fails, never is shared
     health_pb2_grpc.add_HealthServicer_to_server(obs.health, server)
     reflection.enable_server_reflection((HEALTH_SERVICE, reflection.SERVICE_NAME), server)
     try:
         port = server.add_insecure_port(str(addr))
-    except RuntimeError as exc:  # grpc reports a failed bind this way
-        raise OSError(f"--health-addr: cannot listen on {addr}: {exc}") from None
+    except RuntimeError:  # grpc reports a failed bind this way
+        port = 0
     if not port:
-        raise OSError(f"--health-addr: cannot listen on {addr}")
+        raise OSError(f"--health-addr: cannot listen on {addr}: the port is in use or the address is not available "
+                      "here")
     obs._grpc = server
     await server.start()
     return str(ListenAddr(addr.host, port))

@@ -377,14 +377,15 @@ def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
 
 
 class _SecretCheck(grpc.aio.ServerInterceptor):
-    """Refuses internal calls without the shared secret (development mode); health stays open."""
+    """Refuses internal calls without the shared secret (development mode); only health stays open
+    (probes need it; reflection would hand anyone the internal contract)."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith("/grpc.health.v1.") or details.method.startswith("/grpc.reflection."):
+        if details.method.startswith("/grpc.health.v1."):
             return await continuation(details)
         given = b""
         for key, value in details.invocation_metadata or ():
@@ -410,7 +411,8 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
                  address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
     interceptors = [_SecretCheck(secret)] if secret else []
     server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)])
+        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = {
         "Do": grpc.unary_unary_rpc_method_handler(service.do),
         "DoStream": grpc.stream_stream_rpc_method_handler(service.do_stream),
@@ -425,10 +427,11 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    if credentials is not None:
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:  # grpc reports a failed bind this way
+        port = 0
     if not port:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"--listen-internal-urls: cannot listen on {address}: the port is in use or the address is "
+                      "not available here")
     return server, health_servicer

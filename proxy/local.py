@@ -39,10 +39,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(count: int, avoid: set[int]) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1, none in ``avoid``.
+
+    Every socket stays bound until all are chosen: a port freed a moment ago may come straight back
+    from the kernel, and two nodes on one port stall the cluster for good (the layout is kept).
+    """
+    held: list[socket.socket] = []
+    chosen: list[int] = []
+    try:
+        while len(chosen) < count:  # ends: a held port never comes back, so at most len(avoid) misses
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                chosen.append(port)
+        return chosen
+    finally:
+        for s in held:
+            s.close()
 
 
 def _secret_file(data_dir: Path) -> Path:
@@ -54,7 +70,7 @@ def _secret_file(data_dir: Path) -> Path:
     return path
 
 
-def _layout(data_dir: Path, nodes: int) -> list[dict[str, Any]]:
+def _layout(data_dir: Path, nodes: int, client_port: int = 2379) -> list[dict[str, Any]]:
     """Names, ports and directories of the store nodes, kept in the data dir across restarts
     (a member's peer URL is part of its identity)."""
     path = data_dir / "layout.json"
@@ -62,11 +78,27 @@ def _layout(data_dir: Path, nodes: int) -> list[dict[str, Any]]:
         layout: list[dict[str, Any]] = json.loads(path.read_text())
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
+        _check_distinct(path, layout, client_port)
         return layout
-    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": _free_port(),
-               "internal_port": _free_port()} for i in range(nodes)]  # fmt: skip
+    ports = _free_ports(2 * nodes, {client_port})
+    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[2 * i],
+               "internal_port": ports[2 * i + 1]} for i in range(nodes)]  # fmt: skip
     path.write_text(json.dumps(layout, indent=2))
     return layout
+
+
+def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int) -> None:
+    """Refuses a layout that puts two servers on one port (an older raftgate could write one)."""
+    users: dict[int, list[str]] = {client_port: ["the proxy (--client-port)"]}
+    for n in layout:
+        for key in ("peer_port", "internal_port"):
+            users.setdefault(int(n[key]), []).append(f"{n['name']} {key}")
+    clashes = {port: who for port, who in users.items() if len(who) > 1}
+    if clashes:
+        detail = "; ".join(f"port {port}: {', '.join(who)}" for port, who in sorted(clashes.items()))
+        raise SystemExit(f"raftgate local: {path} puts two servers on one port ({detail}); refusing to start. "
+                         "Choose another --client-port if the proxy is one of them; otherwise start from an empty "
+                         "--data-dir")
 
 
 class Child:
@@ -126,7 +158,7 @@ async def run(a: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
-    layout = _layout(data_dir, a.nodes)
+    layout = _layout(data_dir, a.nodes, a.client_port)
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
     for n in layout:
         n["argv"] = [

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
+from authstore.errors import STREAM_UNMARSHAL_ERROR_PREFIX, UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
@@ -36,10 +36,16 @@ RANGE_STREAM_FIELD = 1  # RangeStreamResponse.range_response
 
 
 class MalformedRequest(ValueError):
-    """A request the proxy must parse (Authenticate, UserAdd, UserChangePassword) does not decode.
+    """A request the proxy must parse (Authenticate, UserAdd, UserChangePassword, a streaming
+    call's messages) does not decode.
 
     The message is protobuf's reason (it names the message type, never the client's bytes).
+    ``streaming`` selects grpc-go's wording for a streaming call.
     """
+
+    def __init__(self, reason: str, *, streaming: bool = False) -> None:
+        super().__init__(reason)
+        self.streaming = streaming
 
 
 # --- the steps ----------------------------------------------------------------------------------
@@ -89,7 +95,8 @@ async def abort_with(context: Context, error: BaseException) -> NoReturn:
         await context.abort(grpc.StatusCode.INTERNAL, "raftgate: unexpected answer from the store")
     if isinstance(error, MalformedRequest):
         # grpc-go's wording for a request that does not unmarshal, with the decoder's reason
-        await context.abort(grpc.StatusCode.INTERNAL, UNMARSHAL_ERROR_PREFIX + str(error))
+        prefix = STREAM_UNMARSHAL_ERROR_PREFIX if error.streaming else UNMARSHAL_ERROR_PREFIX
+        await context.abort(grpc.StatusCode.INTERNAL, prefix + str(error))
     raise error
 
 
@@ -222,6 +229,7 @@ class Pipeline:
     async def range_stream(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
         """KV.RangeStream: the whole Range result as one RangeStreamResponse."""
         try:
+            _parse(rpc_pb2.RangeRequest, request, streaming=True)
             answer = await self.forward(method, request, context)
         except HANDLED as e:
             await abort_with(context, e)
@@ -230,6 +238,7 @@ class Pipeline:
     async def snapshot(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
         """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive."""
         try:
+            _parse(rpc_pb2.SnapshotRequest, request, streaming=True)
             timeout = timeout_of(context)
             token, _lent = await self.token_of(context)
             identity = await self.resolver.resolve(token, timeout)
@@ -249,6 +258,7 @@ class Pipeline:
         """
         try:
             async for request in requests:
+                _parse(rpc_pb2.LeaseKeepAliveRequest, request, streaming=True)
                 for attempt in range(KEEPALIVE_ATTEMPTS):
                     try:
                         answer = await self.forward(method, request, context)
@@ -282,15 +292,16 @@ def check_password_length(password: str) -> None:
         raise EtcdError(Err.PASSWORD_TOO_LONG)
 
 
-def _parse(message_type: Any, data: bytes) -> Any:
+def _parse(message_type: Any, data: bytes, *, streaming: bool = False) -> Any:
     try:
         return message_type.FromString(data)
     except DecodeError as e:
         # protobuf's reason names the type and the fault, never the client's bytes (which may
         # hold a password); anything else is reduced to a fixed text for the same reason.
-        raise MalformedRequest(str(e)) from None
+        raise MalformedRequest(str(e), streaming=streaming) from None
     except Exception:
-        raise MalformedRequest(f"Error parsing message with type '{message_type.DESCRIPTOR.full_name}'") from None
+        raise MalformedRequest(f"Error parsing message with type '{message_type.DESCRIPTOR.full_name}'",
+                               streaming=streaming) from None
 
 
 Handler = Callable[[Method, Any, Context], Awaitable[bytes] | AsyncIterator[bytes]]

@@ -82,6 +82,8 @@ class ProxyServer:
                 # random; etcd accepts large tokens, so both limits sit well above any real token.
                 ("grpc.max_metadata_size", METADATA_LIMIT),
                 ("grpc.absolute_max_metadata_size", METADATA_LIMIT),
+                # gRPC-Python shares a port in use (SO_REUSEPORT); a second server there must fail instead.
+                ("grpc.so_reuseport", 0),
             ]
         )
         server.add_generic_rpc_handlers(etcd_handlers(pipeline))
@@ -129,11 +131,13 @@ def _bind(server: grpc.aio.Server, address: str) -> str:
     """Adds one listen address; returns it with the real port."""
     try:
         port = server.add_insecure_port(address)
-    except RuntimeError as e:  # grpc reports a failed bind this way
-        raise OSError(f"cannot listen on {address}: {e}") from None
+    except RuntimeError:  # grpc reports a failed bind this way
+        port = 0
+        if address.startswith("unix:"):
+            raise OSError(f"cannot listen on {address}: the socket is in use or cannot be created") from None
     if address.startswith("unix:"):
         return address
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here")
     host = address.rsplit(":", 1)[0]
     return f"{host}:{port}"

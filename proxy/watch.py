@@ -30,8 +30,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
-from authstore.errors import Err, EtcdError, from_message
+from authstore.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -152,6 +153,10 @@ def _retryable(error: grpc.aio.AioRpcError) -> bool:
                                 grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
 
 
+class _Unparsable(Exception):
+    """A client message that does not decode: the stream ends as grpc-go ends it."""
+
+
 class WatchProxy:
     def __init__(self, store: StoreClient) -> None:
         self.store = store
@@ -175,6 +180,8 @@ class WatchProxy:
                     await context.abort(item.code, item.message)
                 if isinstance(item, grpc.aio.AioRpcError):
                     await context.abort(item.code(), item.details() or "")
+                if isinstance(item, _Unparsable):
+                    await context.abort(grpc.StatusCode.INTERNAL, STREAM_UNMARSHAL_ERROR_PREFIX + str(item))
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -187,7 +194,11 @@ class WatchProxy:
     async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any]) -> None:
         try:
             async for data in requests:
-                req = pb.WatchRequest.FromString(data)
+                try:
+                    req = pb.WatchRequest.FromString(data)
+                except DecodeError as exc:  # its reason names the type, never the client's bytes
+                    await out.put(_Unparsable(str(exc)))
+                    return
                 which = req.WhichOneof("request_union")
                 async with state.lock:
                     if which == "create_request":

@@ -7,6 +7,7 @@ time, and every process it starts runs in its own process group that is always t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,17 +29,59 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Ports handed out by this process; never hand the same one out twice even if it is free again.
 _handed_out: set[int] = set()
 _port_lock = threading.Lock()
+#: One lock file per port handed out, locked for the life of this process: another test process
+#: using these helpers skips the port (the kernel drops the lock when the process ends).
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "raftgate-test-ports"
+_held_locks: list[int] = []
+_cursor: int | None = None
+
+
+def _test_ports() -> range:
+    """Ports below the kernel's ephemeral range: bind-to-0 (``raftgate local``'s own choices, etcd's)
+    and outgoing connections take ports from that range, so they never take one handed out here."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12000), low)
+
+
+def _claim(port: int) -> bool:
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    fd = os.open(_PORT_LOCKS / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _held_locks.append(fd)
+    return True
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now and that we have not handed out before."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, that this process has not handed out
+    before, that no other test process holds, and that the kernel does not hand out by itself."""
+    global _cursor
     with _port_lock:
-        for _ in range(200):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _handed_out:
-                _handed_out.add(port)
+        ports = _test_ports()
+        if _cursor is None:
+            _cursor = (os.getpid() * 7919) % len(ports)  # processes start apart, fewer lock misses
+        for _ in range(len(ports)):
+            port = ports[_cursor % len(ports)]
+            _cursor += 1
+            if port in _handed_out or not _claim(port):
+                continue
+            _handed_out.add(port)  # claimed: even if it is busy now, never try it again
+            if _bindable(port):
                 return port
     raise RuntimeError("no free port found")
 

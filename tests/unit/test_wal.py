@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
-from authstore.log.wal import WAL, WALCorrupt
+from authstore.log.wal import WAL, Replayed, WALCorrupt
 from authstore.raft.types import ConfState, Entry, EntryType, HardState, SnapshotMetadata
 
 
@@ -51,7 +54,8 @@ def test_torn_tail_is_cut(tmp_path: Path) -> None:
     assert WAL(tmp_path).replayed.entries[-1].index == 6
 
 
-def test_corrupt_tail_record_is_cut(tmp_path: Path) -> None:
+def test_a_damaged_last_record_is_not_a_tear(tmp_path: Path) -> None:
+    """A crash leaves a short record or zeros; a whole last record with wrong bytes is damage, not a tear."""
     wal = WAL(tmp_path)
     wal.save(None, _entries(1, 3))
     wal.close()
@@ -59,7 +63,43 @@ def test_corrupt_tail_record_is_cut(tmp_path: Path) -> None:
     data = bytearray(segment.read_bytes())
     data[-1] ^= 0xFF  # the last record's checksum no longer matches
     segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorrupt, match="checksum mismatch"):
+        WAL(tmp_path)
+    data[-1] = 0  # ... but zeros to the end are a write that never reached the disk
+    segment.write_bytes(bytes(data))
     assert [e.index for e in WAL(tmp_path).replayed.entries] == [1, 2]
+
+
+def test_segments_of_the_first_format_are_read_and_never_appended_to(tmp_path: Path) -> None:
+    """A data dir written before the header CRC still starts; new records go to a new segment."""
+    def v1(payload: bytes) -> bytes:
+        return struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+
+    old = b"".join(v1(struct.pack(">BQQB", 1, 1, i, 0) + b"v") for i in (1, 2))
+    old += v1(struct.pack(">BQQQ", 2, 1, 3, 2)) + b"\x00\x00\x00"  # and a torn tail
+    (tmp_path / f"{1:016x}.wal").write_bytes(old)
+    wal = WAL(tmp_path)
+    assert [e.index for e in wal.replayed.entries] == [1, 2]
+    assert wal.replayed.hard_state == HardState(1, 3, 2)
+    wal.save(HardState(1, 3, 3), _entries(3, 1))
+    wal.close()
+    assert (tmp_path / f"{1:016x}.wal").read_bytes() == old[:-3]
+    got = WAL(tmp_path).replayed
+    assert [e.index for e in got.entries] == [1, 2, 3] and got.hard_state == HardState(1, 3, 3)
+    assert len(list(tmp_path.glob("*.wal"))) == 2
+
+
+def test_a_missing_segment_stops_the_node(tmp_path: Path) -> None:
+    """Records are chained across segments: a whole segment gone (or cut at a record boundary) shows."""
+    wal = WAL(tmp_path, segment_bytes=100)
+    for i in range(1, 8):
+        wal.save(HardState(1, 1, i), [])
+    wal.close()
+    segments = sorted(tmp_path.glob("*.wal"))
+    assert len(segments) >= 3
+    segments[1].unlink()
+    with pytest.raises(WALCorrupt, match="does not continue"):
+        WAL(tmp_path, segment_bytes=100)
 
 
 def test_corruption_before_the_tail_stops_the_node(tmp_path: Path) -> None:
@@ -109,3 +149,165 @@ def test_a_bad_record_followed_by_good_ones_is_not_a_tear(tmp_path: Path) -> Non
     segment.write_bytes(bytes(data))
     with pytest.raises(WALCorrupt, match="checksum mismatch"):
         WAL(tmp_path)
+
+
+def test_a_corrupt_length_in_the_middle_of_the_newest_segment_stops_the_node(tmp_path: Path) -> None:
+    """A damaged length must not pass for a torn tail: the synced records after it and the vote would be cut."""
+    wal = WAL(tmp_path)
+    segment = next(tmp_path.glob("*.wal"))
+    ends = []
+    for i in range(1, 6):
+        wal.save(None, _entries(i, 1))
+        ends.append(segment.stat().st_size)
+        wal.save(HardState(i, 2, i), [])
+    wal.close()
+    before = segment.read_bytes()
+    data = bytearray(before)
+    data[ends[1]] ^= 0x40  # the length of the hard state after entry 2 now claims more than the file holds
+    segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorrupt):
+        WAL(tmp_path)
+    assert segment.stat().st_size == len(before)  # nothing was cut
+
+
+def test_a_zero_filled_tail_is_cut(tmp_path: Path) -> None:
+    """Some filesystems leave zeros after the last write that reached the disk: a torn tail, not corruption."""
+    wal = WAL(tmp_path)
+    wal.save(HardState(1, 2, 3), _entries(1, 3))
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    whole = segment.stat().st_size
+    with open(segment, "ab") as f:
+        f.write(bytes(4096))
+    wal = WAL(tmp_path)
+    assert [e.index for e in wal.replayed.entries] == [1, 2, 3]
+    assert wal.replayed.hard_state == HardState(1, 2, 3)
+    assert segment.stat().st_size == whole
+    wal.save(None, _entries(4, 1))
+    wal.close()
+    assert WAL(tmp_path).replayed.entries[-1].index == 4
+
+
+def _write_small_wal(directory: Path) -> tuple[list[tuple[int, int, int]], list[Replayed]]:
+    """Writes a two-segment WAL one record per save; returns each record's (segment, start, end) and the
+    state a replay must give after each prefix of the records."""
+    wal = WAL(directory, segment_bytes=150)
+    records: list[tuple[int, int, int]] = []
+    states = [Replayed()]
+    plan: list[tuple[HardState | None, list[Entry]]] = []
+    for i in range(1, 5):
+        plan.append((None, _entries(i, 1, term=2, size=6)))
+        plan.append((HardState(2, 3, i), []))
+    for hs, entries in plan:
+        before = {p.name: p.stat().st_size for p in directory.glob("*.wal")}
+        wal.save(hs, entries)
+        after = {p.name: p.stat().st_size for p in directory.glob("*.wal")}
+        grown = [n for n in before if after[n] != before[n]]
+        assert len(grown) == 1
+        segments = sorted(after)
+        records.append((segments.index(grown[0]), before[grown[0]], after[grown[0]]))
+        prev = states[-1]
+        states.append(Replayed(prev.snapshot, hs if hs is not None else prev.hard_state, prev.entries + entries))
+    wal.close()
+    assert len({seg for seg, _, _ in records}) == 2, "the test needs records in two segments"
+    return records, states
+
+
+def _outcome(directory: Path) -> Replayed | None:
+    """The replay of the directory, or None when the WAL refuses to start."""
+    try:
+        wal = WAL(directory, segment_bytes=150)
+    except WALCorrupt:
+        return None
+    got = wal.replayed
+    wal.close()
+    return got
+
+
+def test_every_damaged_byte_gives_a_correct_prefix_or_a_clear_error(tmp_path: Path) -> None:
+    """Flip, zero from, or cut at every byte of a small WAL: a replay is either a prefix of the records
+    that a true tear explains, or a refusal; never a wrong record, never a lost record that a valid one follows."""
+    src = tmp_path / "src"
+    records, states = _write_small_wal(src)
+    names = sorted(p.name for p in src.glob("*.wal"))
+    originals = {n: (src / n).read_bytes() for n in names}
+    tail = len(names) - 1
+    work = tmp_path / "work"
+
+    def run(seg: int, mutated: bytes) -> Replayed | None:
+        if work.exists():
+            for p in work.iterdir():
+                p.unlink()
+        work.mkdir(exist_ok=True)
+        for n in names:
+            (work / n).write_bytes(mutated if n == names[seg] else originals[n])
+        got = _outcome(work)
+        if got is not None:  # whatever was cut stays cut, and the log takes new records after it
+            wal = WAL(work, segment_bytes=150)
+            assert _same(wal.replayed, got)
+            last = got.entries[-1].index if got.entries else 0
+            wal.save(HardState(9, 9, 9), _entries(last + 1, 1))
+            wal.close()
+            again = _outcome(work)
+            assert again is not None, "a log cut at start-up did not take new records"
+            assert again.entries == got.entries + _entries(last + 1, 1) and again.hard_state == HardState(9, 9, 9)
+        return got
+
+    def first_damaged(seg: int, pos: int) -> int:
+        """The first record a change at (seg, pos) touches (a segment header belongs to its first record)."""
+        for r, (s, _start, end) in enumerate(records):
+            if s == seg and pos < end:
+                return r
+        return len(records)
+
+    for seg, name in enumerate(names):
+        data = originals[name]
+        for pos in range(len(data)):
+            r = first_damaged(seg, pos)
+            flipped = bytearray(data)
+            flipped[pos] ^= 0xFF
+            got = run(seg, bytes(flipped))
+            if got is not None:  # only the very last record may be dropped, and only from the newest segment
+                assert seg == tail and r == len(records) - 1, f"flip at {name}:{pos} lost record {r}"
+                assert _same(got, states[r]), f"flip at {name}:{pos} replayed a wrong log"
+            for how, mutated in (("zeros", data[:pos] + bytes(len(data) - pos)), ("cut", data[:pos])):
+                got = run(seg, mutated)
+                if seg != tail:
+                    assert got is None, f"{how} at {name}:{pos} in an older segment was not refused"
+                    continue
+                assert got is not None, f"{how} at {name}:{pos}: a torn tail was refused"
+                assert _same(got, states[r]), f"{how} at {name}:{pos} replayed a wrong log"
+
+
+def _same(a: Replayed, b: Replayed) -> bool:
+    return (a.hard_state, a.entries, a.snapshot.index) == (b.hard_state, b.entries, b.snapshot.index)
+
+
+def test_a_segment_is_synced_before_the_log_moves_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the newest segment may be torn: an unsynced record left in an older one (a commit-only
+    hard state, written without fsync) could vanish in a power loss and stop the node at start-up."""
+    from authstore.log import wal as wal_module
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_write = os.fsync, os.write
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def write(fd: int, data: bytes) -> int:
+        events.append(("write", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    monkeypatch.setattr(wal_module.os, "write", write)
+    wal = WAL(tmp_path, segment_bytes=100)
+    wal.save(None, _entries(1, 1))
+    for i in range(1, 4):
+        wal.save(HardState(1, 1, i), [], sync=False)  # the last of these fills the segment
+    wal.checkpoint(SnapshotMetadata(ConfState([1]), index=1, term=1), HardState(1, 1, 3), [])
+    monkeypatch.undo()
+    wal.close()
+    for path in {p for kind, p in events if kind == "write"}:
+        last_write = max(i for i, e in enumerate(events) if e == ("write", path))
+        assert ("fsync", path) in events[last_write:], f"{Path(path).name} was left with an unsynced write"
