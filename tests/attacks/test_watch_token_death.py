@@ -224,6 +224,49 @@ def test_jwt_exp(tmp_path: Path) -> None:
         srv.stop()
 
 
+OLD_REVISION = "rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old"
+
+
+def test_jwt_password_change_and_auth_disable_then_enable(tmp_path: Path) -> None:
+    """A JWT still verifies after these, but its watches die; a create with it gets etcd's
+    `revision of auth store is old` (its revision claim predates the change)."""
+    priv, pub = pem_rsa_keypair(tmp_path)
+    srv = RaftgateLocal(tmp_path / "rg", auth_token=f"jwt,pub-key={pub},priv-key={priv},sign-method=RS256",
+                        extra_args=["--nodes", "1"])
+    srv.start()
+    try:
+        _setup(srv)
+
+        async def scenario(ch: grpc.aio.Channel) -> None:
+            async def change_password() -> None:
+                root = await login(ch, "root", ROOT_PW)
+                await pbg.AuthStub(ch).UserChangePassword(
+                    pb.AuthUserChangePasswordRequest(name="jpw", password="new"), metadata=md(root))
+
+            async def disable_enable() -> None:
+                root = await login(ch, "root", ROOT_PW)
+                await pbg.AuthStub(ch).AuthDisable(pb.AuthDisableRequest(), metadata=md(root))
+                await pbg.AuthStub(ch).AuthEnable(pb.AuthEnableRequest())
+
+            for name, kill in (("jpw", change_password), ("jre", disable_enable)):
+                prefix = name.encode() + b"/"
+                await reader(ch, name, prefix)
+                ws = WatchStream(ch, await login(ch, name, "pw"))
+                first = await ws.create(prefix, range_end=_end(prefix))
+                assert (first.watch_id, first.canceled) == (0, False), first
+                await kill()
+                canceled = await next_cancel(ws)
+                assert (canceled.watch_id, canceled.cancel_reason) == (0, INVALID_TOKEN), (name, canceled)
+                late = await ws.create(prefix, range_end=_end(prefix), start_revision=1)
+                assert (late.watch_id, late.canceled, late.cancel_reason, len(late.events)) == (
+                    -1, True, OLD_REVISION, 0), (name, late)
+                ws.close()
+
+        run(srv, scenario)
+    finally:
+        srv.stop()
+
+
 def test_password_changed_during_failover(tmp_path: Path) -> None:
     """The watch is resumed on a new leader where the password has already changed: it is
     checked against the credentials the stream was opened with, and canceled."""
