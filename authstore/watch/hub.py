@@ -104,6 +104,7 @@ class Watcher:
     fragment: bool = False
     reg_rev: int = 0
     password: bytes = b""
+    token_digest: bytes = b""  # the simple token the create came with (its key in the auth store)
     synced: bool = False
     removed: bool = False
     doomed: bool = False  # set on the apply thread: an auth change took its permission
@@ -162,6 +163,7 @@ class WatchHub:
         self._stale = True
         self._tap_rev = 0
         self._tap_auth: tuple[bool, int] = (False, 0)
+        self._tap_tokens = 0
         self._pending: list[tuple[Any, ...]] = []
         # event-loop state: the newest revision whose events synced watchers have been given
         self.rev = 0
@@ -183,7 +185,9 @@ class WatchHub:
                 self._pending.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
                 self._tap_rev = rev
             state = (auth.is_enabled(txn), auth.revision(txn))
-            if state == self._tap_auth:
+            tokens = auth.token_count(txn)
+            dropped, self._tap_tokens = tokens < self._tap_tokens, tokens  # e.g. a simple token's TTL
+            if state == self._tap_auth and not dropped:
                 return
             self._tap_auth = state
             for w in self._watchers.values():
@@ -199,9 +203,9 @@ class WatchHub:
         auth = self.applier.auth
         if not auth.is_enabled(txn):
             return None
-        if w.invalid_token and not recheck:
+        if w.invalid_token or not self._token_live(txn, w, recheck=recheck):
             return EtcdError(Err.INVALID_AUTH_TOKEN)
-        username = "" if w.invalid_token else w.username
+        username = w.username
         revision = auth.revision(txn) if (recheck or w.current_revision) else w.auth_revision
         if recheck and username:
             user = auth.get_user(txn, username)
@@ -215,6 +219,20 @@ class WatchHub:
         except EtcdError as exc:
             return exc
         return None
+
+    def _token_live(self, txn: lmdb.Transaction, w: Watcher, *, recheck: bool) -> bool:
+        """The token the watch was created with is still good (etcd checks it at each create).
+
+        A simple token: the store still holds it, for this user. A JWT (a user, no digest): on a
+        re-check or a resume, its revision is not older than the user's last password set or the
+        last AuthEnable; at a create its revision is checked as etcd does (`revision ... is old`).
+        """
+        auth = self.applier.auth
+        if w.token_digest:
+            return auth.token_user(txn, w.token_digest) == w.username
+        if recheck and w.username:
+            return w.auth_revision >= auth.credentials_revision(txn, w.username)
+        return True
 
     def _register(self, w: Watcher, requested_id: int, resume: bool) -> tuple[str, int, bool]:
         """On the apply thread between batches: (refusal reason or "", current revision, stale)."""
@@ -246,6 +264,7 @@ class WatchHub:
                 if stale:
                     self._tap_rev = rev
                     self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
+                    self._tap_tokens = self.applier.auth.token_count(txn)
                     self._stale = False
                 w.gid = next(self._gids)
                 w.reg_rev = rev
@@ -432,7 +451,7 @@ class WatchHub:
                     auth_revision=msg.header.auth_revision, invalid_token=msg.header.invalid_token,
                     current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
-                    fragment=creq.fragment)
+                    fragment=creq.fragment, token_digest=msg.token_digest)
         reason, rev, stale = await self.node.between_batches(self._register, w, creq.watch_id, msg.resume)
         if stale:
             self.rev = max(self.rev, rev)
