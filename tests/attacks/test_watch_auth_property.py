@@ -60,12 +60,14 @@ class Stream:
 
 
 targets = st.sampled_from((*KEYS, ALL))
+wide = st.sampled_from((ALL, ALL, *KEYS))  # watches and first grants: the prefix more often, so events flow
 ops = st.one_of(
     st.tuples(st.just("grant"), targets), st.tuples(st.just("revoke"), targets),
     st.tuples(st.sampled_from(("grant_role", "revoke_role", "password", "delete", "add", "disable", "enable",
                                "open"))),
-    st.tuples(st.just("create"), st.integers(0, 3), targets, st.booleans()),
+    st.tuples(st.just("create"), st.integers(0, 3), wide, st.booleans()),
     st.tuples(st.just("put"), st.sampled_from(KEYS)),
+    st.tuples(st.just("put"), st.sampled_from(KEYS)),  # twice: events after each change
 )
 
 
@@ -84,12 +86,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftgateLocal]:
 
 
 class Run:
-    def __init__(self, ch: grpc.aio.Channel) -> None:
+    def __init__(self, ch: grpc.aio.Channel, granted: frozenset[str]) -> None:
         n = next(_names)
         self.ch = ch
         self.user, self.role, self.prefix = f"p{n}", f"pr{n}", f"p{n}/".encode()
         self.auth, self.kv = pbg.AuthStub(ch), pbg.KVStub(ch)
-        self.states = [State()]
+        self.states = [State(perms=granted)]
         self.password = "pw0"
         self.streams: list[Stream] = []
         self.put_at: dict[int, int] = {}  # revision -> state index
@@ -113,6 +115,10 @@ class Run:
         await self.auth.UserAdd(pb.AuthUserAddRequest(name=self.user, password=self.password), metadata=root)
         await self.auth.RoleAdd(pb.AuthRoleAddRequest(name=self.role), metadata=root)
         await self.auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user=self.user, role=self.role), metadata=root)
+        for target in sorted(self.state.perms):
+            key, end = self._range(target)
+            await self.auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(
+                name=self.role, perm=PERM(permType=PERM.READ, key=key, range_end=end)), metadata=root)
         await self.open()
 
     async def open(self) -> None:
@@ -199,14 +205,16 @@ class Run:
                                      f"{ev.kv.mod_revision} (watch {resp.watch_id}): {bad[0]}")
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-@given(steps=st.lists(ops, min_size=2, max_size=14))
-@example(steps=[("grant", ALL), ("put", "a"), ("password",), ("create", 0, ALL, True), ("put", "b")])
-@example(steps=[("grant", "a"), ("put", "a"), ("disable",), ("enable",), ("create", 0, "a", True), ("put", "a")])
-def test_watch_never_outlives_rights(server: RaftgateLocal, steps: list[tuple]) -> None:  # type: ignore[type-arg]
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(granted=st.frozensets(wide, min_size=1), steps=st.lists(ops, min_size=4, max_size=16))
+@example(granted=frozenset({ALL}), steps=[("put", "a"), ("password",), ("create", 0, ALL, True), ("put", "b")])
+@example(granted=frozenset({"a"}), steps=[("put", "a"), ("disable",), ("enable",), ("create", 0, "a", True),
+                                          ("put", "a")])
+def test_watch_never_outlives_rights(server: RaftgateLocal, granted: frozenset[str],
+                                     steps: list[tuple]) -> None:  # type: ignore[type-arg]
     async def main() -> None:
         async with grpc.aio.insecure_channel(server.target) as ch:
-            run = Run(ch)
+            run = Run(ch, granted)
             await run.start()
             try:
                 for op in steps:
