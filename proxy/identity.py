@@ -34,6 +34,8 @@ class Identity:
     simple_token: str | None = None
     #: The token did not resolve: the store refuses with ``invalid auth token`` after validation.
     invalid_token: bool = False
+    #: A JWT's ``exp`` (unix seconds): the token dies then, also for the watches made with it.
+    expires_at: float | None = None
 
 
 ANONYMOUS = Identity("", 0)
@@ -58,7 +60,7 @@ class Resolver:
         if self._jwt is not None:
             found = self._jwt.verify(token)
             if found is not None:
-                return Identity(found.username, found.revision)
+                return Identity(found.username, found.revision, expires_at=found.expires_at)
         elif self._simple is not None and looks_like_simple_token(token):
             identity = await self._resolve_simple(token, timeout)
             if identity is not None:

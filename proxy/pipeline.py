@@ -271,13 +271,19 @@ class Pipeline:
             await abort_with(context, e)
 
     async def watch(self, method: Method, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
-        """Watch.Watch: the stream's token is resolved once; proxy/watch.py does the rest."""
-        try:
+        """Watch.Watch: the token is resolved when the stream opens and again for every create
+        and resume on it (etcd judges each create by the token); proxy/watch.py does the rest."""
+
+        async def identify() -> Identity:
             token, _lent = await self.token_of(context)
-            identity = await self.resolver.resolve(token, None, defer_invalid=True)
+            return await self.resolver.resolve(token, None, defer_invalid=True)
+
+        try:
+            identity = await identify()
         except HANDLED as e:
             await abort_with(context, e)
-        async for message in WatchProxy(self.store).serve(identity, requests, context):
+        async for message in WatchProxy(self.store, identify, self.resolver.auth_enabled).serve(
+                identity, requests, context):
             yield message
 
     async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:

@@ -1,7 +1,6 @@
 """Watch.Watch: one client stream <-> one store stream, surviving leader changes.
 
-The client's token is resolved once, when the stream opens (etcd checks every create on a stream
-with the stream's token). Each client WatchRequest goes to the store leader's Store.WatchBatches stream
+Each client WatchRequest goes to the store leader's Store.WatchBatches stream
 wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
 are (the store batches the responses that queued together; the client still gets one message
 each, as from etcd). The proxy reads a copy of each answer to know, per watch, its create request
@@ -15,6 +14,12 @@ A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` o
 proxy: at that bound the proxy stops reading the store stream until the client has taken half of
 it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
 from its history later instead of buffering them (see ``authstore/watch/hub.py``).
+
+The token is resolved again for every create and every resume (etcd checks each create with the
+stream's token), so each is judged by the token's validity now, with a freshly stamped header. A
+simple token also travels as its digest: the store requires it to be live at the create and at
+every re-check. A JWT's ``exp`` is known here only: when it passes (auth on), the stream's open
+watches are canceled with etcd's ``invalid auth token`` reason.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +51,9 @@ log = logging.getLogger(__name__)
 WATCH_METHOD = "/raftgate.storepb.Store/WatchBatches"
 RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
 _BACKOFF = 0.1
-_HEADER, _REQUEST, _RESUME, _CURRENT = 1, 2, 3, 4  # WatchStreamRequest fields
+_HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST = 1, 2, 3, 4, 5  # WatchStreamRequest fields
+IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keeps the last identity
+INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
 
 
@@ -83,8 +91,12 @@ class _Watch:
 
 @dataclass
 class _State:
-    header: bytes
-    current_revision: bool
+    header: bytes = b""
+    current_revision: bool = False
+    digest: bytes = b""  # sha256 of the simple token (the store's key for it), else empty
+    expires_at: float | None = None
+    dead: set[int] = field(default_factory=set)  # canceled because the token died: reason added
+    token_dead: bool = False
     watches: dict[int, _Watch] = field(default_factory=dict)
     pending: collections.deque[pb.WatchCreateRequest] = field(default_factory=collections.deque)
     held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
@@ -94,12 +106,23 @@ class _State:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def stamp(state: _State, identity: Identity) -> None:
+    """The header the next creates (and resumes) go with: the identity resolved just before."""
+    state.header = ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
+                                     invalid_token=identity.invalid_token).SerializeToString()
+    state.current_revision = identity.simple_token is not None
+    state.digest = hashlib.sha256(identity.simple_token.encode()).digest() if identity.simple_token else b""
+    state.expires_at = identity.expires_at
+
+
 def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
     out = wire.length_delimited(_HEADER, state.header) + wire.length_delimited(_REQUEST, request)
     if resume:
         out += wire.varint_field(_RESUME, 1)
     if state.current_revision:
         out += wire.varint_field(_CURRENT, 1)
+    if state.digest:
+        out += wire.length_delimited(_DIGEST, state.digest)
     return out
 
 
@@ -116,7 +139,14 @@ def track(state: _State, data: bytes) -> bytes | None:
     if resp.canceled:
         state.watches.pop(resp.watch_id, None)
         state.canceling.discard(resp.watch_id)
+        if resp.watch_id in state.dead:
+            state.dead.discard(resp.watch_id)
+            if not resp.cancel_reason:
+                resp.cancel_reason = INVALID_TOKEN_REASON
+                return resp.SerializeToString()
         return data
+    if resp.watch_id in state.dead:
+        return None  # nothing more for a watch whose token died
     if not resp.events:
         targets = state.watches.values() if resp.watch_id == -1 else [
             w for w in (state.watches.get(resp.watch_id),) if w is not None]
@@ -157,9 +187,17 @@ class _Unparsable(Exception):
     """A client message that does not decode: the stream ends as grpc-go ends it."""
 
 
+Identify = Callable[[], Awaitable[Identity]]
+
+
 class WatchProxy:
-    def __init__(self, store: StoreClient) -> None:
+    def __init__(self, store: StoreClient, identify: Identify | None = None,
+                 auth_enabled: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``identify`` resolves the stream's token now (for each create and resume);
+        ``auth_enabled`` asks the store, before a JWT's expiry cancels watches."""
         self.store = store
+        self.identify = identify
+        self.auth_enabled = auth_enabled
 
     def _open(self) -> Any:
         endpoint = self.store._leader  # noqa: SLF001 - the leader guess the store client keeps
@@ -167,12 +205,12 @@ class WatchProxy:
 
     async def serve(self, identity: Identity, requests: AsyncIterator[bytes],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        header = ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
-                                   invalid_token=identity.invalid_token).SerializeToString()
-        state = _State(header, current_revision=identity.simple_token is not None)
+        state = _State()
+        stamp(state, identity)
         out = _Outbox()
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out))]
+        tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out)),
+                 loop.create_task(self._expiry(state))]
         try:
             while True:
                 item = await out.get()
@@ -200,7 +238,10 @@ class WatchProxy:
                     await out.put(_Unparsable(str(exc)))
                     return
                 which = req.WhichOneof("request_union")
+                identity = await self._identify() if which == "create_request" else None
                 async with state.lock:
+                    if identity is not None:
+                        stamp(state, identity)
                     if which == "create_request":
                         state.pending.append(req.create_request)
                     elif which == "cancel_request":
@@ -214,6 +255,50 @@ class WatchProxy:
         except Exception as exc:  # noqa: BLE001 - the client's stream broke; the handler ends
             log.debug("watch client stream ended: %s", exc)
 
+    async def _identify(self) -> Identity | None:
+        """The token's identity now; None (keep the last one) if the store cannot say meanwhile:
+        for a simple token the store checks its digest at the create anyway."""
+        if self.identify is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.identify(), IDENTIFY_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store outage, not a verdict on the token
+            log.debug("watch: could not resolve the token again (%s); keeping the last identity", exc)
+            return None
+
+    async def _expiry(self, state: _State) -> None:
+        """When a JWT's ``exp`` passes, the stream's open watches end with ``invalid auth token``."""
+        while True:
+            exp = state.expires_at
+            if exp is None:
+                return
+            if time.time() < exp:
+                await asyncio.sleep(exp - time.time())
+                continue
+            if self.auth_enabled is not None:
+                try:
+                    if not await self.auth_enabled():
+                        return  # auth off: etcd ignores tokens
+                except Exception as exc:  # noqa: BLE001 - cancel rather than keep a dead token's watches
+                    log.debug("watch: auth status unknown at token expiry: %s", exc)
+            async with state.lock:
+                state.token_dead = True
+                await self._cancel_dead(state)
+            return
+
+    async def _cancel_dead(self, state: _State) -> None:
+        """Under the lock: cancels every open watch the dead token made, reason added in track()."""
+        for watch_id in sorted(set(state.watches) - state.dead):
+            state.dead.add(watch_id)
+            state.canceling.add(watch_id)
+            data = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
+            if state.connected:
+                await self._write(state, _envelope(state, data))
+            else:
+                state.held.append(data)
+
     @staticmethod
     async def _write(state: _State, data: bytes) -> None:
         try:
@@ -226,7 +311,10 @@ class WatchProxy:
         first = True
         while True:
             call = self._open()
+            identity = None if first else await self._identify()  # resumes are judged by the token now
             async with state.lock:
+                if identity is not None:
+                    stamp(state, identity)
                 state.call = call
                 # Re-create what the client has (from the first revision it has not seen), then
                 # what the old stream left unanswered, in the order the client sent it.
@@ -262,6 +350,9 @@ class WatchProxy:
                         passed = track(state, response)
                         if passed is not None:
                             out.put_nowait(passed)
+                    if state.token_dead and set(state.watches) - state.dead:
+                        async with state.lock:  # created after the token died
+                            await self._cancel_dead(state)
                     if isinstance(out, _Outbox):
                         await out.room.wait()  # the client has not taken enough: read no more
             except grpc.aio.AioRpcError as exc:

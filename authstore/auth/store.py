@@ -29,7 +29,7 @@ ROOT_USER = "root"
 ROOT_ROLE = "root"
 
 #: LMDB sub-databases owned by the auth store.
-DB_META = b"auth_meta"  # b"enabled" -> b"\x00"/b"\x01"; b"revision" -> uint64 big-endian
+DB_META = b"auth_meta"  # b"enabled" -> b"\x00"/b"\x01"; b"revision", b"enabled_at", b"cred/"+name -> uint64 BE
 DB_USERS = b"auth_users"  # name key -> authpb.User
 DB_ROLES = b"auth_roles"  # name key -> authpb.Role
 # Simple tokens are bearer secrets: only their sha256 is stored, so neither the store's files nor a
@@ -39,6 +39,10 @@ DB_USER_TOKENS = b"auth_user_tokens"  # dupsort: username key -> token key (to d
 
 _ENABLED = b"enabled"
 _REVISION = b"revision"
+#: The auth revisions from which tokens are good: the last AuthEnable (every token dies with
+#: AuthDisable), and per user its last password set (add or change). Older JWTs are dead tokens.
+_ENABLED_AT = b"enabled_at"
+_CREDENTIALS = b"cred/"
 _TOKEN_HEAD = struct.Struct(">qq")
 
 
@@ -148,6 +152,28 @@ class AuthStore:
     def _bump(self, txn: lmdb.Transaction) -> None:
         self._set_revision(txn, self.revision(txn) + 1)
 
+    def _credentials_key(self, name: str) -> bytes:
+        return self._key(_CREDENTIALS + name.encode())
+
+    def _set_credentials(self, txn: lmdb.Transaction, name: str) -> None:
+        txn.put(self._credentials_key(name), self.revision(txn).to_bytes(8, "big"), db=self._meta)
+
+    def credentials_revision(self, txn: lmdb.Transaction, name: str) -> int:
+        """The oldest auth revision a token of ``name`` may carry and still be live (a JWT's
+        ``revision`` claim): none from before the user's last password set or the last enable."""
+        raw = txn.get(self._credentials_key(name), db=self._meta) if name else None
+        enabled_at = txn.get(_ENABLED_AT, db=self._meta)
+        return max(int.from_bytes(raw or b"", "big"), int.from_bytes(enabled_at or b"", "big"))
+
+    def token_user(self, txn: lmdb.Transaction, digest: bytes) -> str | None:
+        """The user of the live simple token with this digest, else None."""
+        raw = txn.get(digest, db=self._tokens) if digest else None
+        return raw[_TOKEN_HEAD.size :].decode() if raw is not None else None
+
+    def token_count(self, txn: lmdb.Transaction) -> int:
+        """How many simple tokens are live (a drop shows as a decrease; watches re-check then)."""
+        return int(txn.stat(self._tokens)["entries"])
+
     # ------------------------------------------------------------------ queries used by authorize
 
     def has_role(self, txn: lmdb.Transaction, user: str, role: str) -> bool:
@@ -190,6 +216,7 @@ class AuthStore:
         if not has_root_role(root):
             raise EtcdError(Err.ROOT_ROLE_NOT_EXIST)
         txn.put(_ENABLED, b"\x01", db=self._meta)
+        txn.put(_ENABLED_AT, self.revision(txn).to_bytes(8, "big"), db=self._meta)
         return pb.AuthEnableResponse()
 
     def disable(self, txn: lmdb.Transaction, req: pb.AuthDisableRequest) -> pb.AuthDisableResponse:
@@ -228,6 +255,7 @@ class AuthStore:
         password = b"" if options.no_password else self._decode_hash(req.hashedPassword)
         self._put_user(txn, auth_pb2.User(name=req.name.encode(), password=password, options=options))
         self._bump(txn)
+        self._set_credentials(txn, req.name)
         return pb.AuthUserAddResponse()
 
     def user_delete(self, txn: lmdb.Transaction, req: pb.AuthUserDeleteRequest) -> pb.AuthUserDeleteResponse:
@@ -236,6 +264,7 @@ class AuthStore:
         if self.get_user(txn, req.name) is None:
             raise EtcdError(Err.USER_NOT_FOUND)
         txn.delete(self._key(req.name), db=self._users)
+        txn.delete(self._credentials_key(req.name), db=self._meta)
         self._bump(txn)
         self._drop_user_tokens(txn, req.name)
         return pb.AuthUserDeleteResponse()
@@ -260,6 +289,7 @@ class AuthStore:
         user.password = b"" if no_password else self._decode_hash(req.hashedPassword)
         self._put_user(txn, user)
         self._bump(txn)
+        self._set_credentials(txn, req.name)
         self._drop_user_tokens(txn, req.name)
         return pb.AuthUserChangePasswordResponse()
 

@@ -121,6 +121,7 @@ class Watcher:
     fragment: bool = False
     reg_rev: int = 0
     password: bytes = b""
+    token_digest: bytes = b""  # the simple token the create came with (its key in the auth store)
     synced: bool = False
     removed: bool = False
     doomed: bool = False  # set on the apply thread: an auth change took its permission
@@ -210,6 +211,7 @@ class WatchHub:
         self._stale = True
         self._tap_rev = 0
         self._tap_auth: tuple[bool, int] = (False, 0)
+        self._tap_tokens = 0
         self._pending: list[tuple[Any, ...]] = []
         self.rev = 0  # the newest revision whose events synced watchers have been given
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
@@ -236,7 +238,9 @@ class WatchHub:
             out.append(("ev", rev, kv.changes(txn, self._tap_rev + 1, rev)))
             self._tap_rev = rev
         state = (auth.is_enabled(txn), auth.revision(txn))
-        if state != self._tap_auth:
+        tokens = auth.token_count(txn)
+        dropped, self._tap_tokens = tokens < self._tap_tokens, tokens  # e.g. a simple token's TTL
+        if state != self._tap_auth or dropped:
             self._tap_auth = state
             for gid, w in list(self._live.items()):
                 if w.removed:  # a create canceled while it was being admitted
@@ -257,9 +261,9 @@ class WatchHub:
         auth = self.applier.auth
         if not auth.is_enabled(txn):
             return None
-        if w.invalid_token and not recheck:
+        if w.invalid_token or not self._token_live(txn, w, recheck=recheck):
             return EtcdError(Err.INVALID_AUTH_TOKEN)
-        username = "" if w.invalid_token else w.username
+        username = w.username
         revision = auth.revision(txn) if (recheck or w.current_revision) else w.auth_revision
         if recheck and username:
             user = auth.get_user(txn, username)
@@ -273,6 +277,20 @@ class WatchHub:
         except EtcdError as exc:
             return exc
         return None
+
+    def _token_live(self, txn: lmdb.Transaction, w: Watcher, *, recheck: bool) -> bool:
+        """The token the watch was created with is still good (etcd checks it at each create).
+
+        A simple token: the store still holds it, for this user. A JWT (a user, no digest): on a
+        re-check or a resume, its revision is not older than the user's last password set or the
+        last AuthEnable; at a create its revision is checked as etcd does (`revision ... is old`).
+        """
+        auth = self.applier.auth
+        if w.token_digest:
+            return auth.token_user(txn, w.token_digest) == w.username
+        if recheck and w.username:
+            return w.auth_revision >= auth.credentials_revision(txn, w.username)
+        return True
 
     def _admit(self, w: Watcher, resume: bool, refusal: str) -> tuple[str, int, bool]:
         """On the apply thread between batches: checks `w` and enters it into the re-check set;
@@ -296,6 +314,7 @@ class WatchHub:
             if stale:
                 self._tap_rev = rev
                 self._tap_auth = (self.applier.auth.is_enabled(txn), self.applier.auth.revision(txn))
+                self._tap_tokens = self.applier.auth.token_count(txn)
                 self._stale = False
             w.reg_rev = rev
             if w.next_rev <= 0:
@@ -562,7 +581,7 @@ class WatchHub:
                     auth_revision=msg.header.auth_revision, invalid_token=msg.header.invalid_token,
                     current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
-                    fragment=creq.fragment)
+                    fragment=creq.fragment, token_digest=msg.token_digest)
         w.gid = next(self._gids)
         capped = self._cap(stream, w, msg.resume)
         if capped is not None:  # refused before it costs the apply thread anything

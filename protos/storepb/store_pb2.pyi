@@ -10,16 +10,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchStreamRequest(_message.Message):
-    __slots__ = ("header", "request", "resume", "current_revision")
+    __slots__ = ("header", "request", "resume", "current_revision", "token_digest")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     header: _raft_internal_pb2.RequestHeader
     request: _rpc_pb2.WatchRequest
     resume: bool
     current_revision: bool
-    def __init__(self, header: _Optional[_Union[_raft_internal_pb2.RequestHeader, _Mapping]] = ..., request: _Optional[_Union[_rpc_pb2.WatchRequest, _Mapping]] = ..., resume: _Optional[bool] = ..., current_revision: _Optional[bool] = ...) -> None: ...
+    token_digest: bytes
+    def __init__(self, header: _Optional[_Union[_raft_internal_pb2.RequestHeader, _Mapping]] = ..., request: _Optional[_Union[_rpc_pb2.WatchRequest, _Mapping]] = ..., resume: _Optional[bool] = ..., current_revision: _Optional[bool] = ..., token_digest: _Optional[bytes] = ...) -> None: ...
 
 class WatchBatch(_message.Message):
     __slots__ = ("responses",)

@@ -537,3 +537,29 @@ def test_reapplying_an_authenticate_entry_is_idempotent(h: Harness) -> None:
     h.enable_with_root()
     assert h.authenticate("root", index=5) == h.authenticate("root", index=5)
     assert len(h.read(lambda s, t: s.list_tokens(t))) == 1
+
+
+def test_credentials_revision_and_token_lookups_for_watches(h: Harness) -> None:
+    """What a watch re-check asks: is a JWT's revision older than the user's last password set or
+    the last enable (then it is dead), and whose live simple token has this digest."""
+    h.enable_with_root()
+    h.add_user("alice")
+    added = h.rev
+    cred = lambda: h.read(lambda s, t: s.credentials_revision(t, "alice"))  # noqa: E731
+    assert cred() == added
+    h("user_grant_role", pb.AuthUserGrantRoleRequest(user="alice", role="root"))
+    assert cred() == added  # a grant changes rights, not credentials
+    token = h.authenticate("root", index=3)
+    assert h.read(lambda s, t: (s.token_user(t, token_digest(token)), s.token_count(t))) == ("root", 1)
+    h("user_change_password", pb.AuthUserChangePasswordRequest(name="alice", hashedPassword=hashed("x")))
+    changed = h.rev
+    assert cred() == changed > added
+    h("disable", pb.AuthDisableRequest())
+    h("enable", pb.AuthEnableRequest())
+    enabled_at = h.rev
+    assert cred() == enabled_at > changed
+    assert h.read(lambda s, t: (s.token_user(t, token_digest(token)), s.token_count(t))) == (None, 0)
+    h("user_delete", pb.AuthUserDeleteRequest(name="alice"))
+    assert cred() == enabled_at < h.rev  # its own record is gone; a re-add sets a newer one
+    h.add_user("alice")
+    assert cred() == h.rev

@@ -398,3 +398,44 @@ def test_resume_keeps_the_id_sends_no_created_and_is_checked_at_resume_time(worl
     assert [(r.watch_id, r.created, [e.kv.value for e in r.events]) for r in ok] == [(5, False, [b"2"])]
     assert [(r.watch_id, r.created, r.canceled, r.cancel_reason) for r in refused] == [
         (5, False, True, PERMISSION_DENIED)]
+
+
+def test_resume_is_checked_against_the_token_the_stream_was_opened_with(world: World) -> None:
+    """A password changed while the proxy looked for the new leader: a JWT whose revision predates
+    it, and a simple token it dropped, both resume as `invalid auth token`. An unrelated auth change
+    since the token was issued cancels neither."""
+    import hashlib
+
+    setup_auth(world)
+    with world.applier.env.begin() as txn:
+        issued = world.applier.auth.revision(txn)
+    token = world.apply(("authenticate", ipb.InternalAuthenticateRequest(
+        name="alice", simple_token="abcdefghijklmnop", checked_revision=issued)), user="")[0].token
+    world.apply(("auth_role_add", pb.AuthRoleAddRequest(name="other")))
+
+    def resume(kind: str) -> spb.WatchStreamRequest:
+        msg = create_msg(b"foo", user="alice", watch_id=3, resume=True)
+        if kind == "jwt":
+            msg.header.auth_revision, msg.current_revision = issued, False
+        else:
+            msg.token_digest = hashlib.sha256(token.encode()).digest()
+        return msg
+
+    async def scenario() -> tuple[list[bool], list[list[tuple[int, bool, str]]]]:
+        kept = []
+        for kind in ("jwt", "simple"):
+            s = new_stream()
+            await world.hub._create(s, resume(kind))
+            kept.append(3 in s.watchers and s.queue.empty())
+        world.apply(("auth_user_change_password",
+                     pb.AuthUserChangePasswordRequest(name="alice", hashedPassword=HASH2)))
+        refused = []
+        for kind in ("jwt", "simple"):
+            s = new_stream()
+            await world.hub._create(s, resume(kind))
+            refused.append([(r.watch_id, r.canceled, r.cancel_reason) for r in await responses(s, lambda r: True)])
+        return kept, refused
+
+    kept, refused = asyncio.run(scenario())
+    assert token and kept == [True, True]
+    assert refused == [[(3, True, INVALID_TOKEN)], [(3, True, INVALID_TOKEN)]]

@@ -66,3 +66,20 @@ def test_cancel_forgets_the_watch() -> None:
     st.canceling.add(0)
     track(st, resp(0, 10, canceled=True))
     assert not st.watches and not st.canceling
+
+
+def test_a_watch_canceled_because_its_token_died_gets_etcds_reason_and_no_more_events() -> None:
+    """After a JWT's exp the proxy cancels the stream's watches itself: the store's plain cancel
+    reaches the client with `invalid auth token`, and nothing of the watch passes meanwhile."""
+    from proxy.watch import INVALID_TOKEN_REASON
+
+    st = state_with(pb.WatchCreateRequest(key=b"k"), pb.WatchCreateRequest(key=b"j"))
+    track(st, resp(0, 10, created=True))
+    track(st, resp(1, 10, created=True))
+    st.dead.add(0)
+    assert track(st, resp(0, 11, 11)) is None
+    assert track(st, resp(1, 11, 11)) is not None
+    out = pb.WatchResponse.FromString(track(st, resp(0, 11, canceled=True)) or b"")
+    assert (out.watch_id, out.canceled, out.cancel_reason) == (0, True, INVALID_TOKEN_REASON)
+    assert INVALID_TOKEN_REASON == "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+    assert set(st.watches) == {1} and not st.dead
