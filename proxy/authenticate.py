@@ -1,7 +1,8 @@
 """Authenticate, outside consensus: the password is checked in the proxy, the token is committed.
 
 1. Store.Credentials: a linearizable read of the user's hash and flags and the auth revision R.
-2. bcrypt on the worker pool (an unknown user still pays for one check: no enumeration by timing).
+2. bcrypt on the worker pool (an unknown user still pays for one check, against the store's decoy
+   hash at the users' own bcrypt cost: no enumeration by timing).
 3. Store.Do(authenticate{name, prefix, checked_revision=R, ...}): the apply stage refuses it
    (ABORTED "raftgate: auth revision moved") if the auth revision moved since step 1, because the
    password may have changed meanwhile; the proxy then starts again, as etcd does, until the
@@ -106,7 +107,7 @@ class Authenticator:
         if not creds.auth_enabled:
             raise _Refused(Err.AUTH_NOT_ENABLED, "not_enabled")
         if not creds.found:
-            await self._hasher.check_dummy(password)
+            await self._hasher.check_dummy(password, creds.password_hash)
             raise _Refused(Err.AUTH_FAILED, "auth_failed")
         if creds.no_password:
             raise _Refused(Err.NO_PASSWORD_USER, "no_password")

@@ -62,9 +62,14 @@ class PasswordHasher:
         """True when ``password`` matches; a malformed or empty stored hash never matches."""
         return await self._run("check", _checkpw, password.encode("utf-8"), _normalize(stored_hash))
 
-    async def check_dummy(self, password: str) -> None:
-        """Spends the time of a real check, for unknown users (no user enumeration by timing)."""
-        await self._run("check", _checkpw, password.encode("utf-8"), self._dummy_hash)
+    async def check_dummy(self, password: str, decoy: bytes = b"") -> None:
+        """Spends the time of a real check, for unknown users (no user enumeration by timing).
+
+        ``decoy``: the store's stand-in hash, at the cost the users' hashes actually have; without
+        a well-formed one, the proxy's own (at ``--bcrypt-cost``).
+        """
+        hashed = decoy if _is_bcrypt_hash(decoy) else self._dummy_hash
+        await self._run("check", _checkpw, password.encode("utf-8"), hashed)
 
     async def _run(self, operation: metrics.BcryptOperation, fn: Callable[..., T], *args: object) -> T:
         """Runs ``fn`` on the pool, counted in the queue-depth gauge until a worker picks it up.
@@ -127,6 +132,14 @@ def _checkpw(raw: bytes, hashed: bytes) -> bool:
         return bcrypt.checkpw(raw[:BCRYPT_MAX_BYTES], hashed)
     except ValueError:
         return False
+
+
+def _is_bcrypt_hash(value: bytes) -> bool:
+    """``$2a$NN$`` + 53 characters, with a cost bcrypt accepts."""
+    if len(value) != 60 or value[:4] not in (b"$2a$", b"$2b$", b"$2y$") or value[6:7] != b"$":
+        return False
+    cost = value[4:6]
+    return cost.isdigit() and MIN_COST <= int(cost) <= MAX_COST
 
 
 def _normalize(stored: bytes) -> bytes:
