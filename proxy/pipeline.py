@@ -23,7 +23,7 @@ from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.methods import Method
-from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher
+from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
 from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
@@ -179,7 +179,7 @@ class Pipeline:
         try:
             check_size(request, self.max_request_bytes)
             parsed = _parse(rpc_pb2.AuthenticateRequest, request)
-            return await self.authenticator.authenticate(parsed, timeout_of(context))
+            return await self.authenticator.authenticate(parsed, timeout_of(context), peer=peer_host(context.peer()))
         except HANDLED as e:
             await abort_with(context, e)
 
@@ -201,7 +201,10 @@ class Pipeline:
             if hashed:
                 check_password_length(message.password)
             await self.check_caller(context)
-            message.hashedPassword = await self.hasher.hash(message.password) if hashed else ""
+            if hashed:
+                message.hashedPassword = await self.hasher.hash(message.password, peer=peer_host(context.peer()))
+            else:
+                message.hashedPassword = ""
             message.password = ""
             return await self.forward(method, message.SerializeToString(), context)
         except HANDLED as e:
