@@ -53,7 +53,8 @@ def check_size(data: bytes, limit: int) -> None:
 
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
     """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
-    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token)
+    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token,
+                                simple_token=identity.simple_token is not None)
     return wire.build_internal_request(header, method.field, request)
 
 
