@@ -9,6 +9,7 @@ that no longer exists, `invalid auth token`.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 
 import grpc
@@ -114,3 +115,32 @@ def test_changed_password_revokes_an_admins_token_at_once(cluster: list[str]) ->
     for target in cluster:
         _refused_as_invalid_token(_user_list, target, token)
         _refused_as_invalid_token(_lease_grant, target, token)
+
+
+def test_a_revoked_token_creates_no_watch_on_a_stream_opened_before(cluster: list[str]) -> None:
+    """A watch create on a stream opened earlier is judged by the token's validity now."""
+    token = _user_with_token(cluster, "dave", root=True)
+    channels = [grpc.insecure_channel(target) for target in cluster]
+    queues: list[queue.Queue[rpc_pb2.WatchRequest | None]] = [queue.Queue() for _ in cluster]
+
+    def stream(q: queue.Queue[rpc_pb2.WatchRequest | None]) -> Iterator[rpc_pb2.WatchRequest]:
+        while (item := q.get(timeout=60)) is not None:
+            yield item
+
+    try:
+        streams = [rpc_pb2_grpc.WatchStub(ch).Watch(stream(q), metadata=(("token", token),), timeout=60)
+                   for ch, q in zip(channels, queues, strict=True)]
+        for q, answers in zip(queues, streams, strict=True):
+            q.put(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"k1")))
+            first = next(answers)
+            assert first.created and not first.canceled and first.watch_id != -1
+        _as_root(cluster[1], "UserChangePassword", rpc_pb2.AuthUserChangePasswordRequest(name="dave", password="new"))
+        for q, answers in zip(queues, streams, strict=True):
+            q.put(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"k2")))
+            created = next(a for a in answers if a.created)  # the first watch's cancellation may come first
+            assert created.canceled and created.watch_id == -1, created
+    finally:
+        for q in queues:
+            q.put(None)
+        for ch in channels:
+            ch.close()
