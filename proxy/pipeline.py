@@ -265,13 +265,20 @@ class Pipeline:
             await abort_with(context, e)
 
     async def watch(self, method: Method, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
-        """Watch.Watch: the stream's token is resolved once; proxy/watch.py does the rest."""
+        """Watch.Watch: the stream's token is resolved when it opens and, for a simple token, again
+        (in the store, not from the cache) at each create, so a token revoked meanwhile creates no
+        watch; proxy/watch.py does the rest."""
         try:
             token, _lent = await self.token_of(context)
             identity = await self.resolver.resolve(token, None, defer_invalid=True)
         except HANDLED as e:
             await abort_with(context, e)
-        async for message in WatchProxy(self.store).serve(identity, requests, context):
+
+        async def again() -> Identity:
+            return await self.resolver.resolve(token, None, defer_invalid=True, fresh=True)
+
+        refresh = again if identity.simple_token is not None else None
+        async for message in WatchProxy(self.store).serve(identity, requests, context, refresh=refresh):
             yield message
 
     async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:

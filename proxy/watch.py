@@ -19,7 +19,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,11 @@ class _State:
     call: Any = None
     connected: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _header(identity: Identity) -> bytes:
+    return ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
+                             invalid_token=identity.invalid_token).SerializeToString()
 
 
 def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
@@ -128,14 +133,14 @@ class WatchProxy:
         endpoint = self.store._leader  # noqa: SLF001 - the leader guess the store client keeps
         return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self.store._metadata)  # noqa: SLF001
 
-    async def serve(self, identity: Identity, requests: AsyncIterator[bytes],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        header = ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
-                                   invalid_token=identity.invalid_token).SerializeToString()
-        state = _State(header, current_revision=identity.simple_token is not None)
+    async def serve(self, identity: Identity, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                    refresh: Callable[[], Awaitable[Identity]] | None = None) -> AsyncIterator[bytes]:
+        """``refresh``: resolves the stream's token again, before each create (simple tokens)."""
+        state = _State(_header(identity), current_revision=identity.simple_token is not None)
         out: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out))]
+        tasks = [loop.create_task(self._sessions(state, out)),
+                 loop.create_task(self._client(state, requests, out, refresh))]
         try:
             while True:
                 item = await out.get()
@@ -152,11 +157,22 @@ class WatchProxy:
             if state.call is not None:
                 state.call.cancel()
 
-    async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any]) -> None:
+    async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any],
+                      refresh: Callable[[], Awaitable[Identity]] | None) -> None:
         try:
             async for data in requests:
                 req = pb.WatchRequest.FromString(data)
                 which = req.WhichOneof("request_union")
+                if which == "create_request" and refresh is not None:
+                    # The token's validity now: revoked since the stream opened -> the store
+                    # refuses the create as for an unresolved token.
+                    try:
+                        header = _header(await refresh())
+                    except Exception as exc:  # noqa: BLE001 - store unreachable: keep the last identity
+                        log.debug("watch: could not resolve the stream's token again: %s", exc)
+                    else:
+                        async with state.lock:
+                            state.header = header
                 async with state.lock:
                     if which == "create_request":
                         state.pending.append(req.create_request)
