@@ -232,15 +232,26 @@ class Pipeline:
         yield wire.length_delimited(RANGE_STREAM_FIELD, answer)
 
     async def snapshot(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
-        """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive."""
+        """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive. A simple
+        token's stale resolution (refused before the first chunk) is resolved again, once."""
         try:
             timeout = timeout_of(context)
             token, _lent = await self.token_of(context)
             identity = await self.resolver.resolve(token, timeout)
-            data = stamp(identity, method, request)
-            check_size(data, self.max_request_bytes)
-            async for chunk in self.store.snapshot(data, timeout):
-                yield chunk
+            for attempt in range(2):
+                data = stamp(identity, method, request)
+                check_size(data, self.max_request_bytes)
+                sent = False
+                try:
+                    async for chunk in self.store.snapshot(data, timeout):
+                        sent = True
+                        yield chunk
+                    return
+                except grpc.aio.AioRpcError as e:
+                    if sent or attempt or identity.simple_token is None or not is_old_revision(e):
+                        raise
+                self.resolver.invalidate(identity)
+                identity = await self.resolver.resolve(token, timeout)
         except HANDLED as e:
             await abort_with(context, e)
 
