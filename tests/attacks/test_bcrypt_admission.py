@@ -116,3 +116,14 @@ def test_anonymous_flood_does_not_starve_root_or_other_peers(tmp_path: Path, mon
         _run(tmp_path, scenario)
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(("peer", "client"), [
+    ("ipv4:10.0.0.7:5123", "ipv4:10.0.0.7"),
+    ("ipv4:10.0.0.7:6000", "ipv4:10.0.0.7"),  # another connection, the same client
+    ("ipv6:[::1]:5123", "ipv6:[::1]"),
+    ("unix:/run/raftgate.sock", "unix"),
+    ("unix:", "unix"),
+])  # fmt: skip
+def test_a_client_is_its_address_not_its_connection(peer: str, client: str) -> None:
+    assert passwords.peer_host(peer) == client
