@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from authstore.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST, PasswordFileError, read_password_file
 from authstore.observe import ObserveConfig, add_observe_flags, observe_config
 
 
@@ -53,6 +54,9 @@ class StoreConfig:
     max_watches_per_user: int = 20_000
     log_level: str = "info"
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    #: root's password for a NEW cluster (hashed at start-up; never logged, never in the log)
+    initial_root_password: str | None = field(default=None, repr=False)
+    bcrypt_cost: int = DEFAULT_COST
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-watches-per-user", type=int, default=20_000,
                    help="open watches one user may hold on this node, over all streams (anonymous: one user)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+    p.add_argument("--initial-root-password-file", default=None,
+                   help="a NEW cluster starts with user root (role root, this password) and authentication "
+                        "enabled as its first log entries; ignored on existing data. Give every initial member "
+                        "the same file")
+    p.add_argument("--bcrypt-cost", type=int, default=DEFAULT_COST,
+                   help=f"bcrypt cost of the initial root password's hash, {MIN_COST}..{MAX_COST} "
+                        f"(default and out of range: {DEFAULT_COST})")
     add_observe_flags(p)
     return p
 
@@ -213,4 +224,11 @@ def parse(argv: list[str]) -> StoreConfig:
         if getattr(cfg, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
     cfg.observe = observe_config(a, ConfigError)
+    # Out of range -> the default, as etcd (and the proxy) do for --bcrypt-cost.
+    cfg.bcrypt_cost = a.bcrypt_cost if MIN_COST <= a.bcrypt_cost <= MAX_COST else DEFAULT_COST
+    if a.initial_root_password_file:
+        try:
+            cfg.initial_root_password = read_password_file(a.initial_root_password_file)
+        except PasswordFileError as exc:
+            raise ConfigError(f"--initial-root-password-file: {exc}") from None
     return cfg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import struct
@@ -12,8 +13,10 @@ import grpc
 
 from authstore import config as store_config
 from authstore.apply import Applier
+from authstore.auth import initial_root
 from authstore.backend import Backend
 from authstore.driver import RaftNode
+from authstore.errors import EtcdError
 from authstore.lease.expiry import LeaseKeeper
 from authstore.log.wal import WAL, WALCorrupt
 from authstore.maintenance import Maintenance, MemberInfo
@@ -55,7 +58,8 @@ def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
 
 
 def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardState]:
-    """A new cluster's first log entries: one committed conf change per initial member."""
+    """A new cluster's first log entries: one committed conf change per initial member, then,
+    with --initial-root-password-file, root and AuthEnable (identical on every initial member)."""
     ids = [member_id(urls, cfg.initial_cluster_token) for _, urls in cfg.initial_cluster]
     cid = cluster_id(ids, cfg.initial_cluster_token)
     entries = []
@@ -63,6 +67,11 @@ def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardS
         ctx = spb.MemberContext(member=pb.Member(ID=mid, name=name, peerURLs=urls), cluster_id=cid)
         cc = ConfChange(ConfChangeType.ADD_NODE, mid, ctx.SerializeToString())
         entries.append(Entry(1, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc)))
+    if cfg.initial_root_password is not None:
+        hashed = initial_root.hash_password(cfg.initial_root_password, cfg.bcrypt_cost, cid,
+                                            cfg.initial_cluster_token)
+        entries += initial_root.initial_root_entries(hashed, len(entries) + 1)
+        log.info("new cluster: root and authentication are its first log entries")
     return entries, HardState(term=1, vote=0, commit=len(entries))
 
 
@@ -142,6 +151,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
     security = _peer_security(cfg)
     node = await open_node(cfg, backend, security)
+    cfg.initial_root_password = None  # hashed into a new cluster's first entries, or unused: not kept
     applier = node.applier
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
@@ -190,8 +200,14 @@ async def serve(cfg: store_config.StoreConfig) -> None:
         raise OSError(f"--listen-peer-urls: cannot listen on {peer_listen}: the port is in use or the address is "
                       "not available here")
     await peer_server.start()
+    startup_commit = node.storage.hard_state.commit
     node.start()
     refresh_peers()
+    # Nothing is served before the committed entries this node already holds are applied: on a
+    # new cluster, that is the initial root and AuthEnable (no request ever sees auth disabled).
+    while node.applied_index < startup_commit:
+        with contextlib.suppress(EtcdError):
+            await node.wait_applied(startup_commit)
     background = [asyncio.get_running_loop().create_task(service.tokens.sweep(lambda: node.is_leader)),
                   asyncio.get_running_loop().create_task(maintenance.publish_attributes()),
                   asyncio.get_running_loop().create_task(leases.run())]

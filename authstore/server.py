@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -49,6 +50,7 @@ log = logging.getLogger("raftgate.store.server")
 
 SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 SNAPSHOT_CHUNK = 32 << 10
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
@@ -77,6 +79,8 @@ class StoreService:
         self.node = node
         self.maintenance = maintenance
         self.draining = False
+        #: (auth revision, the users' typical bcrypt cost) for decoy hashes; -1: not computed yet
+        self._decoy_cost: tuple[int, int | None] = (-1, None)
         self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
                                   max_watches_per_stream=max_watches_per_stream,
                                   max_watches_per_user=max_watches_per_user)
@@ -255,7 +259,22 @@ class StoreService:
                 resp.found = True
                 resp.no_password = user.options.no_password
                 resp.password_hash = user.password
+            else:
+                resp.password_hash = self._decoy_hash(txn, resp.auth_revision)
         return resp.SerializeToString()
+
+    def _decoy_hash(self, txn: lmdb.Transaction, auth_revision: int) -> bytes:
+        """For an unknown user: a well-formed bcrypt hash that matches nothing, at the cost the
+        users' hashes have, so the proxy's check of a miss takes as long as a real one (no user
+        enumeration by timing). The cost is recomputed only when the auth revision moves."""
+        if self._decoy_cost[0] != auth_revision:
+            self._decoy_cost = (auth_revision, self.applier.auth.typical_bcrypt_cost(txn))
+        cost = self._decoy_cost[1]
+        if cost is None:
+            return b""  # no user has a password: the proxy uses its own decoy
+        salt = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(21)) + secrets.choice(".Oeu")
+        digest = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
+        return f"$2a${cost:02d}${salt}{digest}".encode()
 
     async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
         token = spb.ResolveTokenRequest.FromString(data).token

@@ -60,14 +60,17 @@ def varint_field(field_number: int, value: int) -> bytes:
     return encode_varint((field_number << 3) | _WIRE_VARINT) + encode_varint(value)
 
 
-def encode_header(username: str, auth_revision: int, *, invalid_token: bool = False) -> bytes:
+def encode_header(username: str, auth_revision: int, *, invalid_token: bool = False,
+                  simple_token: bool = False) -> bytes:
     """The serialized RequestHeader field (field 100) of an InternalRaftRequest.
 
     ``invalid_token``: the client's token did not resolve; the store validates the request, then
     refuses it with ``invalid auth token`` (when auth is enabled), in etcd's order of checks.
+    ``simple_token``: the identity is a (possibly cached) simple-token resolution; the store
+    refuses it as old after any auth change, whatever the request.
     """
     header = raft_internal_pb2.RequestHeader(username=username, auth_revision=auth_revision,
-                                             invalid_token=invalid_token)
+                                             invalid_token=invalid_token, simple_token=simple_token)
     return length_delimited(HEADER_FIELD, header.SerializeToString())
 
 

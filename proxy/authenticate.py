@@ -1,7 +1,8 @@
 """Authenticate, outside consensus: the password is checked in the proxy, the token is committed.
 
 1. Store.Credentials: a linearizable read of the user's hash and flags and the auth revision R.
-2. bcrypt on the worker pool (an unknown user still pays for one check: no enumeration by timing).
+2. bcrypt on the worker pool (an unknown user still pays for one check, against the store's decoy
+   hash at the users' own bcrypt cost: no enumeration by timing).
 3. Store.Do(authenticate{name, prefix, checked_revision=R, ...}): the apply stage refuses it
    (ABORTED "raftgate: auth revision moved") if the auth revision moved since step 1, because the
    password may have changed meanwhile; the proxy then starts again, as etcd does, until the
@@ -69,10 +70,12 @@ class Authenticator:
         self._clock_ms = clock_ms
         self.default_deadline = default_deadline
 
-    async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None) -> bytes:
-        """The serialized AuthenticateResponse, or EtcdError / AioRpcError."""
+    async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None, *,
+                           peer: str = "") -> bytes:
+        """The serialized AuthenticateResponse, or EtcdError / AioRpcError. ``peer``: the client
+        (``passwords.peer_host``) whose share of the bcrypt queue the check takes."""
         try:
-            answer = await self._authenticate(request.name, request.password, timeout)
+            answer = await self._authenticate(request.name, request.password, timeout, peer)
         except _Refused as e:
             metrics.authentication(e.result)
             raise EtcdError(e.err) from None
@@ -82,14 +85,14 @@ class Authenticator:
         metrics.authentication("ok")
         return answer
 
-    async def _authenticate(self, name: str, password: str, timeout: float | None) -> bytes:
+    async def _authenticate(self, name: str, password: str, timeout: float | None, peer: str) -> bytes:
         deadline = time.monotonic() + (timeout if timeout is not None else self.default_deadline)
         attempt = 0
         while True:
             if attempt:
                 metrics.AUTHENTICATE_REVISION_RETRIES.inc()
             attempt += 1
-            checked_revision = await self._check_password(name, password, deadline - time.monotonic())
+            checked_revision = await self._check_password(name, password, deadline - time.monotonic(), peer)
             try:
                 return await self._commit(name, checked_revision, deadline - time.monotonic())
             except grpc.aio.AioRpcError as e:
@@ -101,16 +104,16 @@ class Authenticator:
                 raise _Refused(Err.TIMEOUT, "revision_retry_exhausted")
             log.info("auth revision moved during Authenticate; retrying")
 
-    async def _check_password(self, name: str, password: str, timeout: float | None) -> int:
+    async def _check_password(self, name: str, password: str, timeout: float | None, peer: str) -> int:
         creds = await self._store.credentials(name, timeout)
         if not creds.auth_enabled:
             raise _Refused(Err.AUTH_NOT_ENABLED, "not_enabled")
         if not creds.found:
-            await self._hasher.check_dummy(password)
+            await self._hasher.check_dummy(password, creds.password_hash, peer=peer)
             raise _Refused(Err.AUTH_FAILED, "auth_failed")
         if creds.no_password:
             raise _Refused(Err.NO_PASSWORD_USER, "no_password")
-        if not await self._hasher.check(password, creds.password_hash):
+        if not await self._hasher.check(password, creds.password_hash, peer=peer):
             raise _Refused(Err.AUTH_FAILED, "auth_failed")
         if self._jwt is not None and self._jwt.verify_only:
             raise _Refused(Err.VERIFY_ONLY, "verify_only")

@@ -4,16 +4,21 @@ Run by the Helm chart's post-install/post-upgrade hook Job against the proxy's e
 etcd-compatible endpoint works). It waits until an endpoint answers (bounded by ``--timeout``),
 then, idempotently:
 
-1. ``AuthStatus`` says enabled → nothing to do (exit 0);
-2. ``UserAdd root`` (an existing root user is kept), ``RoleAdd root`` (an existing role is kept),
-   ``UserGrantRole root root``, ``AuthEnable``.
+1. ``AuthStatus`` says disabled (a cluster started without ``raftgate store
+   --initial-root-password-file``, which the chart always gives): ``UserAdd root`` (an existing
+   root user is kept), ``RoleAdd root`` (an existing role is kept), ``UserGrantRole root root``,
+   ``AuthEnable``;
+2. then, always: root must authenticate with the file's password and no other user may hold role
+   root. Otherwise the cluster is not trusted (someone may have made themselves root while auth
+   was off): a clear message and exit 1, never a warning and success.
 
 A transient failure (endpoint unavailable, deadline exceeded, leader change) starts the sequence
 again on the next endpoint until the deadline; any other refusal is checked against AuthStatus
 (another bootstrap may have finished meanwhile) and otherwise reported. The password is read from
 a file and never printed, logged or put in an error message.
 
-Exit codes: 0 authentication is enabled, 1 it could not be enabled in time, 2 bad flags or file.
+Exit codes: 0 authentication is enabled and root is the file's, 1 it could not be enabled in time
+or root is not trusted, 2 bad flags or file.
 """
 
 from __future__ import annotations
@@ -146,31 +151,53 @@ class _Session:
 
     def bootstrap(self) -> None:
         if self.enabled():
-            _say("authentication is already enabled; nothing to do")
-            return
+            _say("authentication is already enabled; checking root")
+        else:
+            try:
+                self._enable()
+            except _AlreadyEnabled:
+                _say("authentication was enabled meanwhile; checking root")
+        self._verify()
+
+    def _enable(self) -> None:
+        """The old way, for a cluster started without --initial-root-password-file: while auth is
+        off anyone may have created root first, so _verify decides afterwards whether to trust it."""
         created = self.step("UserAdd", rpc_pb2.AuthUserAddRequest(name=ROOT, password=self.opts.password))
-        _say("created user root" if created else "user root already exists; keeping its password")
+        _say("created user root" if created else "user root already exists")
         created = self.step("RoleAdd", rpc_pb2.AuthRoleAddRequest(name=ROOT))
         _say("created role root" if created else "role root already exists")
         self.step("UserGrantRole", rpc_pb2.AuthUserGrantRoleRequest(user=ROOT, role=ROOT))
         self.step("AuthEnable", rpc_pb2.AuthEnableRequest())
         _say("authentication enabled")
-        self._check_password()
 
-    def _check_password(self) -> None:
-        """Warn (do not fail) when root's password is not the one in the file: e.g. root existed before."""
+    def _verify(self) -> None:
+        """Root must authenticate with the file's password, and nobody else may hold role root:
+        otherwise someone else may own this cluster (a root created while auth was off, or an
+        admin added meanwhile), and the Job fails instead of adopting it."""
         try:
-            self.auth.Authenticate(
+            token = self.auth.Authenticate(
                 rpc_pb2.AuthenticateRequest(name=ROOT, password=self.opts.password), timeout=self._timeout()
-            )
+            ).token
         except grpc.RpcError as exc:
+            if exc.code() in TRANSIENT:
+                raise
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                print(
-                    f"{PROG}: warning: root's password is not the one in the password file "
-                    "(root existed before this bootstrap)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                raise BootstrapError(
+                    "root does not authenticate with the password in the file: root was created by someone "
+                    "else or its password was changed; not trusting this cluster"
+                ) from None
+            raise BootstrapError(f"Authenticate as root was refused: {exc.details()} ({exc.code().name})") from None
+        md = (("token", token),)
+        users = self.auth.UserList(rpc_pb2.AuthUserListRequest(), metadata=md, timeout=self._timeout()).users
+        holders = [
+            name for name in users
+            if name != ROOT and ROOT in self.auth.UserGet(rpc_pb2.AuthUserGetRequest(name=name), metadata=md,
+                                                          timeout=self._timeout()).roles
+        ]  # fmt: skip
+        if holders:
+            who = f"user {holders[0]} holds" if len(holders) == 1 else f"users {', '.join(holders)} hold"
+            raise BootstrapError(f"{who} role root: only root may; not trusting this cluster")
+        _say("root authenticates with the password file and no other user holds role root")
 
 
 def run(opts: Options) -> int:
@@ -184,9 +211,6 @@ def run(opts: Options) -> int:
         with grpc.insecure_channel(endpoint) as channel:
             try:
                 _Session(channel, opts, deadline).bootstrap()
-                return EXIT_OK
-            except _AlreadyEnabled:
-                _say("authentication was enabled meanwhile; nothing to do")
                 return EXIT_OK
             except grpc.RpcError as exc:
                 if exc.code() not in TRANSIENT:

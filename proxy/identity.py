@@ -52,9 +52,11 @@ class Resolver:
         self._inflight: dict[str, asyncio.Task[Identity | None]] = {}
 
     async def resolve(self, token: str | None, timeout: float | None = None, *,
-                      defer_invalid: bool = False) -> Identity:
+                      defer_invalid: bool = False, fresh: bool = False) -> Identity:
         """The caller's identity; an unusable token raises ``invalid auth token`` (auth on), or
-        with ``defer_invalid`` gives UNRESOLVED, for the store to refuse after validating."""
+        with ``defer_invalid`` gives UNRESOLVED, for the store to refuse after validating.
+        ``fresh``: a simple token is looked up in the store now, never answered from the cache
+        (for a check the store cannot repeat at its auth revision, e.g. a watch create)."""
         if token is None:
             return ANONYMOUS
         if self._jwt is not None:
@@ -62,7 +64,7 @@ class Resolver:
             if found is not None:
                 return Identity(found.username, found.revision, expires_at=found.expires_at)
         elif self._simple is not None and looks_like_simple_token(token):
-            identity = await self._resolve_simple(token, timeout)
+            identity = await (self._lookup(token, timeout) if fresh else self._resolve_simple(token, timeout))
             if identity is not None:
                 return identity
         elif self._simple is not None:

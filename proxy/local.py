@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-token-ttl", default=None, help="simple token TTL in seconds (default 300)")
     p.add_argument("--bcrypt-cost", default=None, help="bcrypt cost for new passwords (default 10)")
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
+    p.add_argument("--initial-root-password-file", default=None,
+                   help="a new cluster starts with root (this password) and authentication enabled")
     return p
 
 
@@ -168,6 +170,10 @@ async def run(a: argparse.Namespace) -> int:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
             "--initial-cluster", initial_cluster, "--advertise-client-urls", client_url,
         ]  # fmt: skip
+        if a.initial_root_password_file:
+            n["argv"] += ["--initial-root-password-file", str(Path(a.initial_root_password_file).resolve())]
+            if a.bcrypt_cost is not None:
+                n["argv"] += ["--bcrypt-cost", str(a.bcrypt_cost)]
     stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
     proxy_args = ["proxy", "--listen-client-urls", client_url, "--store-endpoints", endpoints,

@@ -23,7 +23,7 @@ from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.methods import Method
-from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher
+from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
 from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
@@ -59,7 +59,8 @@ def check_size(data: bytes, limit: int) -> None:
 
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
     """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
-    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token)
+    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token,
+                                simple_token=identity.simple_token is not None)
     return wire.build_internal_request(header, method.field, request)
 
 
@@ -186,7 +187,7 @@ class Pipeline:
         try:
             check_size(request, self.max_request_bytes)
             parsed = _parse(rpc_pb2.AuthenticateRequest, request)
-            return await self.authenticator.authenticate(parsed, timeout_of(context))
+            return await self.authenticator.authenticate(parsed, timeout_of(context), peer=peer_host(context.peer()))
         except HANDLED as e:
             await abort_with(context, e)
 
@@ -208,7 +209,10 @@ class Pipeline:
             if hashed:
                 check_password_length(message.password)
             await self.check_caller(context)
-            message.hashedPassword = await self.hasher.hash(message.password) if hashed else ""
+            if hashed:
+                message.hashedPassword = await self.hasher.hash(message.password, peer=peer_host(context.peer()))
+            else:
+                message.hashedPassword = ""
             message.password = ""
             return await self.forward(method, message.SerializeToString(), context)
         except HANDLED as e:
@@ -236,16 +240,27 @@ class Pipeline:
         yield wire.length_delimited(RANGE_STREAM_FIELD, answer)
 
     async def snapshot(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
-        """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive."""
+        """Maintenance.Snapshot: Store.Snapshot's chunks, passed through as they arrive. A simple
+        token's stale resolution (refused before the first chunk) is resolved again, once."""
         try:
             _parse(rpc_pb2.SnapshotRequest, request, streaming=True)
             timeout = timeout_of(context)
             token, _lent = await self.token_of(context)
             identity = await self.resolver.resolve(token, timeout)
-            data = stamp(identity, method, request)
-            check_size(data, self.max_request_bytes)
-            async for chunk in self.store.snapshot(data, timeout):
-                yield chunk
+            for attempt in range(2):
+                data = stamp(identity, method, request)
+                check_size(data, self.max_request_bytes)
+                sent = False
+                try:
+                    async for chunk in self.store.snapshot(data, timeout):
+                        sent = True
+                        yield chunk
+                    return
+                except grpc.aio.AioRpcError as e:
+                    if sent or attempt or identity.simple_token is None or not is_old_revision(e):
+                        raise
+                self.resolver.invalidate(identity)
+                identity = await self.resolver.resolve(token, timeout)
         except HANDLED as e:
             await abort_with(context, e)
 

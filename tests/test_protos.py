@@ -34,8 +34,8 @@ def test_etcd_field_numbers() -> None:
     internal = numbers(raft_internal_pb2.InternalRaftRequest)
     assert (internal["header"], internal["authenticate"], internal["auth_status"]) == (100, 1012, 1013)
     assert internal["auth_role_revoke_permission"] == 1204
-    # etcd's three fields, plus raftgate's marker at a number etcd leaves free
+    # etcd's three fields, plus raftgate's markers at numbers etcd leaves free
     assert numbers(raft_internal_pb2.RequestHeader) == {"ID": 1, "username": 2, "auth_revision": 3,
-                                                        "invalid_token": 1000}
+                                                        "invalid_token": 1000, "simple_token": 1001}
     services = {s.name for s in rpc_pb2.DESCRIPTOR.services_by_name.values()}
     assert services == {"KV", "Watch", "Lease", "Cluster", "Maintenance", "Auth"}

@@ -16,6 +16,9 @@ check became a CVE (nested txns, prev_kv, leases, Compact). raftgate walks the w
 * admin checks (etcd ``IsAdminPermitted``, no revision check): no user -> ``user name is empty``;
   unknown user -> ``user name not found``; no role root -> ``permission denied``.
 * "authenticated" checks (etcd ``requireAuthInfo``): only a non-empty user name is required.
+* a header marked ``simple_token`` (a revocable identity the proxy may have cached) whose revision
+  is older than the store's: ``revision of auth store is old`` for every checked kind, so that no
+  check - admin and "authenticated" ones included - passes on a token revoked meanwhile.
 
 Reads (``read=True``) follow etcd's ``doSerialize`` for Range and Txn: the key checks run as in
 apply, and once they pass, a header revision that differs from the store's in either direction
@@ -89,6 +92,10 @@ def authorize(
     if kind in OPEN_KINDS or not auth.is_enabled(txn):
         return
     try:
+        if header.simple_token and header.username and header.auth_revision < auth.revision(txn):
+            # The proxy resolved the token before an auth change that may have revoked it: it
+            # resolves it again (the request had no effect) instead of relying on a stale cache.
+            raise EtcdError(Err.AUTH_OLD_REVISION)
         _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))
     except EtcdError as exc:
         metrics.count_refusal(exc.err, kind, read=read)

@@ -66,6 +66,14 @@ def is_valid_permission_range(key: bytes, range_end: bytes) -> bool:
     return key < range_end or range_end == b"\x00"
 
 
+def bcrypt_cost(hashed: bytes) -> int | None:
+    """The cost in a ``$2?$NN$...`` bcrypt hash, or None for anything else."""
+    parts = hashed.split(b"$")
+    if len(parts) != 4 or parts[0] or parts[1] not in (b"2a", b"2b", b"2y") or not parts[2].isdigit():
+        return None
+    return int(parts[2])
+
+
 def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -131,6 +139,16 @@ class AuthStore:
         users = [auth_pb2.User.FromString(v) for v in txn.cursor(db=self._users).iternext(keys=False)]
         users.sort(key=lambda u: u.name)  # byte order of names, as bbolt lists them
         return users
+
+    def typical_bcrypt_cost(self, txn: lmdb.Transaction) -> int | None:
+        """The bcrypt cost most users' password hashes have (the higher on a tie); None if no
+        user has a password. Unknown users are checked at this cost, so a miss costs what a hit does."""
+        counts: dict[int, int] = {}
+        for user in self._all_users(txn):
+            cost = bcrypt_cost(user.password)
+            if cost is not None:
+                counts[cost] = counts.get(cost, 0) + 1
+        return max(counts, key=lambda c: (counts[c], c)) if counts else None
 
     def _all_roles(self, txn: lmdb.Transaction) -> list[auth_pb2.Role]:
         roles = [auth_pb2.Role.FromString(v) for v in txn.cursor(db=self._roles).iternext(keys=False)]

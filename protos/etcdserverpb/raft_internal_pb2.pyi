@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RequestHeader(_message.Message):
-    __slots__ = ("ID", "username", "auth_revision", "invalid_token")
+    __slots__ = ("ID", "username", "auth_revision", "invalid_token", "simple_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     AUTH_REVISION_FIELD_NUMBER: _ClassVar[int]
     INVALID_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SIMPLE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ID: int
     username: str
     auth_revision: int
     invalid_token: bool
-    def __init__(self, ID: _Optional[int] = ..., username: _Optional[str] = ..., auth_revision: _Optional[int] = ..., invalid_token: _Optional[bool] = ...) -> None: ...
+    simple_token: bool
+    def __init__(self, ID: _Optional[int] = ..., username: _Optional[str] = ..., auth_revision: _Optional[int] = ..., invalid_token: _Optional[bool] = ..., simple_token: _Optional[bool] = ...) -> None: ...
 
 class InternalRaftRequest(_message.Message):
     __slots__ = ("header", "ID", "range", "put", "delete_range", "txn", "compaction", "lease_grant", "lease_revoke", "alarm", "lease_checkpoint", "auth_enable", "auth_disable", "authenticate", "auth_status", "auth_user_add", "auth_user_delete", "auth_user_get", "auth_user_change_password", "auth_user_grant_role", "auth_user_revoke_role", "auth_user_list", "auth_role_list", "auth_role_add", "auth_role_delete", "auth_role_get", "auth_role_grant_permission", "auth_role_revoke_permission", "status", "defragment", "hash", "hash_kv", "snapshot", "move_leader", "downgrade", "member_list", "member_add", "member_remove", "member_update", "member_promote", "lease_time_to_live", "lease_leases", "lease_keep_alive", "member_attr_set", "expire_tokens", "lease_renew", "lease_expire", "time_unix_ms")

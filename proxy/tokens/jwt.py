@@ -3,8 +3,8 @@
 Claims are exactly etcd's ``{username, revision, exp}``. Verification pins the configured
 algorithm (no ``none``, no algorithm confusion), validates ``exp``/``nbf`` when present (an
 externally minted token without ``exp`` never expires, as in etcd), and requires ``username`` to be
-a string and ``revision`` a JSON number. Successful verifications are cached by token until they
-expire, so steady traffic costs one dict lookup instead of a signature check.
+a string and ``revision`` a JSON number that fits a uint64. Successful verifications are cached by
+token until they expire, so steady traffic costs one dict lookup instead of a signature check.
 """
 
 from __future__ import annotations
@@ -260,7 +260,9 @@ class JwtProvider:
         if not isinstance(username, str) or not _is_number(revision) or revision < 0:
             log.info("JWT %s lacks a string username or numeric revision", fingerprint(token))
             return None
-        if isinstance(revision, float) and (not revision.is_integer() or revision >= 2**64):
+        if isinstance(revision, float) and not revision.is_integer():
+            return None
+        if revision >= 2**64:  # no auth revision is that large, and the stamped header holds a uint64
             return None
         return JwtIdentity(username, int(revision), float(exp) if exp is not None else None)
 

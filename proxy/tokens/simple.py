@@ -4,6 +4,10 @@ The proxy only draws the random prefix; the store's apply stage appends the entr
 the token's sliding TTL. To keep steady traffic off the store, resolutions are cached for a short
 time (at most 1 s and at most a quarter of the TTL), so the store still sees the token at least
 once a second of use and its sliding TTL never runs out under an active client.
+
+A cached resolution never outlives a revocation: requests stamped from it are marked
+``simple_token``, and the store refuses them as old once the auth revision moved (every revocation
+moves it); the proxy then resolves the token again before retrying, on whichever proxy it is.
 """
 
 from __future__ import annotations

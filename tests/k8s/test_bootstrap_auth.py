@@ -67,21 +67,28 @@ def test_waits_for_the_endpoint_then_enables_auth_once(server: RaftgateLocal, pa
     assert PASSWORD not in again.stdout + again.stderr
 
 
-def test_keeps_an_existing_root_user(server: RaftgateLocal, password_file: Path) -> None:
+def test_refuses_a_root_someone_else_created(server: RaftgateLocal, password_file: Path) -> None:
+    """Auth off (a cluster started without --initial-root-password-file): a squatter made root first.
+    Trust item 2: the bootstrap must not adopt it quietly - it fails, saying why."""
     server.start()
     rc, _, err = server.ctl("user", "add", "root:other-password")
     assert rc == 0, err
     rc, _, err = server.ctl("role", "add", "root")
     assert rc == 0, err
     done = run("--endpoints", f"http://{server.target}", "--root-password-file", str(password_file))
-    assert done.returncode == 0, done.stderr
-    assert "user root already exists" in done.stdout and "role root already exists" in done.stdout
-    assert "not the one in the password file" in done.stderr
+    assert done.returncode == 1
+    assert "root does not authenticate with the password in the file" in done.stderr
     assert PASSWORD not in done.stdout + done.stderr
-    rc, out, _ = server.ctl("auth", "status")
-    assert "Authentication Status: true" in out
-    rc, _, _ = server.ctl("user", "get", "root", user="root:other-password")
-    assert rc == 0
+
+
+def test_refuses_when_another_user_holds_role_root(server: RaftgateLocal, password_file: Path) -> None:
+    server.start()
+    for args in (["user", "add", "mallory:x"], ["role", "add", "root"], ["user", "grant-role", "mallory", "root"]):
+        rc, _, err = server.ctl(*args)
+        assert rc == 0, err
+    done = run("--endpoints", server.target, "--root-password-file", str(password_file))
+    assert done.returncode == 1
+    assert "user mallory holds role root" in done.stderr
 
 
 def test_gives_up_after_the_timeout_when_nothing_answers(password_file: Path) -> None:

@@ -378,7 +378,7 @@ def test_bootstrap_job_runs_its_own_proxy_as_a_native_sidecar() -> None:
 FILE_FLAGS = {
     "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file", "--peer-key-file", "--peer-trusted-ca-file",
     "--internal-secret-file", "--peer-secret-file", "--internal-cert", "--internal-key", "--internal-ca",
-    "--identity-file", "--identity-jwt-file", "--root-password-file",
+    "--identity-file", "--identity-jwt-file", "--root-password-file", "--initial-root-password-file",
 }  # fmt: skip
 
 
@@ -549,6 +549,33 @@ def test_root_password_generated_or_given() -> None:
     ]
     assert item == {"key": "password", "path": "root-password"}
     assert not rendered("rbac-off").all("Job")
+
+
+@pytest.mark.parametrize("scenario", ["default", "existing-secrets", "everything", "rbac-off"])
+def test_store_starts_a_new_cluster_with_root_from_the_root_secret(scenario: str) -> None:
+    """Trust item 2: no window with auth off - the store pods create root and enable auth as the
+    first log entries, from the same Secret and key the bootstrap Job checks root against."""
+    r = rendered(scenario)
+    values = merged(scenario)
+    sts = r.one("StatefulSet", STORE)
+    pod = sts["spec"]["template"]
+    c = store_container(r)
+    f = flags(c["args"])
+    if not values["auth"]["rbac"]["create"]:
+        assert "--initial-root-password-file" not in f
+        return
+    assert f["--bcrypt-cost"] == str(values["auth"]["bcryptCost"])
+    store_volume, store_key = source_of(pod, c, f["--initial-root-password-file"])
+    job = r.one("Job", f"{FULLNAME}-bootstrap-auth")["spec"]["template"]
+    (main,) = job["spec"]["containers"]
+    job_volume, job_key = source_of(job, main, flags(main["args"])["--root-password-file"])
+    assert store_volume["secret"]["secretName"] == job_volume["secret"]["secretName"]
+    assert store_key == job_key
+    expected = values["auth"]["rbac"]["existingSecret"] or f"{FULLNAME}-auth"
+    assert store_volume["secret"]["secretName"] == expected
+    assert store_volume["secret"]["defaultMode"] == 0o440
+    mount = next(m for m in c["volumeMounts"] if m["name"] == store_volume["name"])
+    assert mount["readOnly"] is True
 
 
 def test_dev_mode_shares_secrets_and_keeps_the_peer_secret_from_proxies() -> None:
