@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from authstore import metrics
-from authstore.apply import Applier
+from authstore.apply import Applier, ApplyFailed
 from authstore.errors import Err, EtcdError
 from authstore.log.wal import WAL
 from authstore.raft.codec import decode_conf_change
@@ -188,6 +188,11 @@ class RaftNode:
             await body()
         except asyncio.CancelledError:
             raise
+        except ApplyFailed as exc:
+            # Fail-stop: the batch was not committed; a restart applies it again from the log.
+            log.critical("apply failed at %s; the node stops (fail-stop), nothing of the batch was committed",
+                         exc, exc_info=True)
+            os._exit(70)
         except BaseException:
             # Fail-stop: a node that cannot persist or apply must not keep answering as if it could.
             log.critical("the Raft driver failed; the node stops", exc_info=True)

@@ -129,8 +129,7 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, quota_bytes=cfg.quota_backend_bytes,
-                      min_lease_ttl=min_lease_ttl(cfg))
+    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
     tick = cfg.heartbeat_interval_ms / 1000
     return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
