@@ -25,7 +25,7 @@ from typing import Any
 import lmdb
 from google.protobuf.message import DecodeError, Message
 
-from authstore import metrics
+from authstore import failpoints, metrics
 from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
 from authstore.backend import Backend
@@ -178,6 +178,7 @@ class Applier:
             if last.index > applied:
                 self.backend.set_applied(batch, last.index, last.term)
             auth_revision = self.auth.revision(batch)
+            failpoints.hit("applyBeforeCommit")
         metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
         return results
 

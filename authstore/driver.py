@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from authstore import metrics
+from authstore import failpoints, metrics
 from authstore.apply import Applier, ApplyFailed
 from authstore.errors import Err, EtcdError
 from authstore.log.wal import WAL
@@ -231,6 +231,7 @@ class RaftNode:
                 self.storage.append(rd.entries)
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
+            failpoints.hit("raftAfterFsync")
         if not leading:
             self._send(rd.messages)
         if rd.committed_entries:
@@ -318,6 +319,7 @@ class RaftNode:
             self._incoming_snapshots.pop(stale).unlink(missing_ok=True)
         await self._to_apply.join()
         store_index = await self._on_apply_thread(self.applier.restore, path)
+        failpoints.hit("raftMidSnapshotInstall")
         self.storage.apply_snapshot(rd.snapshot)
         hard_state = rd.hard_state or self.storage.hard_state
         await self._io(self.wal.checkpoint, meta, hard_state, [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import struct
 import sys
@@ -11,6 +12,7 @@ import sys
 import grpc
 
 from authstore import config as store_config
+from authstore import failpoints
 from authstore.apply import Applier
 from authstore.backend import Backend
 from authstore.driver import RaftNode
@@ -218,6 +220,13 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper().replace("WARN", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        armed = failpoints.load(os.environ)
+    except failpoints.FailpointError as exc:
+        print(f"raftgate store: {exc}", file=sys.stderr)
+        return 2
+    if armed:
+        log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
         asyncio.run(serve(cfg))
     except WALCorrupt as exc:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from authstore import metrics
+from authstore import failpoints, metrics
 from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
 from authstore.raft.types import Entry, HardState, SnapshotMetadata
 from protos.raftpb import raft_pb2
@@ -177,6 +177,7 @@ class WAL:
             return
         os.write(self._fd, out)
         if sync or entries:
+            failpoints.hit("raftBeforeFsync")
             with metrics.WAL_FSYNC_DURATION.time():
                 os.fsync(self._fd)
         if os.fstat(self._fd).st_size >= self.segment_bytes:
@@ -198,6 +199,7 @@ class WAL:
         os.write(self._fd, out)
         with metrics.WAL_FSYNC_DURATION.time():
             os.fsync(self._fd)
+        failpoints.hit("walMidCheckpoint")
         for path in old:
             path.unlink(missing_ok=True)
         self._segments = self._segments[len(old):]
