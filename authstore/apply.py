@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from authstore import failpoints, metrics
 from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
-from authstore.backend import Backend
+from authstore.backend import Backend, set_member_id
 from authstore.errors import Err, EtcdError
 from authstore.lease.lessor import DEFAULT_MIN_TTL, Lessor
 from authstore.membership import Membership
@@ -142,6 +142,7 @@ class Applier:
 
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
+        set_member_id(snapshot_file, self.member_id)
         self.backend.replace(snapshot_file)
         self._open()
         with self.env.begin() as txn:
