@@ -25,6 +25,9 @@ import pytest
 from faults.cluster import Cluster, Node, Program, Recorder, Workload, program_cluster, verify_after_faults
 from harness import wait_for
 
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2
+
 #: the log is compacted within seconds of load; a restarted node catches up from the log
 FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "5000"]
 #: ... or, here, only by a snapshot
@@ -93,6 +96,36 @@ def test_crash_point_under_load(tmp_path: Path, point: str, arm: str) -> None:
             victim = cluster.followers(cluster.leader())[0]
             cluster.kill(victim)
             crash(cluster, victim, point, arm)
+            cluster.restart(victim)
+            more_writes(rec, 20, "writes after the restart")
+            running.stop()
+        verify_after_faults(cluster, rec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["raftBeforeFsync", "raftAfterFsync", "applyBeforeCommit"])
+def test_leader_crash_point_under_load(tmp_path: Path, point: str) -> None:
+    """The same points on the leader, which sends before its own fsync. The victim is restarted
+    armed while the load pauses (catching up takes few hits), made leader (MoveLeader), and dies
+    at the point under the load that follows."""
+    with program_cluster(tmp_path, nodes=3, store_flags=FLAGS) as cluster:
+        rec = Recorder()
+        with load(cluster, rec) as running:
+            more_writes(rec, 20, "writes under load")
+            running.stop()
+        victim = cluster.leader()
+        cluster.kill(victim)
+        program = start_armed(cluster, victim, f"{point}=50*off->kill")
+        cluster.wait_converged(timeout=60)
+        current = cluster.leader()
+        if current is not victim:
+            cluster.do(current, ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root"),
+                                                        move_leader=rpc_pb2.MoveLeaderRequest(targetID=victim.member_id)),
+                       timeout=15)
+        assert cluster.leader() is victim
+        with load(cluster, rec) as running:
+            wait_for(lambda: not victim.running, 90, f"{victim.name} to crash at {point}")
+            assert f"fail point {point} hit: kill" in program.output(), program.output()[-3000:]
             cluster.restart(victim)
             more_writes(rec, 20, "writes after the restart")
             running.stop()
