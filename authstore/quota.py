@@ -51,8 +51,11 @@ def live_bytes(env: lmdb.Environment) -> int:
 
 class Quota:
     def __init__(self, applier: Applier, quota_bytes: int, member_id: int,
-                 propose: Callable[[bytes], Awaitable[Any]]) -> None:
+                 propose: Callable[[bytes], Awaitable[Any]], applied: Callable[[], int]) -> None:
         self.applier = applier
+        self._applied = applied
+        #: (applied index, live bytes): the size only changes when a batch is applied
+        self._size = (-1, 0)
         self.quota_bytes = quota_bytes
         self.member_id = member_id
         self._propose = propose
@@ -63,7 +66,13 @@ class Quota:
         the request stay below the quota."""
         if not adds_data(req):
             return True
-        return live_bytes(self.applier.env) + size + OVERHEAD < self.quota_bytes
+        return self._live_bytes() + size + OVERHEAD < self.quota_bytes
+
+    def _live_bytes(self) -> int:
+        index = self._applied()
+        if self._size[0] != index:
+            self._size = (index, live_bytes(self.applier.env))
+        return self._size[1]
 
     async def check(self, req: ipb.InternalRaftRequest, size: int) -> None:
         """Raises NOSPACE after logging the alarm when the write would pass the quota."""

@@ -73,7 +73,7 @@ class StoreService:
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
-        self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose)
+        self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
 
