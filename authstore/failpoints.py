@@ -27,7 +27,7 @@ ENV = "RAFTGATE_FAILPOINTS"
 #: Every point, with where it is.
 POINTS: dict[str, str] = {
     "raftBeforeFsync": "log entries written to the WAL, not yet fsync'd (authstore/log/wal.py)",
-    "raftAfterFsync": "the WAL fsync'd, the Ready's messages not yet sent (a follower's acks)",
+    "raftAfterFsync": "the WAL fsync'd; a follower's acks not yet sent, a leader's commits not yet applied",
     "applyBeforeCommit": "a batch applied in its LMDB transaction, not yet committed",
     "raftMidSnapshotInstall": "a leader's snapshot replaced the store, the log does not record it yet",
     "walMidCheckpoint": "log compaction: the new WAL segment written, older segments not yet deleted",
