@@ -10,13 +10,15 @@ it: the node stops instead, with nothing of the batch committed, and replays it 
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 import pytest
+from google.protobuf.message import Message
 
-from authstore.apply import Applier
+from authstore.apply import Applier, AuthRevisionMoved
 from authstore.backend import Backend
 from authstore.errors import Err, EtcdError
 from authstore.raft.types import Entry
@@ -157,3 +159,76 @@ def test_full_lmdb_map_in_apply_stops_instead_of_answering_nospace(tmp_path: Pat
     assert applier.applied_index() == 1
     with applier.env.begin() as txn:
         assert applier.alarms(txn) == pb.AlarmResponse()
+
+
+class _Requests:
+    """Random client requests, valid and not: odd keys, negative numbers, nested Txns."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def key(self) -> bytes:
+        r = self.rng
+        return r.choice([b"", b"a", b"\x00", b"\xff" * 600, b"k" * r.randint(1, 2000),
+                         bytes([r.randint(0, 255)]) * r.randint(0, 5)])
+
+    def num(self) -> int:
+        return self.rng.choice([0, 1, 5, -1, 2**62, -(2**63)])
+
+    def put(self) -> pb.PutRequest:
+        r = self.rng
+        return pb.PutRequest(key=self.key(), value=self.key(), lease=self.num(), prev_kv=r.random() < .5,
+                             ignore_value=r.random() < .2, ignore_lease=r.random() < .2)
+
+    def range(self) -> pb.RangeRequest:
+        r = self.rng
+        return pb.RangeRequest(key=self.key(), range_end=self.key(), revision=r.randint(-5, 50),
+                               limit=r.randint(-3, 5), sort_order=r.randint(0, 2), sort_target=r.randint(0, 4),
+                               count_only=r.random() < .3, keys_only=r.random() < .3,
+                               min_mod_revision=r.randint(-2, 5), max_create_revision=r.randint(-2, 5))
+
+    def op(self, depth: int) -> pb.RequestOp:
+        c = self.rng.randint(0, 3 if depth < 2 else 2)
+        if c == 0:
+            return pb.RequestOp(request_put=self.put())
+        if c == 1:
+            return pb.RequestOp(request_range=self.range())
+        if c == 2:
+            return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=self.key(), range_end=self.key(),
+                                                                           prev_kv=self.rng.random() < .5))
+        return pb.RequestOp(request_txn=self.txn(depth + 1))
+
+    def txn(self, depth: int = 0) -> pb.TxnRequest:
+        r = self.rng
+        cmps = [pb.Compare(key=self.key(), range_end=self.key(), target=r.randint(0, 4), result=r.randint(0, 3),
+                           version=r.randint(-2, 5), create_revision=r.randint(-2, 5), mod_revision=r.randint(-2, 5),
+                           value=self.key(), lease=r.randint(-2, 5)) for _ in range(r.randint(0, 3))]
+        return pb.TxnRequest(compare=cmps, success=[self.op(depth) for _ in range(r.randint(0, 4))],
+                             failure=[self.op(depth) for _ in range(r.randint(0, 3))])
+
+    def request(self) -> dict[str, object]:
+        c = self.rng.randint(0, 7)
+        at = self.rng.choice([0, -1, 2**62, 1_700_000_000_000])
+        return [
+            {"put": self.put()},
+            {"txn": self.txn()},
+            {"delete_range": pb.DeleteRangeRequest(key=self.key(), range_end=self.key(), prev_kv=True)},
+            {"lease_grant": pb.LeaseGrantRequest(ID=self.num(), TTL=self.num()), "time_unix_ms": at},
+            {"lease_revoke": pb.LeaseRevokeRequest(ID=self.num())},
+            {"compaction": pb.CompactionRequest(revision=self.rng.randint(-3, 60))},
+            {"range": self.range()},
+            {"lease_renew": ipb.LeaseRenewEntry(ID=self.num()), "time_unix_ms": at},
+        ][c]
+
+
+def test_no_client_request_makes_apply_fail(tmp_path: Path, backends: list[Backend]) -> None:
+    """With fail-stop, an exception in apply that a client can provoke would stop every node (they
+    all apply the same entry): every request, however odd, must end in a response or an etcd error."""
+    log = Log()
+    b = Backend(tmp_path / "s", map_size=256 << 20)
+    backends.append(b)
+    applier = Applier(b, member_id=1)
+    requests = _Requests(seed=1)
+    for _ in range(1500):
+        result = apply_one(applier, log.entry(**requests.request()))
+        assert result is None or isinstance(result, Message | EtcdError | AuthRevisionMoved), result
