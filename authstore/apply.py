@@ -241,7 +241,7 @@ class Applier:
 
     def _refused_for_space(self, batch: lmdb.Transaction, req: ipb.InternalRaftRequest) -> bool:
         """etcd's applierV3Capped: while a NOSPACE alarm is set (the leader logged it), writes that
-        add data (Put, Txn with a write, LeaseGrant) are refused until it is disarmed; deletes and
+        add data (Put, Txn with a Put, LeaseGrant) are refused until it is disarmed; deletes and
         compaction still go through, so space can be won back. Only replicated state is read."""
         return adds_data(req) and any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms)
 
