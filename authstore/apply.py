@@ -4,6 +4,14 @@ Each entry is applied in a nested LMDB transaction inside the batch's transactio
 refused with an etcd error leaves nothing behind, while the applied index is recorded in the same
 transaction as the entries it covers. Order per entry: etcd's request validation, then the one
 authorization function, then the state change. Apply reads no clock: time comes from the entry.
+
+Apply is deterministic: it decides from the log and the replicated state alone, never from this
+node's clock or page count (a node restored from a compacted snapshot holds the same data in
+fewer pages). The NOSPACE quota is an alarm the leader puts into the log (authstore/quota.py);
+apply only reads it. An entry that fails for any other reason than an etcd refusal - a bug, a
+full LMDB map - fails its whole batch: nothing of it is committed and the node stops
+(:class:`ApplyFailed`, fail-stop in the driver) rather than answer and skip an entry the other
+nodes apply.
 """
 
 from __future__ import annotations
@@ -17,10 +25,10 @@ from typing import Any
 import lmdb
 from google.protobuf.message import DecodeError, Message
 
-from authstore import metrics
+from authstore import failpoints, metrics
 from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
-from authstore.backend import Backend
+from authstore.backend import Backend, set_member_id
 from authstore.errors import Err, EtcdError
 from authstore.lease.lessor import DEFAULT_MIN_TTL, Lessor
 from authstore.membership import Membership
@@ -37,6 +45,10 @@ class AuthRevisionMoved(Exception):
     """Authenticate was refused because the auth revision moved after the password check."""
 
 
+class ApplyFailed(Exception):
+    """An entry failed for a reason local to this node; its batch is not committed, the node stops."""
+
+
 def validate_request(kind: str, body: Message, max_txn_ops: int) -> None:
     """etcd checks request shape before identity: an empty key fails the same for everybody."""
     if kind == "range":
@@ -47,6 +59,19 @@ def validate_request(kind: str, body: Message, max_txn_ops: int) -> None:
         validate.check_delete_range(body)
     elif kind == "txn":
         validate.check_txn(body, max_txn_ops)
+
+
+def adds_data(req: ipb.InternalRaftRequest) -> bool:
+    """What etcd's quota weighs (its Cost above 0): Put, Txn with a Put, LeaseGrant."""
+    return req.HasField("put") or req.HasField("lease_grant") or (req.HasField("txn") and _txn_puts(req.txn))
+
+
+def _txn_puts(txn: pb.TxnRequest) -> bool:
+    for op in (*txn.success, *txn.failure):
+        which = op.WhichOneof("request")
+        if which == "request_put" or (which == "request_txn" and _txn_puts(op.request_txn)):
+            return True
+    return False
 
 
 def is_read_only_txn(txn: pb.TxnRequest) -> bool:
@@ -61,12 +86,11 @@ def is_read_only_txn(txn: pb.TxnRequest) -> bool:
 
 class Applier:
     def __init__(self, backend: Backend, member_id: int, max_txn_ops: int = 128,
-                 quota_bytes: int = 2 << 30, min_lease_ttl: int = DEFAULT_MIN_TTL) -> None:
+                 min_lease_ttl: int = DEFAULT_MIN_TTL) -> None:
         self.backend = backend
         self.min_lease_ttl = min_lease_ttl
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
-        self.quota_bytes = quota_bytes
         self.term = 1
         #: Called on the apply thread after each applied request entry, inside the batch's
         #: transaction (authstore/watch/hub.py); it must only read and never wait.
@@ -83,6 +107,7 @@ class Applier:
             "lease_renew": self._lease_renew,
             "lease_expire": self._lease_expire,
             "alarm": self._alarm,
+            "store_alarm": self._store_alarm,
             "auth_enable": lambda t, b, r: self.auth.enable(t, b),
             "auth_disable": lambda t, b, r: self.auth.disable(t, b),
             "auth_status": lambda t, b, r: self.auth.status(t, b),
@@ -117,6 +142,7 @@ class Applier:
 
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
+        set_member_id(snapshot_file, self.member_id)
         self.backend.replace(snapshot_file)
         self._open()
         with self.env.begin() as txn:
@@ -153,6 +179,7 @@ class Applier:
             if last.index > applied:
                 self.backend.set_applied(batch, last.index, last.term)
             auth_revision = self.auth.revision(batch)
+            failpoints.hit("applyBeforeCommit")
         metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
         return results
 
@@ -171,7 +198,7 @@ class Applier:
         except DecodeError:
             log.error("entry %d does not decode; skipped", entry.index)
             return 0, EtcdError(Err.NOT_CAPABLE)
-        if self._refused_for_space(batch, req, len(entry.data)):
+        if self._refused_for_space(batch, req):
             return req.ID, EtcdError(Err.NO_SPACE)
         txn = self.env.begin(write=True, parent=batch)
         try:
@@ -179,14 +206,13 @@ class Applier:
         except (EtcdError, AuthRevisionMoved) as exc:
             txn.abort()
             return req.ID, exc
-        except lmdb.MapFullError:
+        except lmdb.MapFullError as exc:
             txn.abort()
-            self._raise_nospace_alarm(batch)
-            return req.ID, EtcdError(Err.NO_SPACE)
-        except Exception:  # a bug must not leave half an entry applied, nor stop the node
+            raise ApplyFailed(f"entry {entry.index}: the LMDB map ({self.backend.map_size} bytes) is full; "
+                              "give the store a larger map (it is twice --quota-backend-bytes)") from exc
+        except Exception as exc:
             txn.abort()
-            log.exception("applying entry %d failed", entry.index)
-            return req.ID, EtcdError(Err.NOT_CAPABLE)
+            raise ApplyFailed(f"entry {entry.index}: {type(exc).__name__}: {exc}") from exc
         txn.commit()
         return req.ID, resp
 
@@ -213,27 +239,11 @@ class Applier:
         self.stamp(txn, resp)
         return resp
 
-    def _refused_for_space(self, batch: lmdb.Transaction, req: ipb.InternalRaftRequest, size: int) -> bool:
-        """etcd's quota: once the store passes --quota-backend-bytes, a NOSPACE alarm is raised and
-        writes that add data (Put, Txn with a Put, LeaseGrant) are refused until it is disarmed;
-        deletes and compaction still go through, so space can be won back."""
-        adds = req.HasField("put") or req.HasField("lease_grant") or (
-            req.HasField("txn") and not is_read_only_txn(req.txn))
-        if not adds:
-            return False
-        if any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms):
-            return True
-        if self.backend.in_use() + size <= self.quota_bytes:
-            return False
-        self._raise_nospace_alarm(batch)
-        return True
-
-    def _raise_nospace_alarm(self, batch: lmdb.Transaction) -> None:
-        current = self.alarms(batch)
-        if not any(a.alarm == pb.NOSPACE and a.memberID == self.member_id for a in current.alarms):
-            current.alarms.add(memberID=self.member_id, alarm=pb.NOSPACE)
-            self.backend.meta_put(batch, self._ALARMS, current.SerializeToString())
-            log.warning("the store passed its quota of %d bytes: NOSPACE alarm raised", self.quota_bytes)
+    def _refused_for_space(self, batch: lmdb.Transaction, req: ipb.InternalRaftRequest) -> bool:
+        """etcd's applierV3Capped: while a NOSPACE alarm is set (the leader logged it), writes that
+        add data (Put, Txn with a Put, LeaseGrant) are refused until it is disarmed; deletes and
+        compaction still go through, so space can be won back. Only replicated state is read."""
+        return adds_data(req) and any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms)
 
     def check(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, read: bool) -> str:
         """Validation and authorization alone, for requests answered outside the handlers here."""
@@ -287,6 +297,15 @@ class Applier:
     def alarms(self, txn: lmdb.Transaction) -> pb.AlarmResponse:
         raw = self.backend.meta_get(txn, self._ALARMS)
         return pb.AlarmResponse.FromString(raw) if raw else pb.AlarmResponse()
+
+    def _store_alarm(self, txn: lmdb.Transaction, body: pb.AlarmRequest, r: Any) -> Message:
+        """An alarm the store raised itself (the leader's NOSPACE): it can only be activated."""
+        if body.action != pb.AlarmRequest.ACTIVATE:
+            return pb.AlarmResponse()
+        resp = self._alarm(txn, body, r)
+        if resp.alarms:
+            log.warning("alarm %s of member %x raised", pb.AlarmType.Name(body.alarm), body.memberID)
+        return resp
 
     def _alarm(self, txn: lmdb.Transaction, body: pb.AlarmRequest, _r: Any) -> Message:
         current = self.alarms(txn)

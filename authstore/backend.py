@@ -15,10 +15,27 @@ from pathlib import Path
 import lmdb
 
 _APPLIED = b"applied_index"
+#: this node's member ID: node-local, although it lives in the store (and so in its copies)
+MEMBER_ID_KEY = b"member_id"
 _TERM = b"applied_term"
 _U64 = struct.Struct(">Q")
 
 DEFAULT_MAP_SIZE = 8 << 30
+
+
+def set_member_id(store_file: Path, member_id: int) -> None:
+    """Writes this node's member ID into a store file received from the leader, before the file
+    replaces the store: the copy names its sender, and a restart at any moment after the swap must
+    find this node's own ID (else it would come up as the leader's member)."""
+    env = lmdb.open(str(store_file), subdir=False, lock=False, max_dbs=32,
+                    map_size=store_file.stat().st_size + (64 << 20))
+    try:
+        meta = env.open_db(b"meta")
+        with env.begin(write=True) as txn:
+            txn.put(MEMBER_ID_KEY, _U64.pack(member_id), db=meta)
+        env.sync(True)
+    finally:
+        env.close()
 
 
 class Backend:

@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from authstore import metrics
-from authstore.apply import Applier
+from authstore import failpoints, metrics
+from authstore.apply import Applier, ApplyFailed
 from authstore.errors import Err, EtcdError
 from authstore.log.wal import WAL
 from authstore.raft.codec import decode_conf_change
@@ -188,6 +188,11 @@ class RaftNode:
             await body()
         except asyncio.CancelledError:
             raise
+        except ApplyFailed as exc:
+            # Fail-stop: the batch was not committed; a restart applies it again from the log.
+            log.critical("apply failed at %s; the node stops (fail-stop), nothing of the batch was committed",
+                         exc, exc_info=True)
+            os._exit(70)
         except BaseException:
             # Fail-stop: a node that cannot persist or apply must not keep answering as if it could.
             log.critical("the Raft driver failed; the node stops", exc_info=True)
@@ -226,6 +231,7 @@ class RaftNode:
                 self.storage.append(rd.entries)
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
+            failpoints.hit("raftAfterFsync")
         if not leading:
             self._send(rd.messages)
         if rd.committed_entries:
@@ -313,6 +319,7 @@ class RaftNode:
             self._incoming_snapshots.pop(stale).unlink(missing_ok=True)
         await self._to_apply.join()
         store_index = await self._on_apply_thread(self.applier.restore, path)
+        failpoints.hit("raftMidSnapshotInstall")
         self.storage.apply_snapshot(rd.snapshot)
         hard_state = rd.hard_state or self.storage.hard_state
         await self._io(self.wal.checkpoint, meta, hard_state, [])

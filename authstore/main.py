@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import struct
 import sys
@@ -12,9 +13,10 @@ import sys
 import grpc
 
 from authstore import config as store_config
+from authstore import failpoints
 from authstore.apply import Applier
 from authstore.auth import initial_root
-from authstore.backend import Backend
+from authstore.backend import MEMBER_ID_KEY, Backend
 from authstore.driver import RaftNode
 from authstore.errors import EtcdError
 from authstore.lease.expiry import LeaseKeeper
@@ -32,7 +34,7 @@ from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store")
 
-_MEMBER_ID_KEY = b"member_id"
+_MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 
 
@@ -138,8 +140,7 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, quota_bytes=cfg.quota_backend_bytes,
-                      min_lease_ttl=min_lease_ttl(cfg))
+    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
     tick = cfg.heartbeat_interval_ms / 1000
     return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
@@ -249,6 +250,13 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper().replace("WARN", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        armed = failpoints.load(os.environ)
+    except failpoints.FailpointError as exc:
+        print(f"raftgate store: {exc}", file=sys.stderr)
+        return 2
+    if armed:
+        log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
         asyncio.run(serve(cfg))
     except WALCorrupt as exc:

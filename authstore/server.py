@@ -34,6 +34,7 @@ from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
 from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
+from authstore.quota import Quota
 from authstore.watch.hub import (
     DEFAULT_MAX_WATCHES_PER_STREAM,
     DEFAULT_MAX_WATCHES_PER_USER,
@@ -87,6 +88,7 @@ class StoreService:
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
+        self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
 
@@ -198,6 +200,7 @@ class StoreService:
         if self.maintenance.handles(kind):
             return await self.maintenance.answer(req, kind, now_ms())
         await self.node.must_lead()
+        await self.quota.check(req, len(data))
         return await self.node.propose(data)
 
     def _read(self, req: ipb.InternalRaftRequest, kind: str) -> Any:

@@ -49,7 +49,8 @@ AUTHENTICATED_KINDS = frozenset({"status", "member_list", "lease_grant"})
 #: client RPC maps to them: the proxy only ever forwards a client's bytes under the field number of
 #: the RPC it serves. Checking them would add nothing either: whoever can reach the internal port
 #: can stamp any header, so the trust boundary there is mTLS / the shared secret, not this function.
-INTERNAL_KINDS = frozenset({"lease_checkpoint", "lease_renew", "lease_expire", "expire_tokens", "member_attr_set"})
+INTERNAL_KINDS = frozenset({"lease_checkpoint", "lease_renew", "lease_expire", "expire_tokens", "member_attr_set",
+                            "store_alarm"})
 
 LeaseKeys = Callable[[int], list[bytes]]
 AllLeases = Callable[[], Iterable[int]]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from authstore import metrics
+from authstore import failpoints, metrics
 from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
 from authstore.raft.types import Entry, HardState, SnapshotMetadata
 from protos.raftpb import raft_pb2
@@ -297,6 +297,7 @@ class WAL:
         os.write(self._fd, out)
         full = os.fstat(self._fd).st_size >= self.segment_bytes
         if sync or entries or full:  # only the newest segment may hold unsynced (tearable) records
+            failpoints.hit("raftBeforeFsync")
             with metrics.WAL_FSYNC_DURATION.time():
                 os.fsync(self._fd)
         if full:
@@ -317,6 +318,7 @@ class WAL:
         os.write(self._fd, out)
         with metrics.WAL_FSYNC_DURATION.time():
             os.fsync(self._fd)
+        failpoints.hit("walMidCheckpoint")
         for path in old:
             path.unlink(missing_ok=True)
         self._segments = self._segments[len(old):]
