@@ -1,0 +1,96 @@
+"""Trust item 16: a healthy ``raftgate local`` prints no ERROR and no traceback, and every process
+it runs exits 0 when it is stopped (SIGTERM to ``raftgate local``, or Ctrl-C: SIGINT to the whole
+process group). A store node killed -9 and restarted makes no surviving process print an error
+either: a lost peer is an expected event, worth a warning at most.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from faults.cluster import local_cluster
+from harness import RaftgateLocal, wait_for
+
+EXIT_LINE = re.compile(r"^raftgate local: (.+) exited with code (-?\d+)$", re.M)
+
+
+def _bad_lines(output: str) -> list[str]:
+    """Lines a healthy run must not print: errors, criticals and tracebacks."""
+    return [line for line in output.splitlines()
+            if re.search(r"\b(ERROR|CRITICAL)\b|Traceback \(most recent call last\)", line)]
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _use(local: RaftgateLocal) -> None:
+    for i in range(3):
+        rc, out, err = local.ctl("put", f"k{i}", f"v{i}")
+        assert rc == 0 and out.strip() == "OK", (rc, out, err)
+    rc, out, err = local.ctl("get", "k", "--prefix")
+    assert rc == 0 and out.split() == ["k0", "v0", "k1", "v1", "k2", "v2"], (rc, out, err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_a_healthy_start_use_and_stop_print_no_error_and_every_process_exits_0(tmp_path: Path, how: str) -> None:
+    local = RaftgateLocal(tmp_path)
+    try:
+        local.start()
+        state = local.local_json()
+        assert state is not None
+        pids = [int(p["pid"]) for p in state["processes"]]  # type: ignore[index,union-attr]
+        _use(local)
+        assert local.proc is not None
+        proc = local.proc
+        if how == "sigterm":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        code = proc.wait(timeout=60)
+        wait_for(lambda: all(_dead(pid) for pid in pids), 30, "every child to be gone")
+    finally:
+        local.stop()
+    output = local.output()
+    assert _bad_lines(output) == [], output
+    assert code == 0, output
+    exits = dict(EXIT_LINE.findall(output))
+    assert exits == {"store node1": "0", "store node2": "0", "store node3": "0", "proxy": "0"}, output
+
+
+@pytest.mark.slow
+def test_a_store_killed_and_restarted_makes_no_survivor_print_an_error(tmp_path: Path) -> None:
+    with local_cluster(tmp_path, nodes=3) as cluster:
+        local: RaftgateLocal = cluster.local  # type: ignore[attr-defined]
+        _use(local)
+        victim = cluster.leader()
+        cluster.kill(victim)
+        rc, out, err = local.ctl("put", "after-kill", "1")
+        assert rc == 0, (out, err)
+        cluster.restart(victim)
+        cluster.wait_converged()
+        rc, out, err = local.ctl("put", "after-restart", "1")
+        assert rc == 0, (out, err)
+        assert victim.program is not None
+        restarted = victim.program
+        cluster.close()
+        assert restarted.last_exit_code == 0, restarted.output()
+        assert _bad_lines(restarted.output()) == [], restarted.output()
+        assert local.proc is not None
+        proc = local.proc
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    output = local.output()
+    assert _bad_lines(output) == [], output
+    exits = dict(EXIT_LINE.findall(output))
+    assert exits.pop(f"store {victim.name}") == "-9", output
+    assert set(exits.values()) == {"0"}, output
