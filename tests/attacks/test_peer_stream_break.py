@@ -20,8 +20,10 @@ import grpc
 import pytest
 from harness import free_port
 
+from authstore.raft.codec import encode_message
 from authstore.raft.types import Message, MessageType
-from authstore.transport import PeerSecurity, Transport
+from authstore.transport import PeerSecurity, Transport, _Peer
+from protos.storepb import peer_pb2
 
 WAIT = 30.0  # bound of every condition wait (a loaded machine); no assertion on how long it took
 
@@ -125,3 +127,50 @@ def test_a_peer_that_never_comes_up_leaves_no_task_or_error_behind(tmp_path: Pat
     gc.collect()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], errors
+
+
+class _FakeCall:
+    """Just enough of a client stream for ``Transport._send_batches``: writes fail once ``broken``."""
+
+    def __init__(self, broken: bool) -> None:
+        self.broken = broken
+        self.written: list[bytes] = []
+        self._callbacks: list[Callable[[object], None]] = []
+
+    def done(self) -> bool:
+        return False
+
+    def add_done_callback(self, cb: Callable[[object], None]) -> None:
+        self._callbacks.append(cb)
+
+    async def write(self, data: bytes) -> None:
+        if self.broken:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        self.written.append(data)
+
+    def end(self) -> None:
+        for cb in self._callbacks:
+            cb(self)
+
+
+def test_a_batch_whose_write_fails_goes_first_on_the_next_stream() -> None:
+    """The write of a batch already taken off the queue fails (the stream broke between taking and
+    writing): the batch is kept, and the next stream writes it before anything queued later."""
+
+    async def main() -> None:
+        peer = _Peer(2, "127.0.0.1:1")
+        for i in (1, 2):
+            peer.queue.put_nowait(encode_message(_msg(i)))
+        await Transport._send_batches(peer, _FakeCall(broken=True))  # type: ignore[arg-type]
+        assert peer.held is not None and peer.queue.empty()
+        peer.queue.put_nowait(encode_message(_msg(3)))
+        call = _FakeCall(broken=False)
+        sending = asyncio.ensure_future(Transport._send_batches(peer, call))  # type: ignore[arg-type]
+        await _until(lambda: len(call.written) == 2, "both batches on the new stream")
+        call.end()
+        await sending
+        got = [[m.index for m in peer_pb2.MessageBatch.FromString(b).messages] for b in call.written]
+        assert got == [[1, 2], [3]]
+        assert peer.held is None
+
+    asyncio.run(main())
