@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from faults.cluster import local_cluster
-from harness import RaftgateLocal, wait_for
+from harness import REPO_ROOT, RaftgateLocal, wait_for
 
 EXIT_LINE = re.compile(r"^raftgate local: (.+) exited with code (-?\d+)$", re.M)
 
@@ -94,3 +96,20 @@ def test_a_store_killed_and_restarted_makes_no_survivor_print_an_error(tmp_path:
     exits = dict(EXIT_LINE.findall(output))
     assert exits.pop(f"store {victim.name}") == "-9", output
     assert set(exits.values()) == {"0"}, output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_while_a_program_starts_ends_it_quietly(sig: signal.Signals) -> None:
+    """A signal that arrives before the program set up its graceful stop (while it imports and
+    starts) ends it with the shell's code for the signal and nothing on stderr: no traceback, no -15."""
+    code = ("import os, signal, sys\n"
+            "import authstore.main, proxy.cli\n"
+            "def starting(argv):  # the store, before it set up its own handlers\n"
+            f"    os.kill(os.getpid(), {int(sig)})\n"
+            "    while True:\n"
+            "        signal.pause()\n"
+            "authstore.main.main = starting\n"
+            "sys.exit(proxy.cli.main(['store']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=str(REPO_ROOT))
+    assert (proc.returncode, proc.stderr) == (128 + sig, "")
