@@ -76,12 +76,10 @@ def test_a_store_killed_and_restarted_makes_no_survivor_print_an_error(tmp_path:
         _use(local)
         victim = cluster.leader()
         cluster.kill(victim)
-        rc, out, err = local.ctl("put", "after-kill", "1")
-        assert rc == 0, (out, err)
+        wait_for(lambda: local.ctl("put", "after-kill", "1")[0] == 0, 60, "a write without the killed node")
         cluster.restart(victim)
         cluster.wait_converged()
-        rc, out, err = local.ctl("put", "after-restart", "1")
-        assert rc == 0, (out, err)
+        wait_for(lambda: local.ctl("put", "after-restart", "1")[0] == 0, 60, "a write after the restart")
         assert victim.program is not None
         restarted = victim.program
         cluster.close()
