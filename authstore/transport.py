@@ -149,7 +149,6 @@ class Transport:
         delay = BACKOFF[0]
         while True:
             channel = self.security.channel(peer.address)
-            call: grpc.aio.StreamUnaryCall | None = None
             try:
                 open_stream = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
                                                    response_deserializer=None)
