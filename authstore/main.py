@@ -36,6 +36,7 @@ log = logging.getLogger("raftgate.store")
 
 _MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StartupError(Exception):
@@ -148,7 +149,26 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
 
 
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """The first SIGTERM or SIGINT sets ``stop``; later ones are ignored for the rest of the
+    process's life. asyncio restores the default action when its loop closes, so a second signal
+    while the node winds down (Ctrl-C reaches the whole process group, then ``raftgate local``
+    passes SIGTERM on) would otherwise kill it with -15 or a KeyboardInterrupt traceback."""
+    loop = asyncio.get_running_loop()
+
+    def stopping() -> None:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+        stop.set()
+
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stopping)
+
+
 async def serve(cfg: store_config.StoreConfig) -> None:
+    stop = asyncio.Event()
+    _stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
     security = _peer_security(cfg)
     node = await open_node(cfg, backend, security)
@@ -223,10 +243,6 @@ async def serve(cfg: store_config.StoreConfig) -> None:
         await node.stop()
         backend.close()
         raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
           flush=True)
     await stop.wait()

@@ -4,14 +4,17 @@ Each peer gets one long-lived outbound stream fed from a bounded queue; what que
 previous write was under way goes as one batch, framed from the encoded messages without
 re-encoding them. Raft tolerates lost messages, so when a peer is slow or down its queue drops
 rather than growing, and the core is told the peer is unreachable so it probes instead of
-streaming. Snapshots travel separately, as chunks of a consistent store copy, so a large transfer
-never delays heartbeats.
+streaming. One task per peer owns its stream: it takes a batch off the queue only while the
+stream is up and keeps it until gRPC accepted the write, so a batch whose write fails goes first
+on the next stream. What a broken stream can still lose is a batch already written (in flight);
+the break is reported as unreachable, so the leader probes and resends what the peer lacks, and
+the proxy retries a forwarded read that timed out. Snapshots travel separately, as chunks of a
+consistent store copy, so a large transfer never delays heartbeats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -83,6 +86,8 @@ class _Peer:
         self.id = peer_id
         self.address = address
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_LIMIT)
+        #: a batch taken off the queue whose write has not succeeded yet (sent first on the next stream)
+        self.held: bytes | None = None
         self.task: asyncio.Task[None] | None = None
 
 
@@ -96,6 +101,7 @@ class Transport:
         self.on_unreachable = on_unreachable
         self.snapshot_dir = snapshot_dir
         self._peers: dict[int, _Peer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # stream tasks, until they have finished
 
     # ---- peers ----
     def set_peers(self, peers: dict[int, str]) -> None:
@@ -113,6 +119,8 @@ class Transport:
                 self._remove(peer_id)
             peer = _Peer(peer_id, address)
             peer.task = asyncio.get_running_loop().create_task(self._stream(peer), name=f"peer-{peer_id:x}")
+            self._tasks.add(peer.task)
+            peer.task.add_done_callback(self._tasks.discard)
             self._peers[peer_id] = peer
 
     def _remove(self, peer_id: int) -> None:
@@ -121,8 +129,11 @@ class Transport:
             peer.task.cancel()
 
     async def close(self) -> None:
+        """Stops every stream and returns once their tasks (and channels) are gone."""
         for peer_id in list(self._peers):
             self._remove(peer_id)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
 
     # ---- sending ----
     def send(self, msg: Message) -> None:
@@ -138,39 +149,61 @@ class Transport:
         delay = BACKOFF[0]
         while True:
             channel = self.security.channel(peer.address)
-            opened = asyncio.Event()
             try:
                 open_stream = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
                                                    response_deserializer=None)
-                call = open_stream(self._drain(peer, opened), metadata=self.security.metadata())
+                call = open_stream(metadata=self.security.metadata())
                 # Nothing leaves the queue until the peer has opened the stream: messages taken
                 # for a connection that never came up would be lost (Raft repairs most losses,
-                # but not a forwarded proposal or read).
+                # but not a forwarded read).
                 await call.initial_metadata()
                 if not call.done():
-                    opened.set()
                     delay = BACKOFF[0]
+                    await self._send_batches(peer, call)
                 await call
-            except asyncio.CancelledError:
-                await channel.close()
-                raise
             except grpc.aio.AioRpcError as exc:
                 log.debug("stream to %x broke: %s", peer.id, exc.code())
             finally:
-                with contextlib.suppress(Exception):
-                    await channel.close()
+                # This task is the only one that touches the call: nothing of a broken stream
+                # outlives it, and closing the channel ends the call if it still runs.
+                await channel.close()
             self.on_unreachable(peer.id)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF[1])
 
     @staticmethod
-    async def _drain(peer: _Peer, opened: asyncio.Event) -> AsyncIterator[bytes]:
-        await opened.wait()
+    async def _send_batches(peer: _Peer, call: grpc.aio.StreamUnaryCall) -> None:
+        """Writes batches until the stream ends. A batch is taken off the queue only while the
+        stream is up, and it stays in ``peer.held`` until gRPC accepted its write: a batch whose
+        write failed goes first on the next stream instead of being lost."""
+        ended = asyncio.get_running_loop().create_future()
+        call.add_done_callback(lambda _call: ended.done() or ended.set_result(None))
         while True:
-            batch = bytearray(wire.length_delimited(BATCH_FIELD, await peer.queue.get()))
-            while len(batch) < STREAM_BATCH_BYTES and not peer.queue.empty():
-                batch += wire.length_delimited(BATCH_FIELD, peer.queue.get_nowait())
-            yield bytes(batch)
+            if peer.held is None:
+                if peer.queue.empty():
+                    getter = asyncio.ensure_future(peer.queue.get())
+                    try:
+                        await asyncio.wait((getter, ended), return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        if not getter.done():
+                            getter.cancel()  # a cancelled get takes nothing off the queue
+                            await asyncio.wait((getter,))
+                    if getter.cancelled():
+                        return
+                    first = getter.result()
+                else:
+                    first = peer.queue.get_nowait()
+                batch = bytearray(wire.length_delimited(BATCH_FIELD, first))
+                while len(batch) < STREAM_BATCH_BYTES and not peer.queue.empty():
+                    batch += wire.length_delimited(BATCH_FIELD, peer.queue.get_nowait())
+                peer.held = bytes(batch)
+            if call.done():
+                return
+            try:
+                await call.write(peer.held)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return
+            peer.held = None
 
     async def send_snapshot(self, msg: Message, path: Path) -> bool:
         """Streams the store copy at ``path`` to ``msg.to``; True when the peer took it."""

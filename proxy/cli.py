@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth,bench} [flags]
@@ -20,7 +21,29 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else 2
-    command, rest = args[0], args[1:]
+    # Until a program sets up its own graceful stop, SIGTERM and SIGINT (Ctrl-C) end it quietly
+    # with the shell's code for the signal, not with a traceback or a bare -15.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
+    try:
+        return _run(args[0], args[1:])
+    except _Interrupted as exc:
+        return 128 + exc.signum
+
+
+class _Interrupted(KeyboardInterrupt):
+    """A stop signal that arrived while the program was starting (asyncio lets it propagate)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    raise _Interrupted(signum)
+
+
+def _run(command: str, rest: list[str]) -> int:
     if command == "store":
         from authstore.main import main as run
     elif command == "proxy":

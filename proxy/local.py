@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from proxy.signals import stop_on_signals
+
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 
@@ -109,6 +111,8 @@ class Child:
         self.args = args
         self.proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
+        self.reported = False
+        self.died_serving = False  # exited before a stop was asked for (reported, not a failed stop)
 
     async def start(self, ready_prefix: str) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -141,6 +145,13 @@ class Child:
         async for line in self.proc.stdout:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
+
+    def report_exit(self) -> None:
+        """Prints the child's exit code once, whichever of its watcher and the stop sees it first."""
+        if self.proc is None or self.proc.returncode is None or self.reported:
+            return
+        self.reported = True
+        print(f"raftgate local: {self.role} exited with code {self.proc.returncode}", file=sys.stderr, flush=True)
 
     async def stop(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
@@ -187,8 +198,7 @@ async def run(a: argparse.Namespace) -> int:
     state_file = data_dir / "local.json"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     code = 0
     try:
         await asyncio.gather(*(store.start("raftgate store:") for store in stores))
@@ -207,7 +217,7 @@ async def run(a: argparse.Namespace) -> int:
         # A store node that dies is reported but does not stop the others: the cluster keeps
         # serving while a quorum lives. The proxy is the endpoint: if it dies, everything stops.
         for store in stores:
-            loop.create_task(_report_exit(store))
+            loop.create_task(_report_exit(store, stop))
         assert proxy.proc is not None
         proxy_exit = asyncio.ensure_future(proxy.proc.wait())
         stopped = asyncio.ensure_future(stop.wait())
@@ -220,16 +230,23 @@ async def run(a: argparse.Namespace) -> int:
         print(f"raftgate local: {exc}", file=sys.stderr)
         code = 1
     finally:
-        for child in reversed(children):
-            await child.stop()
+        # Each child's exit code is printed; one that does not stop cleanly fails the stop. The
+        # proxy goes first (no request meets a stopping store), then the store nodes together.
+        await proxy.stop()
+        await asyncio.gather(*(store.stop() for store in stores))
+        for child in children:
+            child.report_exit()
+        if any(c.proc is not None and c.proc.returncode != 0 and not c.died_serving for c in children):
+            code = 1
         state_file.unlink(missing_ok=True)
     return code
 
 
-async def _report_exit(child: Child) -> None:
+async def _report_exit(child: Child, stop: asyncio.Event) -> None:
     assert child.proc is not None
-    code = await child.proc.wait()
-    print(f"raftgate local: {child.role} exited with code {code}", file=sys.stderr, flush=True)
+    await child.proc.wait()
+    child.died_serving = not stop.is_set()
+    child.report_exit()
 
 
 def main(argv: list[str]) -> int:

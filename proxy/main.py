@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
+from proxy.signals import stop_on_signals
 
 log = logging.getLogger("proxy")
 
@@ -38,10 +38,8 @@ def main(argv: list[str]) -> int:
 async def _serve(config: ProxyConfig) -> int:
     server = ProxyServer(config)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        stop_on_signals(stop)
     try:
         addresses = await server.start()
     except Exception:
