@@ -207,9 +207,13 @@ class StoreService:
             await context.abort(exc.code, exc.message)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
-        tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
+        # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes a small
+        # memory-backed volume); whatever a crash leaves there is removed when the node starts.
+        tmp: Path | None = None
         try:
             try:
+                self.node.snapshot_dir.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
                 path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
             except (OSError, lmdb.Error) as exc:
                 # that call's failure (e.g. a full disk), never the node's
@@ -233,7 +237,8 @@ class StoreService:
                     yield msg.SerializeToString()
             yield pb.SnapshotResponse(remaining_bytes=0, blob=digest.digest()).SerializeToString()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     # ---- Credentials and tokens ----
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:

@@ -211,10 +211,13 @@ class StoreClient:
         A store node lost before or during the stream ends it with SNAPSHOT_LOST (code Unknown):
         etcd's clients retry a stream that failed with Unavailable before its first message, and
         each retry would meet the same lost node, so `etcdctl snapshot save` would never end.
-        The store's own answers (refusals, its own failure) pass through as they are.
+        The store's own answers (refusals, its own failure) pass through as they are. A client
+        that goes away first cancels the store's stream: nothing else would (the store would keep
+        its copy of the database, blocked on a stream nobody reads, for ever).
         """
+        call = self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata)
         try:
-            async for chunk in self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata):
+            async for chunk in call:
                 yield chunk
         except grpc.aio.AioRpcError as error:
             if _etcd_error(error) is not None or error.code() in _SNAPSHOT_PASS_THROUGH:
@@ -222,6 +225,8 @@ class StoreClient:
             if error.code() == grpc.StatusCode.INTERNAL and (error.details() or "").startswith(UNMARSHAL_ERROR_PREFIX):
                 raise
             raise EtcdError(Err.SNAPSHOT_LOST) from None
+        finally:
+            call.cancel()  # a no-op once the stream has ended
 
     async def credentials(self, name: str, timeout: float | None = None) -> store_pb2.CredentialsResponse:
         req = store_pb2.CredentialsRequest(name=name).SerializeToString()
