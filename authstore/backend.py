@@ -17,6 +17,10 @@ import lmdb
 _APPLIED = b"applied_index"
 _TERM = b"applied_term"
 _U64 = struct.Struct(">Q")
+#: this node's member ID, in the meta sub-database: node-local, unlike everything else there
+MEMBER_ID_KEY = b"member_id"
+#: meta records a snapshot from the leader must not overwrite (it carries the leader's own)
+_NODE_LOCAL = (MEMBER_ID_KEY,)
 
 DEFAULT_MAP_SIZE = 8 << 30
 
@@ -47,11 +51,29 @@ class Backend:
         return directory / "data.mdb"
 
     def replace(self, snapshot_file: Path) -> None:
-        """Swaps the store for a copy received from the leader, durably, then reopens it."""
+        """Swaps the store for a copy received from the leader, durably, then reopens it.
+
+        The copy is the leader's whole store, the leader's member ID included: this node's
+        node-local records are written into the copy before it replaces the store, so that no
+        crash can leave a store that restarts under the leader's identity.
+        """
+        with self.env.begin() as txn:
+            local = {key: value for key in _NODE_LOCAL if (value := txn.get(key, db=self._meta)) is not None}
         self.env.close()
         target = self.path / "data.mdb"
         staged = self.path / "data.mdb.incoming"
         os.replace(snapshot_file, staged)
+        if local:
+            # the staged file is ours alone until it is renamed: no lock file
+            env = lmdb.open(str(staged), subdir=False, lock=False, max_dbs=32, map_size=self.map_size)
+            try:
+                with env.begin(write=True) as txn:
+                    meta = env.open_db(b"meta", txn=txn)
+                    for key, value in local.items():
+                        txn.put(key, value, db=meta)
+                env.sync(True)
+            finally:
+                env.close()
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
         os.replace(staged, target)

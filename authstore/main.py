@@ -12,7 +12,7 @@ import grpc
 
 from authstore import config as store_config
 from authstore.apply import Applier
-from authstore.backend import Backend
+from authstore.backend import MEMBER_ID_KEY, Backend
 from authstore.driver import RaftNode
 from authstore.lease.expiry import LeaseKeeper
 from authstore.log.wal import WAL, WALCorrupt
@@ -29,7 +29,7 @@ from protos.storepb import store_pb2 as spb
 
 log = logging.getLogger("raftgate.store")
 
-_MEMBER_ID_KEY = b"member_id"
+_MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 
 
