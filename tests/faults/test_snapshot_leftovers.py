@@ -10,6 +10,7 @@ directory: in the chart /tmp is a 64 MiB memory-backed volume shared with nothin
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,5 +103,51 @@ def test_a_store_killed_during_a_snapshot_leaves_no_copy_behind(tmp_path: Path,
             assert not _copies(node, tmpdir)
             retry_ok(lambda: client.put(b"/after", b"x"), 20, "a write after the restart")
             assert client.get(b"/big/000") is not None
+        finally:
+            client.close()
+
+
+SNAPSHOT_FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]
+
+
+def _snapshot_files(node: Node) -> list[Path]:
+    return _files(node.data_dir / "snap")
+
+
+@pytest.mark.parametrize("victim_role", ["follower", "leader"])
+def test_a_node_killed_during_catch_up_by_snapshot_leaves_no_copy_behind(victim_role: str, tmp_path: Path) -> None:
+    """kill -9 of the follower while it receives a snapshot, or of the leader while it sends one:
+    the restarted node holds no copy, and every node converges."""
+    with program_cluster(tmp_path, nodes=3, store_flags=SNAPSHOT_FLAGS) as cluster:
+        client = Client(cluster.endpoint)
+        try:
+            for i in range(20):
+                retry_ok(lambda i=i: client.put(b"/early/%03d" % i, b"x"), 20, "early writes")
+            leader = cluster.leader()
+            lagging, _ = cluster.followers(leader)
+            cluster.kill(lagging)
+            value = os.urandom(VALUE_BYTES)
+            for i in range(VALUES):
+                retry_ok(lambda i=i: client.put(b"/big/%03d" % i, value, timeout=20), 20, "writes")
+            wait_for(lambda: "log compacted" in leader.output(), 20, "the leader to compact its log")
+            cluster.restart(lagging)
+            victim = lagging if victim_role == "follower" else leader
+            # the snapshot is tens of megabytes: its file is there for a fraction of a second while
+            # it travels, and the kill follows the first sight of it (a steady 2 ms poll: wait_for's
+            # back-off would miss it)
+            seen: list[Path] = []
+            deadline = time.monotonic() + 30
+            while not seen and "installed a snapshot" not in lagging.output() and time.monotonic() < deadline:
+                seen = _snapshot_files(victim)
+                time.sleep(0.002)
+            assert seen, "the snapshot was installed before the kill"
+            cluster.kill(victim)
+            if victim is leader:
+                for i in range(5):
+                    retry_ok(lambda i=i: client.put(b"/after/%d" % i, b"z"), 30, "writes under a new leader")
+            cluster.restart(victim)
+            assert _snapshot_files(victim) == []
+            cluster.wait_converged(timeout=60)
+            wait_for(lambda: "installed a snapshot" in lagging.output(), 30, "the follower to install a snapshot")
         finally:
             client.close()
