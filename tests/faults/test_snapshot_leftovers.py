@@ -10,6 +10,7 @@ directory: in the chart /tmp is a 64 MiB memory-backed volume shared with nothin
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,45 @@ def test_a_store_killed_during_a_snapshot_leaves_no_copy_behind(tmp_path: Path,
             assert not _copies(node, tmpdir)
             retry_ok(lambda: client.put(b"/after", b"x"), 20, "a write after the restart")
             assert client.get(b"/big/000") is not None
+        finally:
+            client.close()
+
+
+def _database_copies(node: Node) -> list[Path]:
+    return [p for p in _files(node.data_dir / "snap") if p.name == "data.mdb"]
+
+
+def test_concurrent_snapshots_hold_one_copy_at_a_time(tmp_path: Path) -> None:
+    """Each client snapshot is a full copy of the store on the data volume, kept while its client
+    reads: without a bound, a few slow or stalled readers fill the volume the store itself writes
+    to. A second snapshot waits for the first (and completes once it is gone)."""
+    with program_cluster(tmp_path, nodes=1) as cluster:
+        (node,) = cluster.nodes
+        client = Client(cluster.endpoint)
+        try:
+            _fill(client)
+            stalled = _open_snapshot(client)  # read one chunk, then stop reading
+            second: list[int | BaseException] = []
+
+            def read_whole() -> None:
+                try:
+                    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+                    second.append(sum(len(c.blob) for c in stream))
+                except BaseException as exc:  # reported below
+                    second.append(exc)
+
+            thread = threading.Thread(target=read_whole)
+            thread.start()
+            try:
+                wait_for(lambda: "a client's snapshot waits" in node.output() or len(_database_copies(node)) > 1,
+                         30, "the second snapshot to reach the store")
+                assert len(_database_copies(node)) == 1, "two copies of the database on disk at once"
+            finally:
+                stalled.cancel()
+                thread.join(timeout=150)
+            assert not thread.is_alive()
+            assert isinstance(second[0], int) and second[0] > VALUES * VALUE_BYTES, second
+            wait_for(lambda: not _database_copies(node), 30, "the store to remove its copies")
         finally:
             client.close()
 
