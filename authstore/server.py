@@ -44,6 +44,9 @@ log = logging.getLogger("raftgate.store.server")
 SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
+#: client snapshots copying or streaming at once on one node; each is a full copy of the store on
+#: the data volume, kept while its client reads, so more wait for a turn instead of filling it
+CLIENT_SNAPSHOTS = 1
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
@@ -73,6 +76,7 @@ class StoreService:
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
+        self._client_snapshots = asyncio.Semaphore(CLIENT_SNAPSHOTS)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
 
@@ -207,11 +211,14 @@ class StoreService:
             await context.abort(exc.code, exc.message)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
-        # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes a small
-        # memory-backed volume); whatever a crash leaves there is removed when the node starts.
+        if self._client_snapshots.locked():
+            log.info("a client's snapshot waits for the %d in progress", CLIENT_SNAPSHOTS)
+        await self._client_snapshots.acquire()
         tmp: Path | None = None
         try:
             try:
+                # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes
+                # a small memory-backed volume); what a crash leaves there goes when the node starts.
                 self.node.snapshot_dir.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
                 path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
@@ -239,6 +246,7 @@ class StoreService:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+            self._client_snapshots.release()
 
     # ---- Credentials and tokens ----
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
