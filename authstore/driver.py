@@ -74,6 +74,22 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _clear_snapshot_dir(directory: Path) -> None:
+    """Removes what an earlier run left in the snapshot directory (a kill -9 runs no cleanup).
+
+    Copies being sent to a follower or a client, and snapshots received but not yet installed:
+    none outlives the process that made it (received ones are named only in memory), and each is
+    the size of the database, so a node that crashes repeatedly would otherwise fill its disk.
+    """
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
 class RaftNode:
     def __init__(self, member_id: int, storage: MemoryStorage, wal: WAL, applier: Applier, *, applied: int,
                  snapshot_dir: Path, tick_seconds: float = 0.1, election_ticks: int = 10,
@@ -83,6 +99,7 @@ class RaftNode:
         self.wal = wal
         self.applier = applier
         self.snapshot_dir = snapshot_dir
+        _clear_snapshot_dir(snapshot_dir)
         self.tick_seconds = tick_seconds
         self.request_timeout = request_timeout
         self.snapshot_count = snapshot_count

@@ -53,6 +53,9 @@ SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 SNAPSHOT_CHUNK = 32 << 10
+#: client snapshots copying or streaming at once on one node; each is a full copy of the store on
+#: the data volume, kept while its client reads, so more wait for a turn instead of filling it
+CLIENT_SNAPSHOTS = 1
 READ_WORKERS = 4
 FIELD_NUMBERS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
@@ -89,6 +92,7 @@ class StoreService:
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
         self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
+        self._client_snapshots = asyncio.Semaphore(CLIENT_SNAPSHOTS)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
 
@@ -222,9 +226,16 @@ class StoreService:
             await context.abort(exc.code, exc.message)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
-        tmp = Path(tempfile.mkdtemp(prefix="raftgate-snapshot-"))
+        if self._client_snapshots.locked():
+            log.info("a client's snapshot waits for the %d in progress", CLIENT_SNAPSHOTS)
+        await self._client_snapshots.acquire()
+        tmp: Path | None = None
         try:
             try:
+                # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes
+                # a small memory-backed volume); what a crash leaves there goes when the node starts.
+                self.node.snapshot_dir.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
                 path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
             except (OSError, lmdb.Error) as exc:
                 # that call's failure (e.g. a full disk), never the node's
@@ -248,7 +259,9 @@ class StoreService:
                     yield msg.SerializeToString()
             yield pb.SnapshotResponse(remaining_bytes=0, blob=digest.digest()).SerializeToString()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._client_snapshots.release()
 
     # ---- Credentials and tokens ----
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:

@@ -203,20 +203,43 @@ class StoreClient:
     async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
         """The raw SnapshotResponse messages of Store.Snapshot, from the leader.
 
-        A store node lost before or during the stream ends it with SNAPSHOT_LOST (code Unknown):
-        etcd's clients retry a stream that failed with Unavailable before its first message, and
-        each retry would meet the same lost node, so `etcdctl snapshot save` would never end.
-        The store's own answers (refusals, its own failure) pass through as they are.
+        Until its first message a snapshot is safe to ask of another node: a leader guess that
+        went stale (the leader just died) is corrected as `_call` does, when there is another
+        node to ask. A store node lost during the stream, or the only one, ends it with
+        SNAPSHOT_LOST (code Unknown): etcd's clients retry a stream that failed with Unavailable
+        before its first message, and each retry would meet the same lost node, so
+        `etcdctl snapshot save` would never end.
+        The store's own answers (refusals, its own failure) pass through as they are. A client
+        that goes away first cancels the store's stream: nothing else would (the store would keep
+        its copy of the database, blocked on a stream nobody reads, for ever).
         """
-        try:
-            async for chunk in self._leader.snapshot(internal_request, timeout=timeout, metadata=self._metadata):
-                yield chunk
-        except grpc.aio.AioRpcError as error:
-            if _etcd_error(error) is not None or error.code() in _SNAPSHOT_PASS_THROUGH:
-                raise
-            if error.code() == grpc.StatusCode.INTERNAL and (error.details() or "").startswith(UNMARSHAL_ERROR_PREFIX):
-                raise
-            raise EtcdError(Err.SNAPSHOT_LOST) from None
+        now = time.monotonic()
+        client_deadline = now + timeout if timeout is not None else None
+        retry_deadline = min((client_deadline or now + DEFAULT_DEADLINE) - ANSWER_MARGIN, now + RETRY_WINDOW)
+        while True:
+            endpoint = self._leader
+            remaining = None if client_deadline is None else max(client_deadline - time.monotonic(), 0.001)
+            call = endpoint.snapshot(internal_request, timeout=remaining, metadata=self._metadata)
+            started = False
+            try:
+                async for chunk in call:
+                    started = True
+                    yield chunk
+                return
+            except grpc.aio.AioRpcError as error:
+                if _etcd_error(error) is not None or error.code() in _SNAPSHOT_PASS_THROUGH:
+                    raise
+                details = error.details() or ""
+                if error.code() == grpc.StatusCode.INTERNAL and details.startswith(UNMARSHAL_ERROR_PREFIX):
+                    raise
+                lost = error.code() == grpc.StatusCode.UNAVAILABLE
+                if started or not lost or len(self._endpoints) == 1 or time.monotonic() + BACKOFF >= retry_deadline:
+                    raise EtcdError(Err.SNAPSHOT_LOST) from None
+            finally:
+                call.cancel()  # a no-op once the stream has ended
+            await self._rediscover()
+            if self._leader is endpoint:
+                await asyncio.sleep(BACKOFF)
 
     async def credentials(self, name: str, timeout: float | None = None) -> store_pb2.CredentialsResponse:
         req = store_pb2.CredentialsRequest(name=name).SerializeToString()

@@ -163,3 +163,25 @@ def test_snapshot_copy_is_a_plain_lmdb_file(tmp_path: Path) -> None:
         assert b"mvcc_index" in names and b"mvcc_kv" in names
     finally:
         env.close()
+
+
+def test_installing_a_snapshot_keeps_this_nodes_member_id(tmp_path: Path) -> None:
+    """The copy carries the leader's member ID in its meta records; the follower must keep its own
+    (the store restarts under the ID it finds there)."""
+    from authstore.backend import MEMBER_ID_KEY
+
+    leader = Store(tmp_path / "leader", 1)
+    follower = Store(tmp_path / "follower", 2)
+    try:
+        for store in (leader, follower):
+            with store.applier.env.begin(write=True) as txn:
+                store.applier.backend.meta_put(txn, MEMBER_ID_KEY, b"%d" % store.member_id)
+        leader.apply_ops([("hot", 50), ("put", (b"a", b"1"))], 1, batch=16)
+        follower.applier.restore(leader.applier.backend.copy_to(tmp_path / "snap"))
+        follower.restart()
+        with follower.applier.env.begin() as txn:
+            assert follower.applier.backend.meta_get(txn, MEMBER_ID_KEY) == b"2"
+        assert follower.state() == leader.state()
+    finally:
+        leader.close()
+        follower.close()

@@ -1,0 +1,193 @@
+"""A client's snapshot must not leave a copy of the database behind, whoever ends it first.
+
+Each Snapshot call streams a full temporary copy of the store. A client that goes away in the
+middle (etcdctl interrupted, a deadline, a lost connection) and a store killed in the middle must
+both leave no copy on the node's disk: every copy left behind is the size of the database, and
+nothing else ever removes it. The copy belongs on the data volume, not in the temporary
+directory: in the chart /tmp is a 64 MiB memory-backed volume shared with nothing that size.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from harness import wait_for
+
+from protos.etcdserverpb import rpc_pb2
+
+from .cluster import Client, Node, program_cluster, retry_ok
+
+pytestmark = pytest.mark.slow
+
+#: large enough that the stream cannot sit whole in the transport's buffers while a client waits
+VALUES = 50
+VALUE_BYTES = 500_000
+#: the store's own files under its data dir: the LMDB environment and the log
+LIVE = {"store", "wal"}
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def _copies(node: Node, tmpdir: Path) -> list[Path]:
+    """Every file the store keeps beyond its live database and log: snapshot copies."""
+    extra = [p for top in node.data_dir.iterdir() if top.name not in LIVE for p in _files(top)]
+    return _files(tmpdir) + extra
+
+
+def _fill(client: Client) -> None:
+    value = os.urandom(VALUE_BYTES)
+    for i in range(VALUES):
+        client.put(b"/big/%03d" % i, value, timeout=20)
+
+
+def _open_snapshot(client: Client) -> Any:
+    """A Snapshot stream of which one chunk has been read (a call: iterable and cancellable)."""
+    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+    first = next(stream)
+    assert first.remaining_bytes > 0
+    return stream
+
+
+def test_a_cancelled_snapshot_leaves_no_copy_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client reads one chunk and cancels: the store must drop its copy, not keep it for ever."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    with program_cluster(tmp_path / "cluster", nodes=1) as cluster:
+        (node,) = cluster.nodes
+        client = Client(cluster.endpoint)
+        try:
+            _fill(client)
+            stream = _open_snapshot(client)
+            assert _copies(node, tmpdir), "the stream ended before the client cancelled it"
+            stream.cancel()
+            wait_for(lambda: not _copies(node, tmpdir), 30, "the store to remove the copy of a cancelled snapshot")
+            # and a whole snapshot still works afterwards
+            total = sum(len(c.blob) for c in client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120))
+            assert total > VALUES * VALUE_BYTES
+            wait_for(lambda: not _copies(node, tmpdir), 30, "the store to remove the copy of a finished snapshot")
+        finally:
+            client.close()
+
+
+def test_a_store_killed_during_a_snapshot_leaves_no_copy_behind(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of the store mid-stream: the client gets an error, and the restarted node holds
+    no copy, in its data dir or in the temporary directory (a crash-looping node would
+    otherwise fill its disk one database-sized copy per crash)."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    with program_cluster(tmp_path / "cluster", nodes=1) as cluster:
+        (node,) = cluster.nodes
+        client = Client(cluster.endpoint)
+        try:
+            _fill(client)
+            stream = _open_snapshot(client)
+            assert _copies(node, tmpdir), "the stream ended before the store was killed"
+            assert not _files(tmpdir), "the copy is in the temporary directory, not on the data volume"
+            cluster.kill(node)
+            with pytest.raises(grpc.RpcError) as failed:
+                for _ in stream:
+                    pass
+            assert failed.value.code() == grpc.StatusCode.UNKNOWN
+            assert failed.value.details() == "snapshot: the connection to the store was lost"
+            cluster.restart(node)
+            assert not _copies(node, tmpdir)
+            retry_ok(lambda: client.put(b"/after", b"x"), 20, "a write after the restart")
+            assert client.get(b"/big/000") is not None
+        finally:
+            client.close()
+
+
+def _database_copies(node: Node) -> list[Path]:
+    return [p for p in _files(node.data_dir / "snap") if p.name == "data.mdb"]
+
+
+def test_concurrent_snapshots_hold_one_copy_at_a_time(tmp_path: Path) -> None:
+    """Each client snapshot is a full copy of the store on the data volume, kept while its client
+    reads: without a bound, a few slow or stalled readers fill the volume the store itself writes
+    to. A second snapshot waits for the first (and completes once it is gone)."""
+    with program_cluster(tmp_path, nodes=1) as cluster:
+        (node,) = cluster.nodes
+        client = Client(cluster.endpoint)
+        try:
+            _fill(client)
+            stalled = _open_snapshot(client)  # read one chunk, then stop reading
+            second: list[int | BaseException] = []
+
+            def read_whole() -> None:
+                try:
+                    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+                    second.append(sum(len(c.blob) for c in stream))
+                except BaseException as exc:  # reported below
+                    second.append(exc)
+
+            thread = threading.Thread(target=read_whole)
+            thread.start()
+            try:
+                wait_for(lambda: "a client's snapshot waits" in node.output() or len(_database_copies(node)) > 1,
+                         30, "the second snapshot to reach the store")
+                assert len(_database_copies(node)) == 1, "two copies of the database on disk at once"
+            finally:
+                stalled.cancel()
+                thread.join(timeout=150)
+            assert not thread.is_alive()
+            assert isinstance(second[0], int) and second[0] > VALUES * VALUE_BYTES, second
+            wait_for(lambda: not _database_copies(node), 30, "the store to remove its copies")
+        finally:
+            client.close()
+
+
+SNAPSHOT_FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]
+
+
+def _snapshot_files(node: Node) -> list[Path]:
+    return _files(node.data_dir / "snap")
+
+
+@pytest.mark.parametrize("victim_role", ["follower", "leader"])
+def test_a_node_killed_during_catch_up_by_snapshot_leaves_no_copy_behind(victim_role: str, tmp_path: Path) -> None:
+    """kill -9 of the follower while it receives a snapshot, or of the leader while it sends one:
+    the restarted node holds no copy, and every node converges."""
+    with program_cluster(tmp_path, nodes=3, store_flags=SNAPSHOT_FLAGS) as cluster:
+        client = Client(cluster.endpoint)
+        try:
+            for i in range(20):
+                retry_ok(lambda i=i: client.put(b"/early/%03d" % i, b"x"), 20, "early writes")
+            leader = cluster.leader()
+            lagging, _ = cluster.followers(leader)
+            cluster.kill(lagging)
+            value = os.urandom(VALUE_BYTES)
+            for i in range(VALUES):
+                retry_ok(lambda i=i: client.put(b"/big/%03d" % i, value, timeout=20), 20, "writes")
+            wait_for(lambda: "log compacted" in leader.output(), 20, "the leader to compact its log")
+            cluster.restart(lagging)
+            victim = lagging if victim_role == "follower" else leader
+            # the snapshot is tens of megabytes: its file is there for a fraction of a second while
+            # it travels, and the kill follows the first sight of it (a steady 2 ms poll: wait_for's
+            # back-off would miss it)
+            seen: list[Path] = []
+            deadline = time.monotonic() + 30
+            while not seen and "installed a snapshot" not in lagging.output() and time.monotonic() < deadline:
+                seen = _snapshot_files(victim)
+                time.sleep(0.002)
+            assert seen, "the snapshot was installed before the kill"
+            cluster.kill(victim)
+            if victim is leader:
+                for i in range(5):
+                    retry_ok(lambda i=i: client.put(b"/after/%d" % i, b"z"), 30, "writes under a new leader")
+            cluster.restart(victim)
+            assert _snapshot_files(victim) == []
+            cluster.wait_converged(timeout=60)
+            wait_for(lambda: "installed a snapshot" in lagging.output(), 30, "the follower to install a snapshot")
+        finally:
+            client.close()
