@@ -175,12 +175,12 @@ def test_installing_a_snapshot_keeps_this_nodes_member_id(tmp_path: Path) -> Non
     try:
         for store in (leader, follower):
             with store.applier.env.begin(write=True) as txn:
-                store.applier.backend.meta_put(txn, MEMBER_ID_KEY, b"%d" % store.member_id)
+                store.applier.backend.meta_put(txn, MEMBER_ID_KEY, store.member_id.to_bytes(8, "big"))
         leader.apply_ops([("hot", 50), ("put", (b"a", b"1"))], 1, batch=16)
         follower.applier.restore(leader.applier.backend.copy_to(tmp_path / "snap"))
         follower.restart()
         with follower.applier.env.begin() as txn:
-            assert follower.applier.backend.meta_get(txn, MEMBER_ID_KEY) == b"2"
+            assert follower.applier.backend.meta_get(txn, MEMBER_ID_KEY) == (2).to_bytes(8, "big")
         assert follower.state() == leader.state()
     finally:
         leader.close()
