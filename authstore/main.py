@@ -18,7 +18,6 @@ from authstore.apply import Applier
 from authstore.auth import initial_root
 from authstore.backend import MEMBER_ID_KEY, Backend
 from authstore.driver import RaftNode
-from authstore.errors import EtcdError
 from authstore.lease.expiry import LeaseKeeper
 from authstore.log.wal import WAL, WALCorrupt
 from authstore.maintenance import Maintenance, MemberInfo
@@ -31,6 +30,7 @@ from authstore.server import StoreService, build_server
 from authstore.transport import PeerSecurity, Transport, peer_address
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import EtcdError
 
 log = logging.getLogger("raftgate.store")
 

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 import lmdb
 
 from authstore.auth.permissions import UserPermissions
-from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 ROOT_USER = "root"
 ROOT_ROLE = "root"

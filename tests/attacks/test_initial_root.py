@@ -24,10 +24,10 @@ from harness import REPO_ROOT
 
 from authstore import config as store_config
 from authstore.auth.authorize import request_kind
-from authstore.errors import Err
 from authstore.main import bootstrap_entries
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from raftgate.errors import Err
 
 PASSWORD = "initial-Root-pa55word"
 
