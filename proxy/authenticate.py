@@ -26,8 +26,8 @@ from proxy import metrics
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.simple import generate_prefix
 from raftgate.errors import REVISION_MOVED, Err, EtcdError
+from raftgate.simple_token import generate_prefix
 
 log = logging.getLogger(__name__)
 

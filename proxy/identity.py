@@ -21,8 +21,9 @@ from proxy import metrics
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import fingerprint
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.simple import SimpleTokenCache, looks_like_simple_token
+from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
+from raftgate.simple_token import looks_like_simple_token
 
 log = logging.getLogger(__name__)
 

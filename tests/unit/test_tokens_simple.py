@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from authstore.auth.simple_tokens import token_index
-from proxy.tokens.simple import SimpleTokenCache, generate_prefix, looks_like_simple_token
+from proxy.tokens.simple import SimpleTokenCache
+from raftgate.simple_token import generate_prefix, looks_like_simple_token, token_index
 
 
 def test_prefix_is_16_letters_and_random() -> None:
