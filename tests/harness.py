@@ -280,7 +280,7 @@ class RaftgateLocal(_Server):
 
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
         cmd = base + ["local", "--data-dir", str(self.data_dir), "--client-port", str(self.port)]
         if self.auth_token is not None:
             cmd += ["--auth-token", self.auth_token]

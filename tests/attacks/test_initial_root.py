@@ -53,7 +53,7 @@ def _auth(cluster: Cluster) -> tuple[grpc.Channel, rpc_pb2_grpc.AuthStub]:
 
 
 def _bootstrap(endpoint: str, password_file: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "bootstrap-auth", "--endpoints", endpoint,
+    return subprocess.run([sys.executable, "-m", "raftgate.cli", "bootstrap-auth", "--endpoints", endpoint,
                            "--root-password-file", str(password_file), "--timeout", "60"],
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
 
