@@ -276,7 +276,7 @@ class RaftgateLocal(_Server):
     @staticmethod
     def available() -> bool:
         """Whether the product's entry point exists yet (the suite skips raftgate runs otherwise)."""
-        return (REPO_ROOT / "proxy" / "cli.py").exists()
+        return (REPO_ROOT / "raftgate" / "cli.py").exists()
 
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
