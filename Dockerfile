@@ -18,6 +18,7 @@ COPY pyproject.toml README.md ./
 COPY protos/ protos/
 COPY proxy/ proxy/
 COPY authstore/ authstore/
+COPY raftgate/ raftgate/
 COPY bench/ bench/
 # A regular (not editable) install, then drop the installers: the final venv only runs raftgate.
 RUN /opt/raftgate/bin/pip install --no-cache-dir . \

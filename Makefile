@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/raftgate local $(ARGS)
 
-## test: lint, then the whole test suite
+## test: lint (ruff, then the import contracts in pyproject.toml), then the whole test suite
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## protos: regenerate the Python code from protos/*.proto

@@ -29,7 +29,6 @@ from authstore import failpoints, metrics
 from authstore.auth.authorize import authorize, request_kind
 from authstore.auth.store import AuthStore, RevisionMoved
 from authstore.backend import Backend, set_member_id
-from authstore.errors import Err, EtcdError
 from authstore.lease.lessor import DEFAULT_MIN_TTL, Lessor
 from authstore.membership import Membership
 from authstore.mvcc import validate
@@ -38,6 +37,7 @@ from authstore.raft.codec import decode_conf_change
 from authstore.raft.types import Entry, EntryType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.apply")
 

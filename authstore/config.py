@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from authstore.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST, PasswordFileError, read_password_file
-from authstore.observe import ObserveConfig, add_observe_flags, observe_config
+from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 
 
 class ConfigError(Exception):

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 from authstore import failpoints, metrics
 from authstore.apply import Applier, ApplyFailed
-from authstore.errors import Err, EtcdError
 from authstore.log.wal import WAL
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.raft import Config, ProposalDroppedError
@@ -53,6 +52,7 @@ from authstore.transport import Transport
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.driver")
 

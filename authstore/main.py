@@ -18,12 +18,10 @@ from authstore.apply import Applier
 from authstore.auth import initial_root
 from authstore.backend import MEMBER_ID_KEY, Backend
 from authstore.driver import RaftNode
-from authstore.errors import EtcdError
 from authstore.lease.expiry import LeaseKeeper
 from authstore.log.wal import WAL, WALCorrupt
 from authstore.maintenance import Maintenance, MemberInfo
 from authstore.membership import cluster_id, member_id
-from authstore.observe import start_observability
 from authstore.raft.codec import encode_conf_change
 from authstore.raft.storage import MemoryStorage
 from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
@@ -31,6 +29,8 @@ from authstore.server import StoreService, build_server
 from authstore.transport import PeerSecurity, Transport, peer_address
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import EtcdError
+from raftgate.observe import start_observability
 
 log = logging.getLogger("raftgate.store")
 

@@ -17,13 +17,13 @@ from google.protobuf.message import Message
 
 from authstore.apply import Applier
 from authstore.driver import RaftNode
-from authstore.errors import Err, EtcdError
 from authstore.lease.expiry import LeaseKeeper
 from authstore.membership import member_id
 from authstore.raft.types import ConfChange, ConfChangeType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.maintenance")
 

@@ -11,10 +11,10 @@ import struct
 
 import lmdb
 
-from authstore.errors import Err, EtcdError
 from authstore.raft.types import ConfChange, ConfChangeType
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import Err, EtcdError
 
 _ID = struct.Struct(">Q")
 

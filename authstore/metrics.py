@@ -15,7 +15,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
-from authstore.errors import Err
+from raftgate.errors import Err
 
 # The *_created series double every counter and histogram for no use in dashboards or alerts.
 disable_created_metrics()

@@ -24,9 +24,9 @@ from typing import Any
 import lmdb
 
 from authstore.apply import Applier, adds_data
-from authstore.errors import Err, EtcdError
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.quota")
 

@@ -32,7 +32,6 @@ from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.auth.authorize import request_kind
 from authstore.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.driver import RaftNode
-from authstore.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from authstore.maintenance import STORAGE_VERSION, Maintenance
 from authstore.quota import Quota
 from authstore.watch.hub import (
@@ -46,6 +45,7 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import ANSWER_PART_BYTES, INTERNAL_SECRET_METADATA, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
 log = logging.getLogger("raftgate.store.server")
 

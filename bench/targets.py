@@ -151,7 +151,7 @@ class RaftgateTarget(Target):
 
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
         return base + ["local", "--nodes", str(self.nodes), "--data-dir", str(self.data_dir),
                        "--client-port", str(self.port), "--bcrypt-cost", str(self.bcrypt_cost),
                        "--auth-token", self.auth_token]  # fmt: skip

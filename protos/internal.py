@@ -1,6 +1,6 @@
 """Constants of raftgate's internal contract (proxy <-> store, store <-> store), defined once.
 
-Error texts live in :mod:`authstore.errors` (the one error table, e.g. ``REVISION_MOVED``); the
+Error texts live in :mod:`raftgate.errors` (the one error table, e.g. ``REVISION_MOVED``); the
 field numbers are read from the generated descriptor, so the .proto stays their one source.
 """
 

@@ -19,7 +19,6 @@ from collections.abc import Callable
 import grpc
 import grpc.aio
 
-from authstore.errors import REVISION_MOVED, Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
 from protos.internal import AUTHENTICATE_FIELD
@@ -27,7 +26,8 @@ from proxy import metrics
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.simple import generate_prefix
+from raftgate.errors import REVISION_MOVED, Err, EtcdError
+from raftgate.simple_token import generate_prefix
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from authstore.observe import ObserveConfig, add_observe_flags, observe_config
 from proxy.identity_file import JWT as IDENTITY_JWT
 from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
 from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
@@ -25,6 +24,7 @@ from proxy.sidecar import is_local_listener
 from proxy.store_client import InternalTLS
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.options import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
+from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from authstore.errors import Err, EtcdError
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
 from protos.internal import AUTH_STATUS_FIELD
@@ -22,7 +21,9 @@ from proxy import metrics
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import fingerprint
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.simple import SimpleTokenCache, looks_like_simple_token
+from proxy.tokens.simple import SimpleTokenCache
+from raftgate.errors import Err, EtcdError
+from raftgate.simple_token import looks_like_simple_token
 
 log = logging.getLogger(__name__)
 

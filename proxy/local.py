@@ -118,7 +118,7 @@ class Child:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "proxy.cli",
+            "raftgate.cli",
             *self.args,
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,

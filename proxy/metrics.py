@@ -14,8 +14,8 @@ from typing import Literal
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
-from authstore.errors import Err
 from protos.etcdserverpb import raft_internal_pb2 as ipb
+from raftgate.errors import Err
 
 # The *_created series double every counter and histogram for no use in dashboards or alerts.
 disable_created_metrics()

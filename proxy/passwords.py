@@ -22,8 +22,8 @@ from typing import TypeVar
 
 import bcrypt
 
-from authstore.errors import Err, EtcdError
 from proxy import metrics
+from raftgate.errors import Err, EtcdError
 
 T = TypeVar("T")
 

@@ -16,7 +16,6 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from authstore.errors import STREAM_UNMARSHAL_ERROR_PREFIX, UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
@@ -28,6 +27,7 @@ from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
 from proxy.watch import WatchProxy
+from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from authstore.observe import Observability, start_observability
 from protos.internal import MAX_ANSWER_BYTES
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
@@ -31,6 +30,7 @@ from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.observe import Observability, start_observability
 
 METADATA_LIMIT = 1 << 20
 

@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from urllib.parse import unquote
 
-from authstore.errors import Err, EtcdError
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity_file import IdentityFiles, JwtCredential, PasswordCredential
 from proxy.tokens.jwt import JwtProvider
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
+from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 
 log = logging.getLogger(__name__)
 

@@ -38,13 +38,13 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from authstore.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb.store_pb2 import WatchBatch
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
+from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ def skip_unless_available(kind: str) -> None:
     if kind == "etcd" and not EtcdServer.available():
         pytest.skip("real etcd binary not installed")
     if kind == "raftgate" and not RaftgateLocal.available():
-        pytest.skip("raftgate local is not implemented yet (proxy/cli.py missing)")
+        pytest.skip("raftgate local is not implemented yet (raftgate/cli.py missing)")
 
 
 def new_server(kind: str, workdir: Path, **kw: object) -> EtcdServer | RaftgateLocal:

@@ -276,11 +276,11 @@ class RaftgateLocal(_Server):
     @staticmethod
     def available() -> bool:
         """Whether the product's entry point exists yet (the suite skips raftgate runs otherwise)."""
-        return (REPO_ROOT / "proxy" / "cli.py").exists()
+        return (REPO_ROOT / "raftgate" / "cli.py").exists()
 
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
         cmd = base + ["local", "--data-dir", str(self.data_dir), "--client-port", str(self.port)]
         if self.auth_token is not None:
             cmd += ["--auth-token", self.auth_token]

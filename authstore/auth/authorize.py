@@ -34,10 +34,10 @@ import lmdb
 from authstore import metrics
 from authstore.auth.permissions import UserPermissions
 from authstore.auth.store import AuthStore, has_root_role
-from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 #: Never checked (etcd 3.7: Authenticate checks the password itself, AuthStatus is public).
 OPEN_KINDS = frozenset({"authenticate", "auth_status"})

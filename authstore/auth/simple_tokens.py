@@ -20,25 +20,15 @@ import lmdb
 from authstore.auth.store import AuthStore, token_digest
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.storepb import store_pb2 as spb
+from raftgate.simple_token import token_index
 
 log = logging.getLogger("raftgate.store.tokens")
 
 TOKEN_WAIT_SECONDS = 5.0
-PREFIX_LETTERS = 16
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def token_index(token: str) -> int | None:
-    """The log index a ``<16 letters>.<index>`` token names, or None for anything else."""
-    prefix, dot, index = token.rpartition(".")
-    if not dot or len(prefix) != PREFIX_LETTERS or not prefix.isascii() or not prefix.isalpha():
-        return None
-    if not index.isdigit() or len(index) > 20:
-        return None
-    return int(index)
 
 
 class SimpleTokens:

@@ -20,10 +20,11 @@ from collections.abc import Iterable
 import lmdb
 
 from authstore.auth.permissions import UserPermissions
-from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
+from raftgate.simple_token import make_token
 
 ROOT_USER = "root"
 ROOT_ROLE = "root"
@@ -450,7 +451,7 @@ class AuthStore:
             raise RevisionMoved(req.checked_revision, current)
         if not req.simple_token:
             return ""
-        token = f"{req.simple_token}.{index}"
+        token = make_token(req.simple_token, index)
         tkey = token_digest(token)
         value = _TOKEN_HEAD.pack(req.issued_at_unix_ms, req.ttl_seconds) + req.name.encode()
         txn.put(tkey, value, db=self._tokens)

@@ -38,11 +38,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from authstore.errors import Err, EtcdError
 from authstore.lease.lessor import LeaseRecord, Lessor
 from authstore.raft.types import Entry
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 if TYPE_CHECKING:
     from authstore.driver import RaftNode

@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import lmdb
 
-from authstore.errors import Err, EtcdError
 from authstore.mvcc.index import PREFIX, index_key
 from authstore.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 #: etcd's MaxLeaseTTL (seconds)
 MAX_LEASE_TTL = 9_000_000_000

@@ -21,11 +21,11 @@ from typing import NamedTuple, Protocol
 
 import lmdb
 
-from authstore.errors import Err, EtcdError
 from authstore.mvcc import index, revision
 from authstore.mvcc.index import Entry, KeyIndex
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
+from raftgate.errors import Err, EtcdError
 
 _I64 = struct.Struct(">q")
 _META_REV = b"current_revision"

@@ -6,8 +6,8 @@ errors ahead of any permission error; raftgate keeps that order by running them 
 
 from __future__ import annotations
 
-from authstore.errors import Err, EtcdError
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 _SORT_ORDERS = frozenset(pb.RangeRequest.SortOrder.values())
 _SORT_TARGETS = frozenset(pb.RangeRequest.SortTarget.values())

@@ -51,7 +51,6 @@ import lmdb
 from google.protobuf.message import DecodeError
 
 from authstore.auth.authorize import authorize
-from authstore.errors import Err, EtcdError
 from authstore.watch.index import WatchIndex
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
@@ -59,6 +58,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import STREAM_BATCH_BYTES
 from protos.mvccpb import kv_pb2
 from protos.storepb import store_pb2 as spb
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.watch")
 

@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import HMACAlgorithm
 
-from authstore.errors import Err, EtcdError
 from proxy import metrics
 from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.extract import fingerprint
@@ -35,6 +34,7 @@ from proxy.tokens.options import (
     ERR_MISSING_KEY,
     AuthOptionError,
 )
+from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger(__name__)
 

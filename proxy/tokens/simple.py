@@ -1,4 +1,4 @@
-"""Simple tokens (``--auth-token simple``): ``<16 letters>.<log index>``, registered by the store.
+"""Simple tokens (``--auth-token simple``) on the proxy's side; the format is :mod:`raftgate.simple_token`.
 
 The proxy only draws the random prefix; the store's apply stage appends the entry index and owns
 the token's sliding TTL. To keep steady traffic off the store, resolutions are cached for a short
@@ -12,29 +12,13 @@ moves it); the proxy then resolves the token again before retrying, on whichever
 
 from __future__ import annotations
 
-import re
-import secrets
-import string
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PREFIX_LENGTH = 16
-_LETTERS = string.ascii_letters
-_FORMAT = re.compile(r"[A-Za-z]{16}\.[0-9]{1,20}")
 CACHE_SIZE = 65536
 MAX_CACHE_SECONDS = 1.0
-
-
-def generate_prefix() -> str:
-    """16 letters from a CSPRNG, the part of the token nobody can guess."""
-    return "".join(secrets.choice(_LETTERS) for _ in range(PREFIX_LENGTH))
-
-
-def looks_like_simple_token(token: str) -> bool:
-    """Cheap shape check so junk never reaches the store."""
-    return _FORMAT.fullmatch(token) is not None
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from google.protobuf.message import Message
 
 from authstore.apply import Applier, AuthRevisionMoved
 from authstore.backend import Backend
-from authstore.errors import Err, EtcdError
 from authstore.raft.types import Entry
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 BIG = 100 << 10
 

@@ -23,12 +23,12 @@ import grpc.aio
 import pytest
 from harness import wait_for
 
-from authstore.errors import Err
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2_grpc
 from proxy import config as proxy_config
 from proxy import passwords
 from proxy.server import ProxyServer
+from raftgate.errors import Err
 from tests.unit.test_proxy_pipeline import SECRET, FakeStore, login, md
 
 FLOOD = 24

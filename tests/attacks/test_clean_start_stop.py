@@ -101,13 +101,13 @@ def test_a_stop_signal_while_a_program_starts_ends_it_quietly(sig: signal.Signal
     """A signal that arrives before the program set up its graceful stop (while it imports and
     starts) ends it with the shell's code for the signal and nothing on stderr: no traceback, no -15."""
     code = ("import os, signal, sys\n"
-            "import authstore.main, proxy.cli\n"
+            "import authstore.main, raftgate.cli\n"
             "def starting(argv):  # the store, before it set up its own handlers\n"
             f"    os.kill(os.getpid(), {int(sig)})\n"
             "    while True:\n"
             "        signal.pause()\n"
             "authstore.main.main = starting\n"
-            "sys.exit(proxy.cli.main(['store']))\n")
+            "sys.exit(raftgate.cli.main(['store']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=str(REPO_ROOT))
     assert (proc.returncode, proc.stderr) == (128 + sig, "")

@@ -24,10 +24,10 @@ from harness import REPO_ROOT
 
 from authstore import config as store_config
 from authstore.auth.authorize import request_kind
-from authstore.errors import Err
 from authstore.main import bootstrap_entries
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from raftgate.errors import Err
 
 PASSWORD = "initial-Root-pa55word"
 
@@ -53,7 +53,7 @@ def _auth(cluster: Cluster) -> tuple[grpc.Channel, rpc_pb2_grpc.AuthStub]:
 
 
 def _bootstrap(endpoint: str, password_file: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "bootstrap-auth", "--endpoints", endpoint,
+    return subprocess.run([sys.executable, "-m", "raftgate.cli", "bootstrap-auth", "--endpoints", endpoint,
                            "--root-password-file", str(password_file), "--timeout", "60"],
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
 

@@ -15,9 +15,9 @@ import grpc.aio
 import jwt as pyjwt
 import pytest
 
-from authstore.errors import Err
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from proxy.server import ProxyServer
+from raftgate.errors import Err
 from tests.unit.test_proxy_pipeline import FakeStore, _ec_key_files, md, run
 
 

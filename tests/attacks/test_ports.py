@@ -36,7 +36,7 @@ class _Program(_Server):
         self.ready_prefix = ready_prefix
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "proxy.cli", *self.args]
+        return [sys.executable, "-m", "raftgate.cli", *self.args]
 
     def is_ready(self) -> bool:
         return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
@@ -136,7 +136,7 @@ def test_raftgate_local_chooses_distinct_ports(tmp_path: Path, monkeypatch: pyte
 
 def _run_local(data_dir: Path, client_port: int) -> tuple[int, str]:
     """`raftgate local` expected to refuse at once; its exit code and stderr (its group is always torn down)."""
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "local", "--data-dir", str(data_dir), "--nodes", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "raftgate.cli", "local", "--data-dir", str(data_dir), "--nodes", "3",
                              "--client-port", str(client_port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:

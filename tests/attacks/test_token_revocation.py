@@ -17,8 +17,8 @@ import pytest
 from harness import free_port
 from system.programs import Program, proxy_program, store_program, wait_serving
 
-from authstore.errors import Err
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from raftgate.errors import Err
 
 pytestmark = pytest.mark.slow
 ROOT_PW = "root-pw"

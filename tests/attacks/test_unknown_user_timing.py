@@ -21,12 +21,12 @@ import pytest
 from harness import free_port
 from system.programs import SECRET, proxy_program, store_program, wait_serving
 
-from authstore.errors import Err
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 from proxy import passwords
 from proxy.server import ProxyServer
+from raftgate.errors import Err
 from tests.unit.test_proxy_pipeline import FakeStore, login, run
 
 

@@ -60,7 +60,7 @@ def _stop_all() -> None:
 
 
 class Program(_Server):
-    """A `raftgate store` or `raftgate proxy` started by a test: [python, -m, proxy.cli, *argv]."""
+    """A `raftgate store` or `raftgate proxy` started by a test: [python, -m, raftgate.cli, *argv]."""
 
     def __init__(self, workdir: Path, python: str, argv: list[str], ready_prefix: str, name: str) -> None:
         super().__init__(workdir)
@@ -71,7 +71,7 @@ class Program(_Server):
         self.ready_prefix = ready_prefix
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "proxy.cli", *self.argv]
+        return [self.python, "-m", "raftgate.cli", *self.argv]
 
     def is_ready(self) -> bool:
         return any(line.startswith(self.ready_prefix) for line in list(self.lines))

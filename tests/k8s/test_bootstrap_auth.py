@@ -18,7 +18,7 @@ PASSWORD = "hook-Pa55word"
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "bootstrap-auth", *args],
+        [sys.executable, "-m", "raftgate.cli", "bootstrap-auth", *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
     )  # fmt: skip
 
@@ -40,7 +40,7 @@ def server(tmp_path: Path):
 def test_waits_for_the_endpoint_then_enables_auth_once(server: RaftgateLocal, password_file: Path) -> None:
     # Start the bootstrap before the server: it must wait (polling) until the endpoint answers.
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "bootstrap-auth", "--endpoints", server.target,
+        [sys.executable, "-m", "raftgate.cli", "bootstrap-auth", "--endpoints", server.target,
          "--root-password-file", str(password_file), "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
     )  # fmt: skip

@@ -92,7 +92,8 @@ def test_dockerignore_lets_in_exactly_what_the_build_copies() -> None:
                 result = not negate
         return result
 
-    for path in ("pyproject.toml", "README.md", "proxy/cli.py", "authstore/main.py", "protos/etcdserverpb/rpc_pb2.py"):
+    for path in ("pyproject.toml", "README.md", "raftgate/cli.py", "proxy/main.py", "authstore/main.py",
+                 "protos/etcdserverpb/rpc_pb2.py"):
         assert not ignored(path), path
     for path in (
         ".git/config",

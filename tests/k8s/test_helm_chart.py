@@ -801,7 +801,7 @@ def _program_flags(command: str) -> set[str]:
     from chart_support import REPO_ROOT
 
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", command, "--help"],
+        [sys.executable, "-m", "raftgate.cli", command, "--help"],
         capture_output=True,
         text=True,
         timeout=60,

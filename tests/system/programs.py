@@ -30,7 +30,7 @@ class Program(_Server):
         self.ready_prefix = ready_prefix
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "proxy.cli", *self.args]
+        return [sys.executable, "-m", "raftgate.cli", *self.args]
 
     def is_ready(self) -> bool:
         return any(line.startswith(self.ready_prefix) for line in self.lines)
@@ -64,7 +64,7 @@ def store_supports(flag: str) -> bool:
     """Whether this build's store takes ``flag`` (its flags are wired in authstore/config.py)."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "store", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "raftgate.cli", "store", "--help"], capture_output=True, text=True,
                          timeout=60, cwd=REPO_ROOT).stdout
     return flag in out
 

@@ -33,7 +33,7 @@ class Program(_Server):
         self.ready_prefix = ready_prefix
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "proxy.cli", *self.args]
+        return [sys.executable, "-m", "raftgate.cli", *self.args]
 
     def is_ready(self) -> bool:
         return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)

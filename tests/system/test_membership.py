@@ -56,7 +56,7 @@ def test_learner_joins_catches_up_is_promoted_and_removed(tmp_path: Path) -> Non
         assert f"{member_hex}, unstarted, , {peer_url}, , true" in listed
 
         initial = ",".join(f"{s['name']}=http://127.0.0.1:{s['peer_port']}" for s in stores)
-        argv = [sys.executable, "-m", "proxy.cli", "store", "--name", "node4", "--data-dir",
+        argv = [sys.executable, "-m", "raftgate.cli", "store", "--name", "node4", "--data-dir",
                 str(tmp_path / "node4"), "--listen-internal-urls", f"http://127.0.0.1:{internal_port}",
                 "--internal-secret-file", str(secret_file), "--listen-peer-urls", peer_url,
                 "--initial-advertise-peer-urls", peer_url, "--peer-secret-file", str(secret_file),

@@ -12,10 +12,10 @@ import lmdb
 import pytest
 
 from authstore.auth.store import AuthStore, RevisionMoved, is_valid_permission_range, token_digest
-from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 READ, WRITE, READWRITE = auth_pb2.Permission.READ, auth_pb2.Permission.WRITE, auth_pb2.Permission.READWRITE
 

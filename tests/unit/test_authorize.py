@@ -18,10 +18,10 @@ from google.protobuf.message import Message
 
 from authstore.auth.authorize import authorize
 from authstore.auth.store import AuthStore
-from authstore.errors import Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 READ, WRITE, READWRITE = auth_pb2.Permission.READ, auth_pb2.Permission.WRITE, auth_pb2.Permission.READWRITE
 HASH = base64.b64encode(b"$2b$04$abcdefghijklmnopqrstuu5Jm0bq2b3DNHYXjJSOJ5WbWbYHJ8bTa").decode()

@@ -11,9 +11,9 @@ a Put still fails on its own key check first.
 
 from __future__ import annotations
 
-from authstore.errors import Err
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err
 
 from .test_authorize import World, put, w  # noqa: F401 - w is the fixture
 

@@ -15,12 +15,12 @@ import pytest
 from authstore.apply import Applier
 from authstore.backend import Backend
 from authstore.driver import ID_FIELD, TIME_FIELD
-from authstore.errors import Err, EtcdError
 from authstore.lease.expiry import RENEW_LOG_FRACTION, LeaseKeeper
 from authstore.raft.types import Entry, EntryType
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 T = TypeVar("T")
 EXTEND_MS = 1000

@@ -21,7 +21,6 @@ import authstore.metrics as store_metrics
 import proxy.metrics as proxy_metrics
 from authstore.auth.authorize import authorize
 from authstore.auth.store import AuthStore
-from authstore.errors import REVISION_MOVED, Err, EtcdError
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -31,6 +30,7 @@ from proxy.authenticate import Authenticator
 from proxy.methods import METHODS
 from proxy.passwords import PasswordHasher
 from proxy.tokens.jwt import JwtProvider
+from raftgate.errors import REVISION_MOVED, Err, EtcdError
 
 SNAKE = re.compile(r"[a-z][a-z0-9_]*")
 #: Label names that would put a secret or an unbounded, client-chosen value into a series.

@@ -1,4 +1,4 @@
-"""The side servers (authstore/observe.py) and their flags on both programs."""
+"""The side servers (raftgate/observe.py) and their flags on both programs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from authstore.observe import (
+from proxy.config import ConfigError, load
+from raftgate.observe import (
     ListenAddr,
     ObserveConfig,
     add_observe_flags,
@@ -20,7 +21,6 @@ from authstore.observe import (
     parse_listen_addr,
     start_observability,
 )
-from proxy.config import ConfigError, load
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from authstore.errors import Err, EtcdError
 from authstore.mvcc import revision, validate
 from authstore.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.errors import Err, EtcdError
 
 RR = pb.RangeRequest
 C = pb.Compare

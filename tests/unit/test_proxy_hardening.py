@@ -12,7 +12,6 @@ import grpc
 import grpc.aio
 import pytest
 
-from authstore.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from authstore.server import unmarshal_error
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
@@ -21,6 +20,7 @@ from proxy.identity import UNRESOLVED, Resolver
 from proxy.passwords import PasswordHasher
 from proxy.server import ProxyServer
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from unit.test_proxy_pipeline import FakeStore, login, md, run
 
 LONG = "x" * 73  # one byte over bcrypt's limit

@@ -13,12 +13,12 @@ import grpc
 import grpc.aio
 import pytest
 
-from authstore.errors import Err
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2, store_pb2_grpc
 from proxy import config as proxy_config
 from proxy.server import ProxyServer
+from raftgate.errors import Err
 
 SECRET = "s3cret-for-tests"
 ROOT_PW = "rootpw"

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from authstore.errors import Err, EtcdError
 from protos.etcdserverpb import rpc_pb2 as pb
 from proxy.config import ConfigError, load
 from proxy.identity_file import (
@@ -22,6 +21,7 @@ from proxy.identity_file import (
     read_credential,
 )
 from proxy.sidecar import Sidecar, is_local_listener, is_local_peer
+from raftgate.errors import Err, EtcdError
 
 # --- file formats ---------------------------------------------------------------------------------
 

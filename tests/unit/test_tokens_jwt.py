@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
-from authstore.errors import Err, EtcdError
 from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.options import (
@@ -28,6 +27,7 @@ from proxy.tokens.options import (
     AuthOptionError,
     parse_auth_token,
 )
+from raftgate.errors import Err, EtcdError
 
 
 def _priv_pem(key: Any) -> bytes:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from proxy.tokens.simple import SimpleTokenCache, generate_prefix, looks_like_simple_token
+from proxy.tokens.simple import SimpleTokenCache
+from raftgate.simple_token import generate_prefix, looks_like_simple_token, token_index
 
 
 def test_prefix_is_16_letters_and_random() -> None:
@@ -27,6 +28,14 @@ def test_shape_check() -> None:
         "wwhspQQcNCzmFvEU." + "1" * 21,
     ):
         assert not looks_like_simple_token(bad), bad
+
+
+def test_store_and_proxy_agree_on_the_shape() -> None:
+    """The store parses a token the proxy let through, and nothing else (no crash on non-ASCII digits)."""
+    assert token_index("wwhspQQcNCzmFvEU.53") == 53
+    for text in ("wwhspQQcNCzmFvEU.53", "wwhspQQcNCzmFvEU.\u00b2", "wwhspQQcNCzmFvEU.\u0661\u0662",
+                 "wwhspQQcNCzmFvEU.1\n", "wwhsp\u00e9QcNCzmFvEU.1", "wwhspQQcNCzmFvEU." + "1" * 21, ".1", ""):
+        assert (token_index(text) is not None) == looks_like_simple_token(text), text
 
 
 class Clock:

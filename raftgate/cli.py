@@ -1,4 +1,7 @@
-"""The ``raftgate`` console script: one entry point, a subcommand per program."""
+"""The ``raftgate`` console script: one entry point, a subcommand per program.
+
+The only module that starts both programs, so it lives beside them, not inside either; it imports
+each program only when its subcommand runs."""
 
 from __future__ import annotations
 

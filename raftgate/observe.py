@@ -7,8 +7,7 @@ SERVING once the program serves, NOT_SERVING from the moment it starts shutting 
 
 ``--metrics-addr`` serves the process's Prometheus registry over HTTP from prometheus_client's
 own daemon thread, so a scrape never touches the event loop. Both are off unless given, and bind
-only the address given. Shared by store and proxy (the proxy already depends on ``authstore``
-for the error table; the store must not depend on the proxy).
+only the address given. Shared by store and proxy, so it lives in neither.
 """
 
 from __future__ import annotations
