@@ -63,6 +63,8 @@ class FakeStore(store_pb2_grpc.StoreServicer):
         self.moves_during_authenticate = 0
         #: Answer the next Put with "old revision" this many times regardless of the header.
         self.force_old_revision = 0
+        #: Seconds the authenticate commit takes (a slow or overloaded store).
+        self.authenticate_delay = 0.0
 
     async def _check_secret(self, context: grpc.aio.ServicerContext) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -79,6 +81,8 @@ class FakeStore(store_pb2_grpc.StoreServicer):
         h = request.header
         if kind == "authenticate":
             a = request.authenticate
+            if self.authenticate_delay:
+                await asyncio.sleep(self.authenticate_delay)
             if self.moves_during_authenticate:
                 self.moves_during_authenticate -= 1
                 self.revision += 1
@@ -365,6 +369,22 @@ def test_authenticate_failures_and_retry(tmp_path: Path) -> None:
         assert loop.time() - started < 5
         # The churn stops: the next login succeeds.
         fake.moves_during_authenticate = 0
+        assert await login(ch)
+
+    run(tmp_path, scenario)
+
+
+def test_authenticate_past_the_proxys_own_deadline_is_etcds_timeout(tmp_path: Path) -> None:
+    """A client without a deadline never sees DEADLINE_EXCEEDED from a deadline it did not set:
+    when the proxy's own bound passes during a store call, the answer is etcd's `request timed out`."""
+    async def scenario(fake: FakeStore, ch: grpc.aio.Channel, proxy: ProxyServer) -> None:
+        proxy.authenticator.default_deadline = 0.3
+        fake.authenticate_delay = 1.0
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await login(ch)
+        assert (e.value.code(), e.value.details()) == (Err.TIMEOUT.code, Err.TIMEOUT.message)
+        fake.authenticate_delay = 0.0
+        proxy.authenticator.default_deadline = 60.0
         assert await login(ch)
 
     run(tmp_path, scenario)
