@@ -92,10 +92,13 @@ class Authenticator:
             if attempt:
                 metrics.AUTHENTICATE_REVISION_RETRIES.inc()
             attempt += 1
-            checked_revision = await self._check_password(name, password, deadline - time.monotonic(), peer)
             try:
+                checked_revision = await self._check_password(name, password, deadline - time.monotonic(), peer)
                 return await self._commit(name, checked_revision, deadline - time.monotonic())
             except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is None:
+                    # the proxy's own bound, not the client's: etcd's answer when its context ends
+                    raise _Refused(Err.TIMEOUT, "error") from None
                 if not is_revision_moved(e):
                     raise
             if time.monotonic() >= deadline:
