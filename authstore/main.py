@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import struct
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -37,6 +39,8 @@ log = logging.getLogger("raftgate.store")
 _MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: In the data dir, locked (flock) by the process that uses it; holds that process's pid.
+LOCK_FILE = "raftgate.lock"
 
 
 class StartupError(Exception):
@@ -58,6 +62,26 @@ def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
         return PeerSecurity(cert=cfg.peer_cert_file.read_bytes(), key=cfg.peer_key_file.read_bytes(),
                             ca=cfg.peer_trusted_ca_file.read_bytes(), secret=cfg.peer_secret)
     return PeerSecurity(secret=cfg.peer_secret)
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Takes an exclusive lock on the data dir for the life of the process (etcd locks its WAL
+    files), before anything in it is opened: a second node on the same log and store would say
+    ready, take the leadership and stall the cluster. The kernel drops the lock when the process
+    ends, however it ends. Returns the lock file's descriptor (kept open)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 20, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        raise StartupError(f"the data dir {data_dir.resolve()} is in use by another raftgate process{pid}; "
+                           "refusing to start (one process per data dir)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardState]:
@@ -274,6 +298,7 @@ def main(argv: list[str]) -> int:
     if armed:
         log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
+        lock_data_dir(cfg.data_dir)
         asyncio.run(serve(cfg))
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
