@@ -39,6 +39,9 @@ log = logging.getLogger("raftgate.store")
 _MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
+#: own removal, the answer to MemberRemove) still go out.
+REMOVED_STOP_DELAY = 1.0
 #: In the data dir, locked (flock) by the process that uses it; holds that process's pid.
 LOCK_FILE = "raftgate.lock"
 
@@ -190,7 +193,9 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stopping)
 
 
-async def serve(cfg: store_config.StoreConfig) -> None:
+async def serve(cfg: store_config.StoreConfig) -> int | None:
+    """Runs the node until SIGTERM/SIGINT or its removal from the cluster; returns its member ID
+    if it was removed."""
     stop = asyncio.Event()
     _stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
@@ -218,6 +223,8 @@ async def serve(cfg: store_config.StoreConfig) -> None:
         transport.set_peers(peers)
 
     node.on_membership_change = refresh_peers
+    # As etcd: a removed member stops (the graceful stop a SIGTERM starts) and the process exits.
+    node.on_removed = lambda: asyncio.get_running_loop().call_later(REMOVED_STOP_DELAY, stop.set)
 
     leases = LeaseKeeper(node)
     maintenance.leases = leases
@@ -280,6 +287,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     await peer_server.stop(grace=1)
     await node.stop()
     backend.close()
+    return node.id if node.removed else None
 
 
 def main(argv: list[str]) -> int:
@@ -299,11 +307,16 @@ def main(argv: list[str]) -> int:
         log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
         lock_data_dir(cfg.data_dir)
-        asyncio.run(serve(cfg))
+        removed = asyncio.run(serve(cfg))
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
         return 1
     except (OSError, StartupError) as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 1
+    if removed is not None:
+        # Exit code 0, as etcd: the operator ended this member on purpose and it stopped cleanly;
+        # a supervisor that restarts failed processes has nothing to restart.
+        print(f"raftgate store: member {removed:x} was removed from the cluster; exiting", file=sys.stderr,
+              flush=True)
     return 0
