@@ -1,7 +1,8 @@
 """The store program's configuration: one typed object built from flags and environment.
 
 Flags follow etcd's names where etcd has one; every flag can also come from an environment
-variable RAFTGATE_STORE_<FLAG> (upper case, dashes as underscores). Bad values stop start-up with
+variable RAFTGATE_STORE_<FLAG> (upper case, dashes as underscores), and a flag with etcd's name
+from etcd's ETCD_<FLAG> too (flag > RAFTGATE_STORE_* > ETCD_*). Bad values stop start-up with
 a message naming the flag.
 """
 
@@ -109,17 +110,42 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The flags etcd has too, with the same meaning: read from etcd's ETCD_<FLAG> as well, so the
+#: lines `etcdctl member add` prints (ETCD_NAME=..., ETCD_INITIAL_CLUSTER=...) work as printed.
+ETCD_FLAGS = frozenset({
+    "name", "data-dir", "cert-file", "key-file", "trusted-ca-file", "advertise-client-urls",
+    "initial-advertise-peer-urls", "listen-peer-urls", "peer-cert-file", "peer-key-file", "peer-trusted-ca-file",
+    "initial-cluster", "initial-cluster-state", "initial-cluster-token", "heartbeat-interval", "election-timeout",
+    "snapshot-count", "snapshot-catchup-entries", "max-txn-ops", "quota-backend-bytes", "log-level", "bcrypt-cost",
+})
+
+
+def _env_names(action: argparse.Action) -> list[str]:
+    """The environment variables of a flag, strongest first: RAFTGATE_STORE_<FLAG>, then (a flag
+    with etcd's name) etcd's own rule, ETCD_ + the flag upper-cased with dashes as underscores."""
+    flag = action.option_strings[0].removeprefix("--")
+    names = ["RAFTGATE_STORE_" + action.dest.upper()]
+    if flag in ETCD_FLAGS:
+        names.append("ETCD_" + flag.upper().replace("-", "_"))
+    return names
+
+
 def _env_defaults(p: argparse.ArgumentParser) -> None:
     for action in p._actions:
         if not action.option_strings or action.dest == "help":
             continue
-        env = "RAFTGATE_STORE_" + action.dest.upper()
-        if env in os.environ:
-            try:
-                action.default = action.type(os.environ[env]) if action.type else os.environ[env]
-            except ValueError:
-                raise ConfigError(f"{env}: {os.environ[env]!r} is not a valid value for --"
-                                  f"{action.dest.replace('_', '-')}") from None
+        env = next((name for name in _env_names(action) if name in os.environ), None)
+        if env is None:
+            continue
+        flag = action.option_strings[0]
+        try:
+            value = action.type(os.environ[env]) if action.type else os.environ[env]
+        except ValueError:
+            raise ConfigError(f"{env}: {os.environ[env]!r} is not a valid value for {flag}") from None
+        if action.choices is not None and value not in action.choices:  # argparse checks flags only
+            raise ConfigError(f"{env}: {os.environ[env]!r} is not one of {', '.join(map(str, action.choices))} "
+                              f"({flag})")
+        action.default = value
 
 
 def _urls(raw: str) -> list[str]:

@@ -113,6 +113,8 @@ class RaftNode:
         self.conf_state: ConfState = storage.snapshot().metadata.conf_state
         self.removed = False
         self.on_membership_change: Callable[[], None] = lambda: None
+        #: Called once, after the batch that removed this member is applied (the process stops).
+        self.on_removed: Callable[[], None] = lambda: None
         self.on_leader_change: Callable[[int, int], None] = lambda leader, term: None
         #: Called with each applied batch and its results before anything else runs (the lease keeper).
         self.on_batch_results: Callable[[list[Entry], list[tuple[int, Any]]], None] = lambda entries, results: None
@@ -287,15 +289,15 @@ class RaftNode:
     async def _apply(self, entries: list[Entry]) -> None:
         results = await self._on_apply_thread(self.applier.apply_batch, entries)
         self.on_applied()
-        membership_changed = False
+        membership_changed = removed_now = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
             if entry.type == EntryType.CONF_CHANGE:
                 cc = decode_conf_change(entry.data)
                 self.conf_state = self.rn.apply_conf_change(cc)
                 membership_changed = True
-                if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id == self.id:
-                    log.warning("this member was removed from the cluster; it stops taking part")
-                    self.removed = True
+                if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id == self.id and not self.removed:
+                    log.warning("this member was removed from the cluster; it stops")
+                    self.removed = removed_now = True
             elif isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
                 membership_changed = True
             if request_id:
@@ -307,6 +309,8 @@ class RaftNode:
         if membership_changed:
             self.on_membership_change()
         self._wake_applied()
+        if removed_now:
+            self.on_removed()
 
     def _on_soft_state(self, lead: int, state: StateType) -> None:
         if lead != self.leader_id:

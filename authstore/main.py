@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import struct
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -37,6 +39,11 @@ log = logging.getLogger("raftgate.store")
 _MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
+#: own removal, the answer to MemberRemove) still go out.
+REMOVED_STOP_DELAY = 1.0
+#: In the data dir, locked (flock) by the process that uses it; holds that process's pid.
+LOCK_FILE = "raftgate.lock"
 
 
 class StartupError(Exception):
@@ -58,6 +65,26 @@ def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
         return PeerSecurity(cert=cfg.peer_cert_file.read_bytes(), key=cfg.peer_key_file.read_bytes(),
                             ca=cfg.peer_trusted_ca_file.read_bytes(), secret=cfg.peer_secret)
     return PeerSecurity(secret=cfg.peer_secret)
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Takes an exclusive lock on the data dir for the life of the process (etcd locks its WAL
+    files), before anything in it is opened: a second node on the same log and store would say
+    ready, take the leadership and stall the cluster. The kernel drops the lock when the process
+    ends, however it ends. Returns the lock file's descriptor (kept open)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 20, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        raise StartupError(f"the data dir {data_dir.resolve()} is in use by another raftgate process{pid}; "
+                           "refusing to start (one process per data dir)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardState]:
@@ -166,7 +193,9 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stopping)
 
 
-async def serve(cfg: store_config.StoreConfig) -> None:
+async def serve(cfg: store_config.StoreConfig) -> int | None:
+    """Runs the node until SIGTERM/SIGINT or its removal from the cluster; returns its member ID
+    if it was removed."""
     stop = asyncio.Event()
     _stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
@@ -194,6 +223,8 @@ async def serve(cfg: store_config.StoreConfig) -> None:
         transport.set_peers(peers)
 
     node.on_membership_change = refresh_peers
+    # As etcd: a removed member stops (the graceful stop a SIGTERM starts) and the process exits.
+    node.on_removed = lambda: asyncio.get_running_loop().call_later(REMOVED_STOP_DELAY, stop.set)
 
     leases = LeaseKeeper(node)
     maintenance.leases = leases
@@ -256,6 +287,7 @@ async def serve(cfg: store_config.StoreConfig) -> None:
     await peer_server.stop(grace=1)
     await node.stop()
     backend.close()
+    return node.id if node.removed else None
 
 
 def main(argv: list[str]) -> int:
@@ -274,11 +306,17 @@ def main(argv: list[str]) -> int:
     if armed:
         log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
-        asyncio.run(serve(cfg))
+        lock_data_dir(cfg.data_dir)
+        removed = asyncio.run(serve(cfg))
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
         return 1
     except (OSError, StartupError) as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 1
+    if removed is not None:
+        # Exit code 0, as etcd: the operator ended this member on purpose and it stopped cleanly;
+        # a supervisor that restarts failed processes has nothing to restart.
+        print(f"raftgate store: member {removed:x} was removed from the cluster; exiting", file=sys.stderr,
+              flush=True)
     return 0

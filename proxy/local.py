@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -23,6 +24,8 @@ from proxy.signals import stop_on_signals
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
+#: In the data dir, locked (flock) by the ``raftgate local`` that uses it; holds its pid.
+LOCK_FILE = "raftgate.lock"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +66,25 @@ def _free_ports(count: int, avoid: set[int]) -> list[int]:
     finally:
         for s in held:
             s.close()
+
+
+def _lock(data_dir: Path) -> int | None:
+    """An exclusive lock on the data dir for the life of the process, taken before anything in it
+    is read or written: a second ``raftgate local`` would start nodes on the same logs and, when
+    they fail, delete the first one's local.json. None if another process holds it."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 20, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        print(f"raftgate local: the data dir {data_dir} is in use by another raftgate process{pid}; refusing to "
+              "start (one raftgate local per data dir)", file=sys.stderr, flush=True)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _secret_file(data_dir: Path) -> Path:
@@ -169,6 +191,8 @@ class Child:
 async def run(a: argparse.Namespace) -> int:
     data_dir = Path(a.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    if _lock(data_dir) is None:  # kept open (and locked) until the process ends
+        return 1
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
     layout = _layout(data_dir, a.nodes, a.client_port)

@@ -31,7 +31,9 @@ TokenResult = Literal["valid", "cache_hit", "invalid", "expired"]
 TOKEN_KINDS: tuple[TokenKind, ...] = TokenKind.__args__  # type: ignore[attr-defined]
 TOKEN_RESULTS: tuple[TokenResult, ...] = TokenResult.__args__  # type: ignore[attr-defined]
 
+#: The two bcrypt lanes (proxy/passwords.py): check (Authenticate), hash (UserAdd, UserChangePassword).
 BcryptOperation = Literal["check", "hash"]
+BCRYPT_OPERATIONS: tuple[BcryptOperation, ...] = BcryptOperation.__args__  # type: ignore[attr-defined]
 
 RefreshReason = Literal["expired", "invalid_token", "old_revision", "user_empty", "credentials_changed"]
 REFRESH_REASONS: tuple[RefreshReason, ...] = RefreshReason.__args__  # type: ignore[attr-defined]
@@ -54,7 +56,8 @@ BCRYPT_DURATION = Histogram(
     buckets=_BCRYPT_BUCKETS,
 )
 BCRYPT_QUEUE_DEPTH = Gauge(
-    "raftgate_proxy_bcrypt_queue_depth", "bcrypt operations waiting for a free worker thread."
+    "raftgate_proxy_bcrypt_queue_depth", "bcrypt operations waiting for a free worker thread, by lane (operation).",
+    ["operation"],
 )
 TOKEN_VALIDATIONS = Counter(
     "raftgate_proxy_token_validations_total", "Tokens resolved by this proxy, by token kind and result.",
@@ -94,8 +97,9 @@ for _r in AUTH_RESULTS:
 for _k in TOKEN_KINDS:
     for _t in TOKEN_RESULTS:
         TOKEN_VALIDATIONS.labels(_k, _t)
-for _op in ("check", "hash"):
+for _op in BCRYPT_OPERATIONS:
     BCRYPT_DURATION.labels(_op)
+    BCRYPT_QUEUE_DEPTH.labels(_op)
 
 _FIELD_NAMES = {f.number: f.name for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 

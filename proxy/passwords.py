@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import bcrypt
+from prometheus_client import Gauge
 
 from proxy import metrics
 from raftgate.errors import Err, EtcdError
@@ -131,8 +132,10 @@ class PasswordHasher:
         Raises EtcdError TOO_MANY_REQUESTS when the lane is full, or the peer holds its share.
         """
 
+        depth = metrics.BCRYPT_QUEUE_DEPTH.labels(operation)
+
         def timed() -> T:
-            metrics.BCRYPT_QUEUE_DEPTH.dec()
+            depth.dec()
             started = time.perf_counter()
             try:
                 return fn(*args)
@@ -141,14 +144,14 @@ class PasswordHasher:
 
         lane = self._admin if operation == "hash" else self._check
         lane.admit(peer)
-        metrics.BCRYPT_QUEUE_DEPTH.inc()
+        depth.inc()
         try:
             future = lane.pool.submit(timed)
         except RuntimeError:  # the pool is shut down
-            metrics.BCRYPT_QUEUE_DEPTH.dec()
+            depth.dec()
             lane.release(peer)
             raise
-        future.add_done_callback(_uncount_if_cancelled)
+        future.add_done_callback(lambda f: _uncount_if_cancelled(f, depth))
         future.add_done_callback(lambda _f: lane.release(peer))
         return await asyncio.wrap_future(future)
 
@@ -162,10 +165,10 @@ class PasswordHasher:
             lane.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _uncount_if_cancelled(future: concurrent.futures.Future[object]) -> None:
+def _uncount_if_cancelled(future: concurrent.futures.Future[object], depth: Gauge) -> None:
     """A job cancelled before a worker took it never ran ``timed``, so it is still in the gauge."""
     if future.cancelled():
-        metrics.BCRYPT_QUEUE_DEPTH.dec()
+        depth.dec()
 
 
 def _hashpw(raw: bytes, cost: int) -> bytes:

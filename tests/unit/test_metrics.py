@@ -231,7 +231,7 @@ def test_authentications_are_counted_by_result(
     assert value("raftgate_proxy_authentications_total", result=result) == before + 1
     if result != "not_enabled":
         assert value("raftgate_proxy_bcrypt_duration_seconds_count", operation="check") > checks
-    assert value("raftgate_proxy_bcrypt_queue_depth") == 0
+    assert value("raftgate_proxy_bcrypt_queue_depth", operation="check") == 0
 
 
 def test_revision_retries_are_counted() -> None:
@@ -247,15 +247,67 @@ def test_bcrypt_queue_depth_counts_waiting_jobs() -> None:
         try:
             jobs = [asyncio.ensure_future(hasher.hash("pw")) for _ in range(4)]
             await asyncio.sleep(0)  # let every job reach the pool
-            seen.append(value("raftgate_proxy_bcrypt_queue_depth"))
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash"))
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="check"))
             await asyncio.gather(*jobs)
-            seen.append(value("raftgate_proxy_bcrypt_queue_depth"))
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash"))
         finally:
             hasher.close()
         return seen
 
-    waiting, done = asyncio.run(go())
-    assert 1 <= waiting <= 4 and done == 0
+    waiting, checks_waiting, done = asyncio.run(go())
+    # Hashing waits in its own lane: the check lane's depth does not move.
+    assert 1 <= waiting <= 4 and checks_waiting == 0 and done == 0
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_metric_rows() -> list[tuple[list[str], str]]:
+    """(metric names, labels cell) of each row of the README's metrics table."""
+    rows: list[tuple[list[str], str]] = []
+    lines = iter(README.read_text().splitlines())
+    for line in lines:
+        if line.startswith("| metric | type | labels |"):
+            break
+    next(lines)  # the | --- | row
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows.append((re.findall(r"`(raftgate_[a-z0-9_]+)`", cells[0]), cells[2]))
+    return rows
+
+
+def _label_names(metric: str) -> tuple[str, ...]:
+    collector = REGISTRY._names_to_collectors[metric]  # type: ignore[attr-defined]
+    return tuple(collector._labelnames)
+
+
+def test_metric_labels_are_the_readme_tables() -> None:
+    """Every metric in the README's table has exactly the labels the table names (a label in
+    ``(+ `x`)`` is on some of the row's metrics only)."""
+    rows = _readme_metric_rows()
+    assert rows
+    for names, cell in rows:
+        optional = set(re.findall(r"`([a-z_]+)`", "".join(re.findall(r"\(\+[^)]*\)", cell))))
+        named = set(re.findall(r"`([a-z_]+)`", cell))
+        required = named - optional
+        seen: set[str] = set()
+        for name in names:
+            labels = set(_label_names(name))
+            assert required <= labels <= named, (name, sorted(labels), cell)
+            seen |= labels
+        assert seen == named, (names, sorted(seen), cell)
+
+
+def test_bcrypt_metrics_name_the_two_lanes_as_the_readme_does() -> None:
+    """The README names the operation values; both lanes' queue depths exist from the start."""
+    (cell,) = [cell for names, cell in _readme_metric_rows() if "raftgate_proxy_bcrypt_queue_depth" in names]
+    assert re.fullmatch(r"`operation` \(check, hash\)", cell), cell
+    assert set(proxy_metrics.BcryptOperation.__args__) == {"check", "hash"}  # type: ignore[attr-defined]
+    for operation in ("check", "hash"):
+        assert REGISTRY.get_sample_value("raftgate_proxy_bcrypt_queue_depth", {"operation": operation}) is not None
 
 
 def test_jwt_validations_are_counted_by_result() -> None:

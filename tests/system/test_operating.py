@@ -1,0 +1,199 @@
+"""Operating a cluster: etcdctl's `member add` lines start the new member as printed; a removed
+member exits; a data dir is used by one process at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from harness import REPO_ROOT, RaftgateLocal, etcdctl, free_port, wait_for
+from programs import store_program
+
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2
+from protos.storepb import store_pb2
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftgateLocal]:
+    with RaftgateLocal(tmp_path_factory.mktemp("operating") / "cluster") as local:
+        yield local
+
+
+def _store_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "proxy.cli", "store", *args]
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _env_lines(out: str) -> dict[str, str]:
+    """The ``ETCD_X="..."`` lines etcdctl prints, as a shell would read them."""
+    found = {}
+    for line in out.splitlines():
+        name, eq, raw = line.partition("=")
+        if eq and re.fullmatch(r"ETCD_[A-Z_]+", name):
+            found[name] = shlex.split(raw)[0] if raw else ""
+    return found
+
+
+def _member_started(ep: str, member_hex: str, name: str) -> bool:
+    return f"{member_hex}, started, {name}," in etcdctl(ep, "member", "list")[1]
+
+
+def _do(internal: str, secret: str, req: ipb.InternalRaftRequest) -> store_pb2.InternalResponse:
+    with grpc.insecure_channel(internal) as channel:
+        do = channel.unary_unary("/raftgate.storepb.Store/Do",
+                                 request_serializer=ipb.InternalRaftRequest.SerializeToString,
+                                 response_deserializer=store_pb2.InternalResponse.FromString)
+        return do(req, metadata=(("x-raftgate-internal-secret", secret),), timeout=10)
+
+
+def _put_and_get(internal: str, secret: str, key: bytes, value: bytes) -> list[bytes]:
+    _do(internal, secret, ipb.InternalRaftRequest(header=ipb.RequestHeader(),
+                                                  put=rpc_pb2.PutRequest(key=key, value=value)))
+    answer = _do(internal, secret, ipb.InternalRaftRequest(header=ipb.RequestHeader(),
+                                                           range=rpc_pb2.RangeRequest(key=key)))
+    return [kv.value for kv in answer.range.kvs]
+
+
+def test_etcdctl_member_add_lines_start_the_new_member(cluster: RaftgateLocal, tmp_path: Path) -> None:
+    """The ETCD_* lines `etcdctl member add` prints, used as the environment, make the new member
+    join (with only raftgate's own flags and the listen/data flags etcd would also need)."""
+    ep = cluster.endpoint
+    state = cluster.local_json()
+    assert state is not None
+    secret_file = Path(state["data_dir"]) / "internal-secret"  # type: ignore[index]
+    peer_url = f"http://127.0.0.1:{free_port()}"
+    rc, out, err = etcdctl(ep, "member", "add", "node4", f"--peer-urls={peer_url}")
+    assert rc == 0, err
+    member_hex = re.match(r"Member +([0-9a-f]+) added", out).group(1)  # type: ignore[union-attr]
+    printed = _env_lines(out)
+    assert set(printed) == {"ETCD_NAME", "ETCD_INITIAL_CLUSTER", "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+                            "ETCD_INITIAL_CLUSTER_STATE"}, out
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "RAFTGATE_STORE_"))} | printed
+    argv = _store_argv("--data-dir", str(tmp_path / "node4"), "--listen-peer-urls", peer_url,
+                       "--listen-internal-urls", f"http://127.0.0.1:{free_port()}",
+                       "--internal-secret-file", str(secret_file), "--peer-secret-file", str(secret_file))
+    node4 = _spawn(argv, tmp_path / "node4.log", env)
+    try:
+        wait_for(lambda: node4.poll() is not None or _member_started(ep, member_hex, "node4"), 60,
+                 "the new member to join")
+        assert node4.poll() is None, (tmp_path / "node4.log").read_text()
+        assert _member_started(ep, member_hex, "node4")
+        assert etcdctl(ep, "put", "after-join", "yes")[0] == 0
+    finally:
+        _kill(node4)
+        etcdctl(ep, "member", "remove", member_hex)
+    assert member_hex not in etcdctl(ep, "member", "list")[1]
+
+
+def test_removed_member_exits(cluster: RaftgateLocal, tmp_path: Path) -> None:
+    """etcd's member exits once its removal is applied; so does raftgate's, with code 0 and a
+    last line that says why."""
+    ep = cluster.endpoint
+    state = cluster.local_json()
+    assert state is not None
+    stores = [p for p in state["processes"] if p["role"] == "store"]  # type: ignore[index]
+    secret_file = Path(state["data_dir"]) / "internal-secret"  # type: ignore[index]
+    peer_url = f"http://127.0.0.1:{free_port()}"
+    rc, out, err = etcdctl(ep, "member", "add", "node5", f"--peer-urls={peer_url}", "--learner")
+    assert rc == 0, err
+    member_hex = re.match(r"Member +([0-9a-f]+) added", out).group(1)  # type: ignore[union-attr]
+    initial = ",".join(f"{s['name']}=http://127.0.0.1:{s['peer_port']}" for s in stores)
+    argv = _store_argv("--name", "node5", "--data-dir", str(tmp_path / "node5"),
+                       "--listen-internal-urls", f"http://127.0.0.1:{free_port()}",
+                       "--internal-secret-file", str(secret_file), "--listen-peer-urls", peer_url,
+                       "--initial-advertise-peer-urls", peer_url, "--peer-secret-file", str(secret_file),
+                       "--initial-cluster", f"{initial},node5={peer_url}", "--initial-cluster-state", "existing")
+    log = tmp_path / "node5.log"
+    node5 = _spawn(argv, log)
+    try:
+        wait_for(lambda: node5.poll() is not None or _member_started(ep, member_hex, "node5"), 60,
+                 "the learner to join")
+        assert node5.poll() is None, log.read_text()
+        rc, _, err = etcdctl(ep, "member", "remove", member_hex)
+        assert rc == 0, err
+        try:
+            code = node5.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the removed member is still running:\n" + log.read_text()[-2000:])
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        assert code == 0, lines[-10:]
+        assert re.fullmatch(rf"raftgate store: member {member_hex} was removed from the cluster; exiting", lines[-1]), \
+            lines[-10:]
+        assert etcdctl(ep, "put", "after-remove", "yes")[0] == 0
+    finally:
+        _kill(node5)
+
+
+def test_a_store_data_dir_is_used_by_one_process(tmp_path: Path) -> None:
+    """A second store on a running node's --data-dir (other ports) exits 1 naming the data dir;
+    the first keeps its leadership and serves."""
+    first, internal = store_program(tmp_path)
+    with first:
+        secret = (tmp_path / "internal-secret").read_text()
+        assert _put_and_get(internal, secret, b"k", b"before") == [b"before"]
+        data_dir = tmp_path / "store-data"
+        peer_url = f"http://127.0.0.1:{free_port()}"
+        argv = _store_argv("--name", "s1", "--data-dir", str(data_dir),
+                           "--listen-internal-urls", f"http://127.0.0.1:{free_port()}",
+                           "--internal-secret-file", str(tmp_path / "internal-secret"),
+                           "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                           "--peer-secret-file", str(tmp_path / "internal-secret"))
+        log = tmp_path / "second.log"
+        second = _spawn(argv, log)
+        try:
+            wait_for(lambda: second.poll() is not None or "ready on" in log.read_text(), 60,
+                     "the second store to exit or start")
+            assert second.poll() is not None, "the second store started:\n" + log.read_text()
+            assert second.returncode == 1, log.read_text()
+            last = log.read_text().strip().splitlines()[-1]
+            assert last.startswith("raftgate store: ") and str(data_dir) in last and "in use" in last, last
+        finally:
+            _kill(second)
+        assert first.proc is not None and first.proc.poll() is None
+        assert _put_and_get(internal, secret, b"k", b"after") == [b"after"]
+
+
+def test_a_local_data_dir_is_used_by_one_local(tmp_path: Path) -> None:
+    """A second `raftgate local` on a running one's --data-dir exits 1 naming the data dir, and
+    leaves the first (and its local.json) alone."""
+    with RaftgateLocal(tmp_path / "first", extra_args=["--nodes", "1"]) as first:
+        before = first.local_json()
+        assert before is not None
+        argv = [sys.executable, "-m", "proxy.cli", "local", "--data-dir", str(first.data_dir),
+                "--client-port", str(free_port()), "--nodes", "1"]
+        log = tmp_path / "second.log"
+        second = _spawn(argv, log)
+        try:
+            code = second.wait(timeout=120)
+        finally:
+            _kill(second)
+        assert code == 1, log.read_text()
+        last = log.read_text().strip().splitlines()[-1]
+        assert last.startswith("raftgate local: ") and str(first.data_dir.resolve()) in last and "in use" in last, \
+            log.read_text()
+        assert first.local_json() == before
+        assert etcdctl(first.endpoint, "put", "still", "serving")[0] == 0
+        assert etcdctl(first.endpoint, "get", "still", "--print-value-only")[1] == "serving\n"
