@@ -32,7 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftgateLocal]
 
 
 def _store_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "proxy.cli", "store", *args]
+    return [sys.executable, "-m", "raftgate.cli", "store", *args]
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -182,7 +182,7 @@ def test_a_local_data_dir_is_used_by_one_local(tmp_path: Path) -> None:
     with RaftgateLocal(tmp_path / "first", extra_args=["--nodes", "1"]) as first:
         before = first.local_json()
         assert before is not None
-        argv = [sys.executable, "-m", "proxy.cli", "local", "--data-dir", str(first.data_dir),
+        argv = [sys.executable, "-m", "raftgate.cli", "local", "--data-dir", str(first.data_dir),
                 "--client-port", str(free_port()), "--nodes", "1"]
         log = tmp_path / "second.log"
         second = _spawn(argv, log)
