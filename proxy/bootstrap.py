@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import grpc
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from raftgate.password_file import PasswordFileError, read_password_file
 
 PROG = "raftgate bootstrap-auth"
 ROOT = "root"
@@ -43,8 +44,6 @@ ALREADY = {
     "UserAdd": "etcdserver: user name already exists",
     "RoleAdd": "etcdserver: role name already exists",
 }
-MAX_PASSWORD_BYTES = 4096
-
 
 class BootstrapError(Exception):
     """A refusal that retrying will not change; the message never contains the password."""
@@ -91,20 +90,9 @@ def _endpoint(raw: str) -> str:
 
 def _read_password(path: str) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PASSWORD_BYTES + 1)
-    except OSError as exc:
-        raise BootstrapError(f"--root-password-file: cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_PASSWORD_BYTES:
-        raise BootstrapError(f"--root-password-file: {path} is larger than {MAX_PASSWORD_BYTES} bytes")
-    try:
-        # A trailing newline (echo, editors) is not part of the password; anything else is.
-        password = data.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise BootstrapError(f"--root-password-file: {path} is not UTF-8 text") from None
-    if not password:
-        raise BootstrapError(f"--root-password-file: {path} is empty")
-    return password
+        return read_password_file(path)
+    except PasswordFileError as exc:
+        raise BootstrapError(f"--root-password-file: {exc}") from None
 
 
 def parse(argv: Sequence[str]) -> Options:

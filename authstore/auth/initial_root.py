@@ -29,35 +29,11 @@ from authstore.raft.types import Entry, EntryType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 
-MAX_FILE_BYTES = 4096
-BCRYPT_MAX_BYTES = 72
 MIN_COST, MAX_COST, DEFAULT_COST = 4, 31, 10
 _STD = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _BCRYPT = b"./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
-class PasswordFileError(ValueError):
-    """The file is unusable; the message names the file, never its content."""
-
-
-def read_password_file(path: str) -> str:
-    """The password: the file's UTF-8 text without a trailing newline (as `echo` leaves it)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise PasswordFileError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise PasswordFileError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
-    try:
-        password = data.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise PasswordFileError(f"{path} is not UTF-8 text") from None
-    if not password:
-        raise PasswordFileError(f"{path} is empty")
-    if len(password.encode("utf-8")) > BCRYPT_MAX_BYTES:
-        raise PasswordFileError(f"{path}: the password is longer than bcrypt's {BCRYPT_MAX_BYTES} bytes")
-    return password
 
 
 def cluster_salt(cost: int, cluster_id: int, cluster_token: str) -> bytes:
