@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from harness import free_port
+from harness import free_port, wait_for
 from system.programs import Program, proxy_program, store_program, wait_serving
 
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -101,3 +101,14 @@ def test_watch_keys_beyond_the_user_bound_are_refused(target: str) -> None:
     finally:
         for s in streams:
             s.close()
+    # the bytes of closed streams' watches are given back: a new stream fills up to its own bound
+    wait_for(lambda: _stream_bound_reached(target), 60, "closed streams' watch key bytes to be released")
+
+
+def _stream_bound_reached(target: str) -> bool:
+    stream = Stream(target)
+    try:
+        refused = _fill(stream, "again", 40)
+        return refused is not None and refused.cancel_reason == PER_STREAM
+    finally:
+        stream.close()
