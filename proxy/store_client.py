@@ -39,6 +39,11 @@ _SERVICE = "/raftgate.storepb.Store/"
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.max_send_message_length", 2**31 - 1),
+    # A fixed receive window per stream: with BDP probing gRPC grows it to many MiB, and a watch
+    # stream the proxy stops reading (its client takes nothing) would still fill it from the store,
+    # about 20 MiB per stalled stream instead of the proxy's 4 MiB bound (proxy/watch.py).
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 1 << 20),
 ]
 # Requests that only read: retrying them can never apply anything twice.
 READ_FIELDS = frozenset({3, 1013, 1102, 1106, 1107, 1202, 3000, 3002, 3003, 3010, 3020, 3021})

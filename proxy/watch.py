@@ -13,7 +13,10 @@ dropped as a last guard.
 A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` of answers in the
 proxy: at that bound the proxy stops reading the store stream until the client has taken half of
 it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
-from its history later instead of buffering them (see ``authstore/watch/hub.py``).
+from its history later instead of buffering them (see ``authstore/watch/hub.py``). The other way,
+the proxy holds at most ``UNSENT_BYTES`` of a client's creates the store has not answered yet and
+requests kept for the next store stream (a leader change): beyond that it reads no more of the
+client until the store answers or a stream is back.
 
 The token is resolved again for every create and every resume (etcd checks each create with the
 stream's token), so each is judged by the token's validity now, with a freshly stamped header. A
@@ -55,6 +58,7 @@ _HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST = 1, 2, 3, 4, 5  # WatchStreamRequ
 IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keeps the last identity
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
+UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
 
 
 class _Outbox(asyncio.Queue[Any]):
@@ -100,6 +104,39 @@ class _State:
     watches: dict[int, _Watch] = field(default_factory=dict)
     pending: collections.deque[pb.WatchCreateRequest] = field(default_factory=collections.deque)
     held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
+    unsent: int = 0  # bytes in `pending` and `held`
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: unsent < UNSENT_BYTES
+
+    def __post_init__(self) -> None:
+        self.room.set()
+
+    def keep(self, create: pb.WatchCreateRequest | None = None, held: bytes = b"") -> None:
+        """A create sent (or to send) that the store has not answered, or a request held."""
+        if create is not None:
+            self.pending.append(create)
+            self.unsent += create.ByteSize()
+        if held:
+            self.held.append(held)
+            self.unsent += len(held)
+        if self.unsent >= UNSENT_BYTES:
+            self.room.clear()
+
+    def answered(self) -> pb.WatchCreateRequest:
+        """The oldest create the store had not answered: answered now."""
+        if not self.pending:
+            return pb.WatchCreateRequest()
+        create = self.pending.popleft()
+        self._less(create.ByteSize())
+        return create
+
+    def release_held(self) -> None:
+        self._less(sum(len(data) for data in self.held))
+        self.held.clear()
+
+    def _less(self, size: int) -> None:
+        self.unsent -= size
+        if self.unsent < UNSENT_BYTES:
+            self.room.set()
     canceling: set[int] = field(default_factory=set)
     call: Any = None
     connected: bool = False
@@ -131,7 +168,7 @@ def track(state: _State, data: bytes) -> bytes | None:
     resp = pb.WatchResponse.FromString(data)
     rev = resp.header.revision
     if resp.created:
-        create = state.pending.popleft() if state.pending else pb.WatchCreateRequest()
+        create = state.answered()
         if resp.watch_id != -1 and not resp.canceled:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
@@ -232,6 +269,7 @@ class WatchProxy:
     async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any]) -> None:
         try:
             async for data in requests:
+                await state.room.wait()  # read no more of the client while it has that much unsent
                 try:
                     req = pb.WatchRequest.FromString(data)
                 except DecodeError as exc:  # its reason names the type, never the client's bytes
@@ -243,13 +281,13 @@ class WatchProxy:
                     if identity is not None:
                         stamp(state, identity)
                     if which == "create_request":
-                        state.pending.append(req.create_request)
+                        state.keep(req.create_request)
                     elif which == "cancel_request":
                         state.canceling.add(req.cancel_request.watch_id)
                     if state.connected:
                         await self._write(state, _envelope(state, data))
                     elif which != "create_request":
-                        state.held.append(data)
+                        state.keep(held=data)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the client's stream broke; the handler ends
@@ -297,7 +335,7 @@ class WatchProxy:
             if state.connected:
                 await self._write(state, _envelope(state, data))
             else:
-                state.held.append(data)
+                state.keep(held=data)
 
     @staticmethod
     async def _write(state: _State, data: bytes) -> None:
@@ -335,7 +373,7 @@ class WatchProxy:
                             cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()))
                 for data in state.held:
                     await self._write(state, _envelope(state, data))
-                state.held.clear()
+                state.release_held()
                 state.connected = True
             first = False
             error: BaseException | None = None

@@ -75,6 +75,10 @@ DEFAULT_PROGRESS_INTERVAL = 600.0  # etcd's --watch-progress-notify-interval
 DEFAULT_MAX_RESPONSE_BYTES = int(1.5 * 1024 * 1024)  # etcd's --max-request-bytes, for fragments
 DEFAULT_MAX_WATCHES_PER_STREAM = 10_000  # --max-watches-per-stream
 DEFAULT_MAX_WATCHES_PER_USER = 20_000  # --max-watches-per-user (anonymous watches count as one user)
+#: bytes of keys and range ends the open watches of one stream / one user may hold (the count caps
+#: alone let one user hold 20,000 creates of up to --max-request-bytes each)
+DEFAULT_MAX_WATCH_KEY_BYTES_PER_STREAM = 16 << 20
+DEFAULT_MAX_WATCH_KEY_BYTES_PER_USER = 64 << 20
 _NOPUT = pb.WatchCreateRequest.NOPUT
 _NODELETE = pb.WatchCreateRequest.NODELETE
 _EVENTS_FIELD = 11  # WatchResponse.events
@@ -129,7 +133,12 @@ class Watcher:
     stop_reason: str = ""
     quiet: bool = True  # no events since the last progress tick
     gid: int = 0
-    counted: bool = False  # holds one of its user's places (--max-watches-per-user)
+    counted: bool = False  # holds one of its user's places (--max-watches-per-user) and its key bytes
+
+    @property
+    def key_bytes(self) -> int:
+        """What this watch counts against the key byte bounds."""
+        return len(self.key) + len(self.range_end)
 
     def matches(self, ev: Event) -> bool:
         if ev.delete and self.no_delete or not ev.delete and self.no_put:
@@ -151,6 +160,7 @@ class Stream:
     failed: bool = False
     limit: int = STREAM_BUFFER_BYTES
     queued: int = 0  # bytes in `queue`
+    key_bytes: int = 0  # keys and range ends of the watchers counted on this stream
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set: queued <= limit / 2 (or failed)
 
     def __post_init__(self) -> None:
@@ -191,7 +201,9 @@ class WatchHub:
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
                  max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
-                 stream_buffer_bytes: int = STREAM_BUFFER_BYTES) -> None:
+                 stream_buffer_bytes: int = STREAM_BUFFER_BYTES,
+                 max_watch_key_bytes_per_stream: int = DEFAULT_MAX_WATCH_KEY_BYTES_PER_STREAM,
+                 max_watch_key_bytes_per_user: int = DEFAULT_MAX_WATCH_KEY_BYTES_PER_USER) -> None:
         self.applier = applier
         self.node = node
         self.progress_interval = progress_interval
@@ -199,12 +211,15 @@ class WatchHub:
         self.max_watches_per_stream = max_watches_per_stream
         self.max_watches_per_user = max_watches_per_user
         self.stream_buffer_bytes = stream_buffer_bytes
+        self.max_watch_key_bytes_per_stream = max_watch_key_bytes_per_stream
+        self.max_watch_key_bytes_per_user = max_watch_key_bytes_per_user
         self._lock = threading.Lock()  # guards the hand-off queue `_pending` only
         self._gids = itertools.count(1)
         # event-loop state: streams, the watchers events are delivered to, the delivered revision
         self._streams: set[Stream] = set()
         self._watchers = WatchIndex()
         self._per_user: dict[str, int] = {}
+        self._per_user_key_bytes: dict[str, int] = {}
         # apply-thread state: the watchers an auth change re-checks, the tap's position
         self._live: dict[int, Watcher] = {}
         self._gone: collections.deque[int] = collections.deque()  # loop -> apply: removed gids
@@ -456,23 +471,32 @@ class WatchHub:
     def _cap(self, stream: Stream, w: Watcher, resume: bool) -> Err | None:
         """Takes one of the user's places for `w`, or says which cap a new watch would pass. A
         resumed watch (the proxy moving a watch the cluster already holds) is counted, never refused."""
+        size = w.key_bytes
+        user_bytes = self._per_user_key_bytes.get(w.username, 0)
         if not resume:
-            if len(stream.watchers) >= self.max_watches_per_stream:
+            if len(stream.watchers) >= self.max_watches_per_stream or \
+                    stream.key_bytes + size > self.max_watch_key_bytes_per_stream:
                 return Err.TOO_MANY_WATCHES_STREAM
-            if self._per_user.get(w.username, 0) >= self.max_watches_per_user:
+            if self._per_user.get(w.username, 0) >= self.max_watches_per_user or \
+                    user_bytes + size > self.max_watch_key_bytes_per_user:
                 return Err.TOO_MANY_WATCHES_USER
         self._per_user[w.username] = self._per_user.get(w.username, 0) + 1
+        self._per_user_key_bytes[w.username] = user_bytes + size
+        stream.key_bytes += size
         w.counted = True
         return None
 
     def _release(self, w: Watcher) -> None:
         if w.counted:
             w.counted = False
+            w.stream.key_bytes -= w.key_bytes
             left = self._per_user[w.username] - 1
             if left:
                 self._per_user[w.username] = left
+                self._per_user_key_bytes[w.username] -= w.key_bytes
             else:
                 del self._per_user[w.username]
+                del self._per_user_key_bytes[w.username]
 
     # ---- catch-up ----------------------------------------------------------------------------------
     def _read_history(self, first: int, last: int, prev: bool, max_bytes: int) -> tuple[int, list[Event], int]:
