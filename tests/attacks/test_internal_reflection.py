@@ -13,14 +13,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from harness import free_port
+from system.programs import SECRET, Program
 
-from tests.attacks.test_ports import SECRET, _Program, _store_args
+from tests.attacks.test_ports import _store_args
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    program = _Program(tmp_path / "s", _store_args(tmp_path, internal=port, peer=free_port()), "raftgate store:")
+    program = Program(tmp_path / "s", _store_args(tmp_path, internal=port, peer=free_port()), "raftgate store:")
     program.start(timeout=60)
     try:
         yield f"127.0.0.1:{port}"

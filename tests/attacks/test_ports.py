@@ -19,28 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, _Server, free_port
+from harness import REPO_ROOT, free_port
+from system.programs import SECRET, Program
 
 from proxy import local
-
-SECRET = "s3cret-for-tests-only-0123456789"
-
-
-class _Program(_Server):
-    """One raftgate program; ready once it prints its ready line."""
-
-    def __init__(self, workdir: Path, args: list[str], ready_prefix: str) -> None:
-        super().__init__(workdir)
-        self.name = args[0]
-        self.args = args
-        self.ready_prefix = ready_prefix
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "raftgate.cli", *self.args]
-
-    def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
-                   for line in self.lines)
 
 
 def _store_args(tmp_path: Path, *, internal: int, peer: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -52,18 +34,18 @@ def _store_args(tmp_path: Path, *, internal: int, peer: int, extra: tuple[str, .
             f"http://127.0.0.1:{peer}", "--peer-secret-file", str(secret), *extra]
 
 
-def _program(tmp_path: Path, which: str, port: int) -> _Program:
+def _program(tmp_path: Path, which: str, port: int) -> Program:
     """The program whose `which` listener is asked to use `port`."""
     if which == "proxy client":
         secret = tmp_path / "secret"
         secret.write_text(SECRET)
-        return _Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{port}",
+        return Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{port}",
                                          "--store-endpoints", f"127.0.0.1:{free_port()}",
                                          "--internal-secret-file", str(secret)], "raftgate proxy:")
     internal = port if which == "store internal" else free_port()
     peer = port if which == "store peer" else free_port()
     extra = ("--health-addr", f"127.0.0.1:{port}") if which == "store health" else ()
-    return _Program(tmp_path / "s", _store_args(tmp_path, internal=internal, peer=peer, extra=extra),
+    return Program(tmp_path / "s", _store_args(tmp_path, internal=internal, peer=peer, extra=extra),
                     "raftgate store:")
 
 

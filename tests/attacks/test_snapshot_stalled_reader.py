@@ -14,8 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import free_port
-from system.programs import Program, proxy_program, store_program, wait_serving
+from system.programs import store_and_proxy
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
@@ -25,19 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def target(tmp_path: Path) -> Iterator[str]:
-    store, internal = store_program(tmp_path)
-    started: list[Program] = [store]
-    store.start()
-    try:
-        port = free_port()
-        proxy = proxy_program(tmp_path, internal, f"http://127.0.0.1:{port}")
-        proxy.start()
-        started.append(proxy)
-        wait_serving(f"http://127.0.0.1:{port}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        for program in reversed(started):
-            program.stop()
+    with store_and_proxy(tmp_path) as target:
+        yield target
 
 
 @pytest.mark.xfail(strict=True, reason="a stalled Snapshot reader holds the node's one snapshot slot (see docstring)")

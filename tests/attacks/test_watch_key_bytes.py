@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from harness import free_port, wait_for
-from system.programs import Program, proxy_program, store_program, wait_serving
+from harness import wait_for
+from system.programs import store_and_proxy
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
@@ -31,19 +31,8 @@ OPTIONS = [("grpc.max_send_message_length", 4 << 20), ("grpc.max_receive_message
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("watch-key-bytes")
-    store, internal = store_program(workdir)
-    started: list[Program] = [store]
-    store.start()
-    try:
-        port = free_port()
-        proxy = proxy_program(workdir, internal, f"http://127.0.0.1:{port}")
-        proxy.start()
-        started.append(proxy)
-        wait_serving(f"http://127.0.0.1:{port}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        for program in reversed(started):
-            program.stop()
+    with store_and_proxy(workdir) as target:
+        yield target
 
 
 class Stream:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -33,7 +34,8 @@ class Program(_Server):
         return [sys.executable, "-m", "raftgate.cli", *self.args]
 
     def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) for line in self.lines)
+        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
+                   for line in self.lines)
 
 
 def secret_file(directory: Path) -> Path:
@@ -99,3 +101,21 @@ def health_status(address: str, service: str = "") -> int | None:
         stub = health_pb2_grpc.HealthStub(channel)
         return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
     return None
+
+
+@contextlib.contextmanager
+def store_and_proxy(workdir: Path) -> Iterator[str]:
+    """A one-node store and a proxy in front of it, serving; yields the proxy's host:port."""
+    store, internal = store_program(workdir)
+    started: list[Program] = [store]
+    store.start()
+    try:
+        port = free_port()
+        proxy = proxy_program(workdir, internal, f"http://127.0.0.1:{port}")
+        proxy.start()
+        started.append(proxy)
+        wait_serving(f"http://127.0.0.1:{port}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        for program in reversed(started):
+            program.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import sys
 from pathlib import Path
 
 import grpc
@@ -14,30 +13,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import _Server, etcdctl, free_port
+from harness import etcdctl, free_port
+from programs import SECRET, Program
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
-
-SECRET = "s3cret-for-tests-only-0123456789"
-
-
-class Program(_Server):
-    """`raftgate store` or `raftgate proxy` alone, ready once it prints its ready line."""
-
-    def __init__(self, workdir: Path, args: list[str], ready_prefix: str) -> None:
-        super().__init__(workdir)
-        self.name = args[0]
-        self.args = args
-        self.ready_prefix = ready_prefix
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "raftgate.cli", *self.args]
-
-    def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
-                   for line in self.lines)
 
 
 def _do(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = None) -> store_pb2.InternalResponse:
