@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from authstore.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
+from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
 

@@ -26,7 +26,7 @@ ENV = "RAFTGATE_FAILPOINTS"
 
 #: Every point, with where it is.
 POINTS: dict[str, str] = {
-    "raftBeforeFsync": "log entries written to the WAL, not yet fsync'd (authstore/log/wal.py)",
+    "raftBeforeFsync": "log entries written to the WAL, not yet fsync'd (authstore/node/wal.py)",
     "raftAfterFsync": "the WAL fsync'd; a follower's acks not yet sent, a leader's commits not yet applied",
     "applyBeforeCommit": "a batch applied in its LMDB transaction, not yet committed",
     "raftMidSnapshotInstall": "a leader's snapshot replaced the store, the log does not record it yet",

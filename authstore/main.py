@@ -16,19 +16,19 @@ import grpc
 
 from authstore import config as store_config
 from authstore import failpoints
-from authstore.apply import Applier
-from authstore.auth import initial_root
-from authstore.backend import MEMBER_ID_KEY, Backend
-from authstore.driver import RaftNode
-from authstore.lease.expiry import LeaseKeeper
-from authstore.log.wal import WAL, WALCorrupt
-from authstore.maintenance import Maintenance, MemberInfo
-from authstore.membership import cluster_id, member_id
+from authstore.api.lease_keeper import LeaseKeeper
+from authstore.api.maintenance import Maintenance, MemberInfo
+from authstore.api.server import StoreService, build_server
+from authstore.node.driver import RaftNode
+from authstore.node.transport import PeerSecurity, Transport, peer_address
+from authstore.node.wal import WAL, WALCorrupt
 from authstore.raft.codec import encode_conf_change
 from authstore.raft.storage import MemoryStorage
 from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
-from authstore.server import StoreService, build_server
-from authstore.transport import PeerSecurity, Transport, peer_address
+from authstore.state.apply import Applier
+from authstore.state.auth import initial_root
+from authstore.state.backend import MEMBER_ID_KEY, Backend
+from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError

@@ -13,7 +13,7 @@ dropped as a last guard.
 A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` of answers in the
 proxy: at that bound the proxy stops reading the store stream until the client has taken half of
 it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
-from its history later instead of buffering them (see ``authstore/watch/hub.py``). The other way,
+from its history later instead of buffering them (see the store's watch hub). The other way,
 the proxy holds at most ``UNSENT_BYTES`` of a client's creates the store has not answered yet and
 requests kept for the next store stream (a leader change): beyond that it reads no more of the
 client until the store answers or a stream is back.

@@ -18,9 +18,9 @@ import lmdb
 import pytest
 from google.protobuf.message import Message
 
-from authstore.apply import Applier, AuthRevisionMoved
-from authstore.backend import Backend
 from authstore.raft.types import Entry
+from authstore.state.apply import Applier, AuthRevisionMoved
+from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError

@@ -23,8 +23,8 @@ from faults.cluster import Cluster, program_cluster
 from harness import REPO_ROOT
 
 from authstore import config as store_config
-from authstore.auth.authorize import request_kind
 from authstore.main import bootstrap_entries
+from authstore.state.auth.authorize import request_kind
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err

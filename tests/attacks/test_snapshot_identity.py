@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from authstore.apply import Applier
-from authstore.backend import Backend
 from authstore.main import _store_member_id, _stored_member_id
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 
 
 def test_installing_a_snapshot_keeps_the_followers_member_id(tmp_path: Path) -> None:

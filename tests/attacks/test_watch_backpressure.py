@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from authstore.watch.hub import Stream
+from authstore.api.watch.hub import Stream
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from authstore.apply import Applier
-from authstore.backend import Backend
+from authstore.api.watch.hub import Stream, WatchHub
 from authstore.raft.types import Entry
-from authstore.watch.hub import Stream, WatchHub
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb

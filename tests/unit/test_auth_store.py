@@ -11,7 +11,7 @@ import bcrypt
 import lmdb
 import pytest
 
-from authstore.auth.store import AuthStore, RevisionMoved, is_valid_permission_range, token_digest
+from authstore.state.auth.store import AuthStore, RevisionMoved, is_valid_permission_range, token_digest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

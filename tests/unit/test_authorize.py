@@ -1,4 +1,4 @@
-"""The one authorization function (authstore/auth/authorize.py): etcd 3.7.1's matrix and order of checks.
+"""The one authorization function (authstore/state/auth/authorize.py): etcd 3.7.1's matrix and order of checks.
 
 Ported in spirit from etcd's server/etcdserver/apply/auth_test.go (AdminPermission, Put, LeasePut,
 Range, DeleteRange, Txn, LeaseRevoke, UserGet, RoleGet, CheckTxnAuth) and the API-layer checks of
@@ -16,8 +16,8 @@ import lmdb
 import pytest
 from google.protobuf.message import Message
 
-from authstore.auth.authorize import authorize
-from authstore.auth.store import AuthStore
+from authstore.state.auth.authorize import authorize
+from authstore.state.auth.store import AuthStore
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -8,8 +8,8 @@ from typing import Any
 import lmdb
 import pytest
 
-from authstore.lease.lessor import MAX_LEASE_TTL, Lessor
-from authstore.mvcc.kvstore import KVStore
+from authstore.state.lease.lessor import MAX_LEASE_TTL, Lessor
+from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
 

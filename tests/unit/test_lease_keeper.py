@@ -1,4 +1,4 @@
-"""The leader's lease keeper (authstore/lease/expiry.py) against a real apply stage and a fake Raft
+"""The leader's lease keeper (authstore/api/lease_keeper.py) against a real apply stage and a fake Raft
 node whose proposals apply at once, with a hand-moved clock: which renewals reach the log, what a
 new leader assumes, when leases expire, and that apply itself reads no clock."""
 
@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from authstore.apply import Applier
-from authstore.backend import Backend
-from authstore.driver import ID_FIELD, TIME_FIELD
-from authstore.lease.expiry import RENEW_LOG_FRACTION, LeaseKeeper
+from authstore.api.lease_keeper import RENEW_LOG_FRACTION, LeaseKeeper
+from authstore.node.driver import ID_FIELD, TIME_FIELD
 from authstore.raft.types import Entry, EntryType
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -19,8 +19,8 @@ from prometheus_client.metrics_core import Metric
 
 import authstore.metrics as store_metrics
 import proxy.metrics as proxy_metrics
-from authstore.auth.authorize import authorize
-from authstore.auth.store import AuthStore
+from authstore.state.auth.authorize import authorize
+from authstore.state.auth.store import AuthStore
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

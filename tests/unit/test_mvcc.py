@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from authstore.mvcc import revision, validate
-from authstore.mvcc.kvstore import KVStore
+from authstore.state.mvcc import revision, validate
+from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from authstore.lease.lessor import Lessor
-from authstore.mvcc.index import PREFIX, is_long
-from authstore.mvcc.kvstore import KVStore
+from authstore.state.lease.lessor import Lessor
+from authstore.state.mvcc.index import PREFIX, is_long
+from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
 

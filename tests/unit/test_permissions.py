@@ -1,4 +1,4 @@
-"""Key-range permission coverage (authstore/auth/permissions.py) against a brute-force model.
+"""Key-range permission coverage (authstore/state/auth/permissions.py) against a brute-force model.
 
 The model checks every key of a finite universe that contains every grant and request endpoint:
 if the union of grants misses part of [key, range_end), the lowest missed key is the request's
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from authstore.auth.permissions import IntervalSet, UserPermissions, grant_interval, merge
+from authstore.state.auth.permissions import IntervalSet, UserPermissions, grant_interval, merge
 from protos.authpb import auth_pb2
 
 READ, WRITE, READWRITE = auth_pb2.Permission.READ, auth_pb2.Permission.WRITE, auth_pb2.Permission.READWRITE

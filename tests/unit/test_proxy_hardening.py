@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from authstore.server import unmarshal_error
+from authstore.api.server import unmarshal_error
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2

@@ -17,9 +17,9 @@ import lmdb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from authstore.apply import Applier
-from authstore.backend import Backend
 from authstore.raft.types import Entry
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 
@@ -168,7 +168,7 @@ def test_snapshot_copy_is_a_plain_lmdb_file(tmp_path: Path) -> None:
 def test_installing_a_snapshot_keeps_this_nodes_member_id(tmp_path: Path) -> None:
     """The copy carries the leader's member ID in its meta records; the follower must keep its own
     (the store restarts under the ID it finds there)."""
-    from authstore.backend import MEMBER_ID_KEY
+    from authstore.state.backend import MEMBER_ID_KEY
 
     leader = Store(tmp_path / "leader", 1)
     follower = Store(tmp_path / "follower", 2)

@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 from harness import free_port
 
-from authstore.server import Refusal, _Outbox, check_answer_size
+from authstore.api.server import Refusal, _Outbox, check_answer_size
 from protos.internal import ANSWER_PART_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 from proxy.store_client import _CHANNEL_OPTIONS
@@ -362,7 +362,7 @@ def test_small_answers_pass_a_large_answer_being_written() -> None:
 
 
 def test_the_store_refuses_an_answer_over_etcds_send_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("authstore.server.MAX_ANSWER_BYTES", 10)
+    monkeypatch.setattr("authstore.api.server.MAX_ANSWER_BYTES", 10)
     assert check_answer_size(b"x" * 10) == b"x" * 10
     with pytest.raises(Refusal) as err:
         check_answer_size(b"x" * 11)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from authstore.log.wal import WAL, Replayed, WALCorrupt
+from authstore.node.wal import WAL, Replayed, WALCorrupt
 from authstore.raft.types import ConfState, Entry, EntryType, HardState, SnapshotMetadata
 
 
@@ -286,7 +286,7 @@ def _same(a: Replayed, b: Replayed) -> bool:
 def test_a_segment_is_synced_before_the_log_moves_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the newest segment may be torn: an unsynced record left in an older one (a commit-only
     hard state, written without fsync) could vanish in a power loss and stop the node at start-up."""
-    from authstore.log import wal as wal_module
+    from authstore.node import wal as wal_module
 
     events: list[tuple[str, str]] = []
     real_fsync, real_write = os.fsync, os.write

@@ -1,4 +1,4 @@
-"""The watch hub (authstore/watch/hub.py) without processes: event matching and filters, event
+"""The watch hub (authstore/api/watch/hub.py) without processes: event matching and filters, event
 encoding, fragments, watch id allocation, and the apply-stage tap that re-checks open watches on an
 auth change (a real Applier on a temporary LMDB; the Raft node is a stand-in, the hub's methods are
 called on this thread the way the apply thread and the event loop call them).
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from authstore.apply import Applier
-from authstore.backend import Backend
+from authstore.api.watch import hub as hubmod
+from authstore.api.watch.hub import DUPLICATE_ID, EMPTY_RANGE, Event, Stream, Watcher, WatchHub
 from authstore.raft.types import Entry
-from authstore.watch import hub as hubmod
-from authstore.watch.hub import DUPLICATE_ID, EMPTY_RANGE, Event, Stream, Watcher, WatchHub
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

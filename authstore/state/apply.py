@@ -7,7 +7,7 @@ authorization function, then the state change. Apply reads no clock: time comes 
 
 Apply is deterministic: it decides from the log and the replicated state alone, never from this
 node's clock or page count (a node restored from a compacted snapshot holds the same data in
-fewer pages). The NOSPACE quota is an alarm the leader puts into the log (authstore/quota.py);
+fewer pages). The NOSPACE quota is an alarm the leader puts into the log (authstore/api/quota.py);
 apply only reads it. An entry that fails for any other reason than an etcd refusal - a bug, a
 full LMDB map - fails its whole batch: nothing of it is committed and the node stops
 (:class:`ApplyFailed`, fail-stop in the driver) rather than answer and skip an entry the other
@@ -26,15 +26,15 @@ import lmdb
 from google.protobuf.message import DecodeError, Message
 
 from authstore import failpoints, metrics
-from authstore.auth.authorize import authorize, request_kind
-from authstore.auth.store import AuthStore, RevisionMoved
-from authstore.backend import Backend, set_member_id
-from authstore.lease.lessor import DEFAULT_MIN_TTL, Lessor
-from authstore.membership import Membership
-from authstore.mvcc import validate
-from authstore.mvcc.kvstore import KVStore
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.types import Entry, EntryType
+from authstore.state.auth.authorize import authorize, request_kind
+from authstore.state.auth.store import AuthStore, RevisionMoved
+from authstore.state.backend import Backend, set_member_id
+from authstore.state.lease.lessor import DEFAULT_MIN_TTL, Lessor
+from authstore.state.membership import Membership
+from authstore.state.mvcc import validate
+from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
@@ -93,7 +93,7 @@ class Applier:
         self.max_txn_ops = max_txn_ops
         self.term = 1
         #: Called on the apply thread after each applied request entry, inside the batch's
-        #: transaction (authstore/watch/hub.py); it must only read and never wait.
+        #: transaction (authstore/api/watch/hub.py); it must only read and never wait.
         self.after_entry: Callable[[lmdb.Transaction], None] | None = None
         self._open()
         self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import lmdb
 
-from authstore.mvcc import revision
+from authstore.state.mvcc import revision
 
 # main, sub, create_revision, version, lease
 _ENTRY = struct.Struct(">QQQQq")

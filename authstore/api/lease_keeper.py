@@ -38,14 +38,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from authstore.lease.lessor import LeaseRecord, Lessor
 from authstore.raft.types import Entry
+from authstore.state.lease.lessor import LeaseRecord, Lessor
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
 
 if TYPE_CHECKING:
-    from authstore.driver import RaftNode
+    from authstore.node.driver import RaftNode
 
 log = logging.getLogger("raftgate.store.lease")
 

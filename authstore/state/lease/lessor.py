@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import lmdb
 
-from authstore.mvcc.index import PREFIX, index_key
-from authstore.mvcc.kvstore import KVStore
+from authstore.state.mvcc.index import PREFIX, index_key
+from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
 

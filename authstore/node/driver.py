@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from authstore import failpoints, metrics
-from authstore.apply import Applier, ApplyFailed
-from authstore.log.wal import WAL
+from authstore.node.transport import Transport
+from authstore.node.wal import WAL
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.raft import Config, ProposalDroppedError
 from authstore.raft.rawnode import RawNode, Ready
@@ -48,7 +48,7 @@ from authstore.raft.types import (
     MessageType,
     StateType,
 )
-from authstore.transport import Transport
+from authstore.state.apply import Applier, ApplyFailed
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -50,8 +50,8 @@ import grpc
 import lmdb
 from google.protobuf.message import DecodeError
 
-from authstore.auth.authorize import authorize
-from authstore.watch.index import WatchIndex
+from authstore.api.watch.index import WatchIndex
+from authstore.state.auth.authorize import authorize
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import lmdb
 
-from authstore.auth.store import AuthStore, token_digest
+from authstore.state.auth.store import AuthStore, token_digest
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.storepb import store_pb2 as spb
 from raftgate.simple_token import token_index

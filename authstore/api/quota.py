@@ -4,7 +4,7 @@ The node that takes a write (the leader: followers refuse client writes) weighs 
 store's size; if the store would pass its quota it refuses the write with NOSPACE and puts the
 alarm into the log (``store_alarm``: ACTIVATE NOSPACE with its own member ID), as etcd's
 quotaAlarmer does. Apply refuses writes that add data while the alarm is set - from the
-replicated alarm alone, so every replica decides the same (authstore/apply.py). The size is
+replicated alarm alone, so every replica decides the same (authstore/state/apply.py). The size is
 local and may differ between nodes; that is harmless here, outside apply.
 
 The size is the pages LMDB's trees hold now (freed pages are not counted: LMDB reuses them, so a
@@ -23,7 +23,7 @@ from typing import Any
 
 import lmdb
 
-from authstore.apply import Applier, adds_data
+from authstore.state.apply import Applier, adds_data
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable
 import lmdb
 
 from authstore import metrics
-from authstore.auth.permissions import UserPermissions
-from authstore.auth.store import AuthStore, has_root_role
+from authstore.state.auth.permissions import UserPermissions
+from authstore.state.auth.store import AuthStore, has_root_role
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -21,8 +21,8 @@ from typing import NamedTuple, Protocol
 
 import lmdb
 
-from authstore.mvcc import index, revision
-from authstore.mvcc.index import Entry, KeyIndex
+from authstore.state.mvcc import index, revision
+from authstore.state.mvcc.index import Entry, KeyIndex
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
 from raftgate.errors import Err, EtcdError

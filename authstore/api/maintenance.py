@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import lmdb
 from google.protobuf.message import Message
 
-from authstore.apply import Applier
-from authstore.driver import RaftNode
-from authstore.lease.expiry import LeaseKeeper
-from authstore.membership import member_id
+from authstore.api.lease_keeper import LeaseKeeper
+from authstore.node.driver import RaftNode
 from authstore.raft.types import ConfChange, ConfChangeType
+from authstore.state.apply import Applier
+from authstore.state.membership import member_id
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb

@@ -24,8 +24,8 @@ import hashlib
 
 import bcrypt
 
-from authstore.auth.store import ROOT_ROLE, ROOT_USER
 from authstore.raft.types import Entry, EntryType
+from authstore.state.auth.store import ROOT_ROLE, ROOT_USER
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 

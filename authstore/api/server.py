@@ -28,18 +28,18 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from authstore.apply import Applier, AuthRevisionMoved, is_read_only_txn
-from authstore.auth.authorize import request_kind
-from authstore.auth.simple_tokens import SimpleTokens, now_ms
-from authstore.driver import RaftNode
-from authstore.maintenance import STORAGE_VERSION, Maintenance
-from authstore.quota import Quota
-from authstore.watch.hub import (
+from authstore.api.maintenance import STORAGE_VERSION, Maintenance
+from authstore.api.quota import Quota
+from authstore.api.watch.hub import (
     DEFAULT_MAX_WATCHES_PER_STREAM,
     DEFAULT_MAX_WATCHES_PER_USER,
     WatchHub,
     progress_interval_from_env,
 )
+from authstore.node.driver import RaftNode
+from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
+from authstore.state.auth.authorize import request_kind
+from authstore.state.auth.simple_tokens import SimpleTokens, now_ms
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import lmdb
 
-from authstore.auth.permissions import UserPermissions
+from authstore.state.auth.permissions import UserPermissions
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
