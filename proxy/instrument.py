@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from proxy import metrics
-from proxy.methods import Method
+from raftgate.methods import Method
 
 Context = grpc.aio.ServicerContext
 UnaryBehaviour = Callable[[Any, Context], Awaitable[bytes]]

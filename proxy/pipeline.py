@@ -21,13 +21,13 @@ from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
-from proxy.methods import Method
 from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
 from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
 from proxy.tokens.extract import extract_token
 from proxy.watch import WatchProxy
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
+from raftgate.methods import Method
 
 log = logging.getLogger(__name__)
 

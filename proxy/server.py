@@ -22,7 +22,6 @@ from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.identity import Resolver
 from proxy.identity_file import IdentityFiles
-from proxy.methods import ETCD_PACKAGE, SERVICES
 from proxy.passwords import PasswordHasher
 from proxy.pipeline import Pipeline
 from proxy.services import etcd_handlers
@@ -30,6 +29,7 @@ from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import Observability, start_observability
 
 METADATA_LIMIT = 1 << 20

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 
 from proxy import instrument
-from proxy.methods import METHODS, Kind, Method
 from proxy.pipeline import Pipeline
+from raftgate.methods import METHODS, Kind, Method
 
 
 def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:

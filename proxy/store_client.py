@@ -31,6 +31,7 @@ from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
+from raftgate.methods import RETRY_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 1 << 20),
 ]
-# Requests that only read: retrying them can never apply anything twice.
-READ_FIELDS = frozenset({3, 1013, 1102, 1106, 1107, 1202, 3000, 3002, 3003, 3010, 3020, 3021})
+# Requests that only read: retrying them can never apply anything twice (the method table's column).
+READ_FIELDS = RETRY_FIELDS
 # Answers proving the request never entered the log.
 NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
 # Answers after which a read may be retried (the write's outcome is unknown).

@@ -24,6 +24,7 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
+from raftgate.methods import Route, requests
 
 log = logging.getLogger("raftgate.store.maintenance")
 
@@ -34,6 +35,8 @@ LEARNER_READY_PERCENT = 0.9
 MOVE_LEADER_WAIT = 5.0
 # etcd answers these with an empty message, header included.
 HEADERLESS = frozenset({"defragment", "move_leader"})
+#: The requests answered here (the method table's MAINTENANCE route), each by ``_<kind>``.
+MAINTENANCE_KINDS = requests(routes=(Route.MAINTENANCE,))
 # Answered by the leader once it has applied up to a read index (etcd forwards them to the leader).
 LEASE_KINDS = frozenset({"lease_keep_alive", "lease_time_to_live", "lease_leases"})
 
@@ -57,7 +60,8 @@ class Maintenance:
         self.leases: LeaseKeeper | None = None
 
     def handles(self, kind: str) -> bool:
-        return hasattr(self, "_" + kind)
+        """The method table routes it here; its handler is ``_<kind>`` (tests/unit/test_method_table.py)."""
+        return kind in MAINTENANCE_KINDS
 
     async def answer(self, req: ipb.InternalRaftRequest, kind: str, now_ms: int) -> Message:
         """Authorizes, then answers; membership changes go through the log."""

@@ -38,8 +38,13 @@ from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
+from raftgate.methods import Route, checked, requests
 
 log = logging.getLogger("raftgate.store.apply")
+
+#: What the apply stage executes: the method table's LOG and READ routes.
+APPLIED_KINDS = requests(routes=(Route.LOG, Route.READ))
+
 
 class AuthRevisionMoved(Exception):
     """Authenticate was refused because the auth revision moved after the password check."""
@@ -96,7 +101,9 @@ class Applier:
         #: transaction (authstore/api/watch/hub.py); it must only read and never wait.
         self.after_entry: Callable[[lmdb.Transaction], None] | None = None
         self._open()
-        self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = {
+        # One per request the method table routes to the log or to the read path; Authenticate is
+        # answered by execute() itself (it needs the entry's index).
+        self._handlers: dict[str, Callable[[lmdb.Transaction, Message, ipb.InternalRaftRequest], Message]] = checked({
             "put": lambda t, b, r: self.kv.put(t, b),
             "delete_range": lambda t, b, r: self.kv.delete_range(t, b),
             "txn": lambda t, b, r: self.kv.txn(t, b),
@@ -127,7 +134,7 @@ class Applier:
             "expire_tokens": self._expire_tokens,
             "member_update": self._member_update,
             "member_attr_set": self._member_attr_set,
-        }
+        }, APPLIED_KINDS - {"authenticate"}, "Applier")
 
     def _open(self) -> None:
         """Opens every component on the backend's environment (again, after a snapshot restore)."""

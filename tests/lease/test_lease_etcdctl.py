@@ -321,7 +321,7 @@ class Running:
 
 
 def watch_served(server: Server) -> bool:
-    from proxy.methods import METHODS, Kind
+    from raftgate.methods import METHODS, Kind
 
     watch = [m for m in METHODS if m.service == "Watch"]
     return isinstance(server, EtcdServer) or all(m.kind is not Kind.UNIMPLEMENTED for m in watch)

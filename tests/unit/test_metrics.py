@@ -27,10 +27,10 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2
 from proxy import instrument
 from proxy.authenticate import Authenticator
-from proxy.methods import METHODS
 from proxy.passwords import PasswordHasher
 from proxy.tokens.jwt import JwtProvider
 from raftgate.errors import REVISION_MOVED, Err, EtcdError
+from raftgate.methods import METHODS
 
 SNAKE = re.compile(r"[a-z][a-z0-9_]*")
 #: Label names that would put a secret or an unbounded, client-chosen value into a series.

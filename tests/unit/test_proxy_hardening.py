@@ -293,7 +293,7 @@ def test_bcrypt_queue_limit_flag(tmp_path: Path) -> None:
 
 def test_internal_field_numbers_match_the_method_table() -> None:
     from protos.internal import AUTH_STATUS_FIELD, AUTHENTICATE_FIELD
-    from proxy.methods import METHODS
+    from raftgate.methods import METHODS
 
     fields = {m.name: m.field for m in METHODS}
     assert (fields["Authenticate"], fields["AuthStatus"]) == (AUTHENTICATE_FIELD, AUTH_STATUS_FIELD)

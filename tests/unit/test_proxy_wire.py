@@ -7,7 +7,7 @@ import pytest
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
 from protos.storepb import store_pb2
-from proxy.methods import METHODS, Kind
+from raftgate.methods import METHODS, Kind
 
 REQUEST_FIELDS = {f.number: f.name for f in raft_internal_pb2.InternalRaftRequest.DESCRIPTOR.fields}
 RESPONSE_FIELDS = {f.number: f.name for f in store_pb2.InternalResponse.DESCRIPTOR.fields}

@@ -28,6 +28,7 @@ is refused as old (so a follower lagging behind the revision the proxy saw does 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import lmdb
 
@@ -38,19 +39,22 @@ from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
+from raftgate.methods import BODY_PERMS, REQUESTS, Perm, checked, requests
 
 #: Never checked (etcd 3.7: Authenticate checks the password itself, AuthStatus is public).
-OPEN_KINDS = frozenset({"authenticate", "auth_status"})
+OPEN_KINDS = requests(perms=(Perm.OPEN,))
 
 #: Any caller with a user name (the user need not exist), etcd's ``requireAuthInfo``.
-AUTHENTICATED_KINDS = frozenset({"status", "member_list", "lease_grant"})
+AUTHENTICATED_KINDS = requests(perms=(Perm.AUTHENTICATED,))
 
 #: Entries only the store proposes (lease checkpoints, token expiry), with no caller identity. No
 #: client RPC maps to them: the proxy only ever forwards a client's bytes under the field number of
 #: the RPC it serves. Checking them would add nothing either: whoever can reach the internal port
 #: can stamp any header, so the trust boundary there is mTLS / the shared secret, not this function.
-INTERNAL_KINDS = frozenset({"lease_checkpoint", "lease_renew", "lease_expire", "expire_tokens", "member_attr_set",
-                            "store_alarm"})
+INTERNAL_KINDS = requests(perms=(Perm.INTERNAL,))
+
+#: Each request's permission kind, from the method table (raftgate/methods.py).
+PERMS = {name: request.perm for name, request in REQUESTS.items()}
 
 LeaseKeys = Callable[[int], list[bytes]]
 AllLeases = Callable[[], Iterable[int]]
@@ -185,68 +189,81 @@ class _Check:
     # ---- dispatch -----------------------------------------------------------------------------
 
     def request(self, kind: str, body: object) -> None:
-        if kind == "range":
-            assert isinstance(body, pb.RangeRequest)
-            self.key(body.key, body.range_end, write=False)
-            if self.read:
-                self.serialized_revision()
-        elif kind == "put":
-            assert isinstance(body, pb.PutRequest)
-            self.put(body)
-        elif kind == "delete_range":
-            assert isinstance(body, pb.DeleteRangeRequest)
-            self.key(body.key, body.range_end, write=True)
-            if body.prev_kv:
-                self.key(body.key, body.range_end, write=False)
-        elif kind == "txn":
-            assert isinstance(body, pb.TxnRequest)
-            self.txn_request(body)
-            if self.read:
-                self.serialized_revision()
-        elif kind in AUTHENTICATED_KINDS:
+        perm = PERMS.get(kind, Perm.ADMIN)
+        if perm is Perm.AUTHENTICATED:
             self.authenticated()
-        elif kind == "alarm":
-            assert isinstance(body, pb.AlarmRequest)
-            if body.action == pb.AlarmRequest.GET:
-                self.authenticated()
-            else:
-                self.admin()
-        elif kind == "lease_revoke":
-            assert isinstance(body, pb.LeaseRevokeRequest)
-            self.authenticated()
-            self.lease_keys_writable(body.ID)
-        elif kind == "lease_keep_alive":
-            assert isinstance(body, pb.LeaseKeepAliveRequest)
-            self.authenticated()
-            self.lease_keys_writable(body.ID)
-        elif kind == "lease_time_to_live":
-            assert isinstance(body, pb.LeaseTimeToLiveRequest)
-            self.authenticated()
-            if body.keys:
-                self.lease_keys_readable([body.ID])
-        elif kind == "lease_leases":
-            self.authenticated()
-            if self.all_leases is None:
-                self.lease_keys_readable(None)
-            else:
-                self.lease_keys_readable(self.all_leases())
-        elif kind == "auth_user_get":
-            assert isinstance(body, pb.AuthUserGetRequest)
-            err = self.admin_error()
-            if err is not None and body.name != self.username:
-                raise err
-        elif kind == "auth_role_get":
-            assert isinstance(body, pb.AuthRoleGetRequest)
-            err = self.admin_error()
-            if err is not None and not self.auth.has_role(self.txn, self.username, body.role):
-                raise err
+        elif perm in BODY_PERMS:
+            RULES[kind](self, body)
         else:
             # Every auth management call, Compact, the Maintenance and Cluster calls that change
             # or expose the whole store, and anything unknown: root only.
             self.admin()
 
-    def put(self, body: pb.PutRequest) -> None:
+    # ---- the rules that read the request (the method table's BODY_PERMS), one per request -----
+
+    def range_rule(self, body: object) -> None:
+        assert isinstance(body, pb.RangeRequest)
+        self.key(body.key, body.range_end, write=False)
+        if self.read:
+            self.serialized_revision()
+
+    def delete_range(self, body: object) -> None:
+        assert isinstance(body, pb.DeleteRangeRequest)
+        self.key(body.key, body.range_end, write=True)
+        if body.prev_kv:
+            self.key(body.key, body.range_end, write=False)
+
+    def txn_rule(self, body: object) -> None:
+        assert isinstance(body, pb.TxnRequest)
+        self.txn_request(body)
+        if self.read:
+            self.serialized_revision()
+
+    def alarm(self, body: object) -> None:
+        assert isinstance(body, pb.AlarmRequest)
+        if body.action == pb.AlarmRequest.GET:
+            self.authenticated()
+        else:
+            self.admin()
+
+    def lease_revoke(self, body: object) -> None:
+        assert isinstance(body, pb.LeaseRevokeRequest)
+        self.authenticated()
+        self.lease_keys_writable(body.ID)
+
+    def lease_keep_alive(self, body: object) -> None:
+        assert isinstance(body, pb.LeaseKeepAliveRequest)
+        self.authenticated()
+        self.lease_keys_writable(body.ID)
+
+    def lease_time_to_live(self, body: object) -> None:
+        assert isinstance(body, pb.LeaseTimeToLiveRequest)
+        self.authenticated()
+        if body.keys:
+            self.lease_keys_readable([body.ID])
+
+    def lease_leases(self, _body: object) -> None:
+        self.authenticated()
+        if self.all_leases is None:
+            self.lease_keys_readable(None)
+        else:
+            self.lease_keys_readable(self.all_leases())
+
+    def auth_user_get(self, body: object) -> None:
+        assert isinstance(body, pb.AuthUserGetRequest)
+        err = self.admin_error()
+        if err is not None and body.name != self.username:
+            raise err
+
+    def auth_role_get(self, body: object) -> None:
+        assert isinstance(body, pb.AuthRoleGetRequest)
+        err = self.admin_error()
+        if err is not None and not self.auth.has_role(self.txn, self.username, body.role):
+            raise err
+
+    def put(self, body: object) -> None:
         """etcd's checkPutAuth: WRITE key, then the lease's keys, then READ for prev_kv."""
+        assert isinstance(body, pb.PutRequest)
         self.key(body.key, b"", write=True)
         if body.lease != 0:
             self.lease_keys_writable(body.lease)
@@ -296,3 +313,19 @@ class _Check:
         for lease_id in lease_ids:
             for k in self._attached(lease_id) or ():
                 self.key(k, b"", write=False)
+
+
+#: The check of each request whose rule reads its body (the method table's BODY_PERMS).
+RULES: dict[str, Callable[[_Check, Any], None]] = checked({
+    "range": _Check.range_rule,
+    "put": _Check.put,
+    "delete_range": _Check.delete_range,
+    "txn": _Check.txn_rule,
+    "alarm": _Check.alarm,
+    "lease_revoke": _Check.lease_revoke,
+    "lease_keep_alive": _Check.lease_keep_alive,
+    "lease_time_to_live": _Check.lease_time_to_live,
+    "lease_leases": _Check.lease_leases,
+    "auth_user_get": _Check.auth_user_get,
+    "auth_role_get": _Check.auth_role_get,
+}, requests(perms=BODY_PERMS), "authorize")
