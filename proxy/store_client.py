@@ -6,7 +6,8 @@ and retries what is safe to retry: any request the store surely never took (``st
 so by the error's type, ``NotSent``, or the store answered that it has no leader), and reads
 whatever happened (``OutcomeUnknown`` included). A write whose
 outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
-`leader changed`) and decides, as with etcd.
+`leader changed`) and decides, as with etcd. Watch streams are retried here too (``WatchStreams``):
+proxy/watch.py only resumes its watches on each new stream.
 
 Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
 move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
@@ -259,6 +260,10 @@ class StoreClient:
                                   read=True)
         return store_pb2.ResolveTokenResponse.FromString(answer)
 
+    def watch_streams(self) -> WatchStreams:
+        """The Store.WatchBatches streams of one client's Watch stream, one after another."""
+        return WatchStreams(self)
+
     async def close(self) -> None:
         for task in (self._refresher, self._discovery):
             if task is not None:
@@ -267,3 +272,59 @@ class StoreClient:
             await ep.pipe.close()
             await ep.channel.close()
 
+
+# ---- watch streams ----
+WATCH_METHOD = _SERVICE + "WatchBatches"
+RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
+WATCH_BACKOFF = 0.1
+#: a stream that served this long before it ended was no outage: a new one starts at its end
+WATCH_SERVED_SECONDS = 5.0
+_WATCH_RETRY_ERRS = frozenset({Err.NOT_LEADER, Err.NO_LEADER, Err.STOPPED, Err.LEADER_CHANGED,
+                               Err.TOO_MANY_REQUESTS, Err.TIMEOUT, Err.TIMEOUT_DUE_TO_LEADER_FAIL, Err.NOT_CAPABLE})
+
+
+def watch_retryable(error: grpc.aio.AioRpcError) -> bool:
+    """The store node went away or stopped leading (resume elsewhere); not a refusal to pass on."""
+    err = from_message(error.details() or "")
+    if err is not None:
+        return err in _WATCH_RETRY_ERRS
+    # A node killed mid-stream shows up as UNAVAILABLE, CANCELLED or even INTERNAL; only the
+    # answers of a node that works but will not serve us (wrong secret, no such method) are final.
+    return error.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class WatchStreams:
+    """The retries of one client's Watch stream: each Store.WatchBatches stream goes to the node
+    believed to lead; when one ends, ``ended`` finds the leader again and says whether to open the
+    next (proxy/watch.py then resumes every watch on it) or to end the client's stream."""
+
+    def __init__(self, client: StoreClient) -> None:
+        self._client = client
+        self._down_since: float | None = None
+
+    def open(self) -> grpc.aio.StreamStreamCall:
+        endpoint = self._client._leader
+        return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self._client._metadata)
+
+    def served(self) -> None:
+        """The stream delivered: whatever outage there was is over."""
+        self._down_since = None
+
+    async def ended(self, error: grpc.aio.AioRpcError | None, started: float) -> BaseException | None:
+        """After a stream (reading since `started`) ended with `error` (None: closed): None once
+        the next may be opened, or what to end the client's stream with."""
+        if error is not None and not watch_retryable(error):
+            return error
+        now = time.monotonic()
+        if now - started > WATCH_SERVED_SECONDS:
+            self._down_since = None  # the stream served for a while: a new outage starts now
+        self._down_since = self._down_since or now
+        if now - self._down_since > RESUME_DEADLINE:
+            return error or EtcdError(Err.NO_LEADER)
+        log.info("watch stream to the store ended (%s); resuming on the leader",
+                 error.code() if error is not None else "closed")
+        with contextlib.suppress(Exception):
+            await self._client._rediscover()
+        await asyncio.sleep(WATCH_BACKOFF)
+        return None

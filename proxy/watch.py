@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hashlib
 import logging
 import time
@@ -47,13 +46,10 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb.store_pb2 import WatchBatch
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
-from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
+from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
 log = logging.getLogger(__name__)
 
-WATCH_METHOD = "/raftgate.storepb.Store/WatchBatches"
-RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
-_BACKOFF = 0.1
 _HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST = 1, 2, 3, 4, 5  # WatchStreamRequest fields
 IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keeps the last identity
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
@@ -205,21 +201,6 @@ def track(state: _State, data: bytes) -> bytes | None:
     return resp.SerializeToString()
 
 
-_RETRY_ERRS = frozenset({Err.NOT_LEADER, Err.NO_LEADER, Err.STOPPED, Err.LEADER_CHANGED, Err.TOO_MANY_REQUESTS,
-                         Err.TIMEOUT, Err.TIMEOUT_DUE_TO_LEADER_FAIL, Err.NOT_CAPABLE})
-
-
-def _retryable(error: grpc.aio.AioRpcError) -> bool:
-    """The store node went away or stopped leading (resume elsewhere); not a refusal to pass on."""
-    err = from_message(error.details() or "")
-    if err is not None:
-        return err in _RETRY_ERRS
-    # A node killed mid-stream shows up as UNAVAILABLE, CANCELLED or even INTERNAL; only the
-    # answers of a node that works but will not serve us (wrong secret, no such method) are final.
-    return error.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
-                                grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
-
-
 class _Unparsable(Exception):
     """A client message that does not decode: the stream ends as grpc-go ends it."""
 
@@ -235,10 +216,6 @@ class WatchProxy:
         self.store = store
         self.identify = identify
         self.auth_enabled = auth_enabled
-
-    def _open(self) -> Any:
-        endpoint = self.store._leader  # noqa: SLF001 - the leader guess the store client keeps
-        return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self.store._metadata)  # noqa: SLF001
 
     async def serve(self, identity: Identity, requests: AsyncIterator[bytes],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -345,10 +322,10 @@ class WatchProxy:
             log.debug("watch: write to the store failed: %s", exc)
 
     async def _sessions(self, state: _State, out: asyncio.Queue[Any]) -> None:
-        down_since: float | None = None
+        streams = self.store.watch_streams()
         first = True
         while True:
-            call = self._open()
+            call = streams.open()
             identity = None if first else await self._identify()  # resumes are judged by the token now
             async with state.lock:
                 if identity is not None:
@@ -383,7 +360,7 @@ class WatchProxy:
                     data = await call.read()
                     if data is grpc.aio.EOF:
                         break
-                    down_since = None
+                    streams.served()
                     for response in WatchBatch.FromString(data).responses:
                         passed = track(state, response)
                         if passed is not None:
@@ -399,18 +376,7 @@ class WatchProxy:
                 state.connected = False
                 state.call = None
             call.cancel()
-            if isinstance(error, grpc.aio.AioRpcError) and not _retryable(error):
-                out.put_nowait(error)
+            final = await streams.ended(error, started)
+            if final is not None:
+                out.put_nowait(final)
                 return
-            now = time.monotonic()
-            if now - started > 5 * _BACKOFF * 10:
-                down_since = None  # the stream served for a while: a new outage starts now
-            down_since = down_since or now
-            if now - down_since > RESUME_DEADLINE:
-                out.put_nowait(error or EtcdError(Err.NO_LEADER))
-                return
-            log.info("watch stream to the store ended (%s); resuming on the leader",
-                     error.code() if isinstance(error, grpc.aio.AioRpcError) else "closed")
-            with contextlib.suppress(Exception):
-                await self.store._rediscover()  # noqa: SLF001
-            await asyncio.sleep(_BACKOFF)
