@@ -128,6 +128,7 @@ def _m(service: str, name: str, request: str, route: Route, perm: Perm, kind: Ki
     return Method(request, route, perm, read_only, retry, service, name, kind)
 
 
+# short names for the rows below
 L, R, M = Route.LOG, Route.READ, Route.MAINTENANCE
 ADMIN, AUTHN, KEYS, LEASE = Perm.ADMIN, Perm.AUTHENTICATED, Perm.KEYS, Perm.LEASE_KEYS
 
