@@ -130,6 +130,9 @@ class Raft:
         self.lead = NONE
         self.state = FOLLOWER
         self.msgs: list[Message] = []
+        # Messages to this node itself, to be stepped only once the entries appended so far are
+        # durable (RawNode steps them in advance()): the leader's acknowledgement of its own entries.
+        self.msgs_after_append: list[Message] = []
         self.read_states: list[ReadState] = []
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
@@ -298,8 +301,10 @@ class Raft:
             e.term = term
             e.index = li + i
         li = self.log.append(ents)
-        self.trk.progress[self.id].maybe_update(li)
-        self.maybe_commit()
+        # The leader counts its own copy toward commit only once it is on its own disk: it
+        # acknowledges itself with a MsgAppResp stepped after the Ready carrying these entries has
+        # been persisted (as etcd-raft does). Until then only followers' acknowledgements count.
+        self.msgs_after_append.append(Message(MsgAppResp, self.id, self.id, term, index=li))
 
     def maybe_commit(self) -> bool:
         return self.log.maybe_commit(self.trk.committed(), self.term)
@@ -519,9 +524,11 @@ class Raft:
             if self.maybe_commit():
                 self._release_pending_read_index()
                 self.bcast_append()
+            elif m.frm == self.id:
+                return  # the leader's acknowledgement of its own entries: nothing to send itself
             elif old_paused:
                 self.maybe_send_append(m.frm, True)
-            while self.maybe_send_append(m.frm, False):
+            while m.frm != self.id and self.maybe_send_append(m.frm, False):
                 pass
             if m.frm == self.lead_transferee and pr.match == self.log.last_index():
                 self.msgs.append(Message(MsgTimeoutNow, m.frm, self.id, self.term))

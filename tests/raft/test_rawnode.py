@@ -67,18 +67,19 @@ def test_bootstrap_then_single_node_elects_itself_and_commits() -> None:
     rd = rn.ready()
     assert rd is not None
     assert rd.soft_state is not None and rd.soft_state.state == StateType.LEADER
-    assert rd.hard_state == HardState(term=2, vote=1, commit=2)
+    assert rd.hard_state == HardState(term=2, vote=1, commit=1)
     assert [(e.index, e.term) for e in rd.entries] == [(2, 2)]
-    assert [e.index for e in rd.committed_entries] == [2]  # apply only after persisting rd.entries
+    assert rd.committed_entries == []  # committed only once persisted (then advanced)
     assert rd.must_sync
     with pytest.raises(RuntimeError):
         rn.ready()
     st.set_hard_state(rd.hard_state)
     st.append(rd.entries)
     rn.advance(rd)
+    assert [e.index for e in handle(rn, st)] == [2]
     assert rn.ready() is None
     rn.propose(b"hello")
-    applied = handle(rn, st)
+    applied = settle(rn, st)
     assert [e.data for e in applied] == [b"hello"]
     assert st.last_index() == 3 and rn.status().applied == 3
 
@@ -190,9 +191,9 @@ def test_conf_change_through_rawnode() -> None:
     rn, st = single_node()
     handle(rn, st)
     rn.campaign()
-    handle(rn, st)
+    settle(rn, st)
     rn.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER_NODE, 2))
-    applied = handle(rn, st)
+    applied = settle(rn, st)
     assert applied[-1].type == EntryType.CONF_CHANGE
     assert rn.status().conf_state == ConfState([1], [2])
     assert set(rn.status().progress) == {1, 2}
@@ -202,7 +203,7 @@ def test_restart_keeps_only_persisted_state() -> None:
     rn, st = single_node()
     handle(rn, st)
     rn.campaign()
-    handle(rn, st)
+    settle(rn, st)
     rn.propose(b"lost")  # never persisted: the Ready is dropped on the floor
     assert rn.ready() is not None
     rn2 = RawNode(Config(id=1, storage=st, rng=random.Random(1)))
