@@ -82,6 +82,29 @@ class Config:
     max_committed_size_per_ready: int = _NO_LIMIT
     check_quorum: bool = True
     pre_vote: bool = True
+    #: Catch up a follower that lost entries it had acknowledged (its disk was wiped or replaced)
+    #: under its old identity: the leader forgets the lost match and sends the log (or a snapshot)
+    #: again, and the follower takes a heartbeat's commit index only up to its own last index.
+    #: etcd-raft calls this corruption: the leader ignores the rejection as stale and the follower
+    #: panics ("tocommit(N) is out of range [lastIndex(M)]. Was the raft log corrupted, truncated,
+    #: or lost?"); the remedy there is removing the member and adding it back. raftgate departs so
+    #: a replaced disk needs no membership change; it is safe only while the other nodes hold a
+    #: quorum, since the wiped node's earlier acknowledgements are forgotten.
+    accept_wiped_follower: bool = True
+    #: A follower told by its transport that the leader is unreachable (the connection broke, most
+    #: often because the leader's process died) stops honouring the leader's lease at once: it
+    #: grants (pre-)votes and campaigns within a randomized part of an election timeout. etcd-raft's
+    #: followers ignore MsgUnreachable (only a leader uses it, to probe the peer) and wait out a
+    #: whole election timeout of silence first. raftgate departs for a faster failover; a false
+    #: alarm on one follower is harmless: its pre-vote finds no majority while the others still
+    #: hear the leader.
+    end_lease_on_unreachable: bool = True
+    #: A pre-candidate asks again, every heartbeat, the voters that have not answered its pre-vote.
+    #: A follower inside its leader lease ignores a pre-vote, and would grant it once the lease
+    #: ends; etcd-raft polls once per election and waits a whole randomized election timeout before
+    #: asking again. Pre-votes change no term, so asking again is harmless; raftgate departs so a
+    #: failover takes about one election timeout instead of up to three.
+    repoll_pre_votes: bool = True
     rng: random.Random = field(default_factory=random.Random)
 
     def validate(self) -> None:
@@ -125,11 +148,17 @@ class Raft:
         self.heartbeat_timeout = c.heartbeat_tick
         self.check_quorum = c.check_quorum
         self.pre_vote = c.pre_vote
+        self.accept_wiped_follower = c.accept_wiped_follower
+        self.end_lease_on_unreachable = c.end_lease_on_unreachable
+        self.repoll_pre_votes = c.repoll_pre_votes
         self.term = 0
         self.vote = NONE
         self.lead = NONE
         self.state = FOLLOWER
         self.msgs: list[Message] = []
+        # Messages to this node itself, to be stepped only once the entries appended so far are
+        # durable (RawNode steps them in advance()): the leader's acknowledgement of its own entries.
+        self.msgs_after_append: list[Message] = []
         self.read_states: list[ReadState] = []
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
@@ -298,8 +327,10 @@ class Raft:
             e.term = term
             e.index = li + i
         li = self.log.append(ents)
-        self.trk.progress[self.id].maybe_update(li)
-        self.maybe_commit()
+        # The leader counts its own copy toward commit only once it is on its own disk: it
+        # acknowledges itself with a MsgAppResp stepped after the Ready carrying these entries has
+        # been persisted (as etcd-raft does). Until then only followers' acknowledgements count.
+        self.msgs_after_append.append(Message(MsgAppResp, self.id, self.id, term, index=li))
 
     def maybe_commit(self) -> bool:
         return self.log.maybe_commit(self.trk.committed(), self.term)
@@ -313,7 +344,8 @@ class Raft:
         if self.election_elapsed >= self.randomized_election_timeout and self.promotable():
             self.election_elapsed = 0
             self.step(Message(MsgHup, frm=self.id))
-        elif self.state == PRE_CANDIDATE and self.election_elapsed % self.heartbeat_timeout == 0:
+        elif (self.state == PRE_CANDIDATE and self.repoll_pre_votes
+              and self.election_elapsed % self.heartbeat_timeout == 0):
             self._repoll()
 
     def _repoll(self) -> None:
@@ -488,10 +520,10 @@ class Raft:
         if t == MsgAppResp:
             pr.recent_active = True
             if m.reject:
-                if m.reject_hint < pr.match:
+                if m.reject_hint < pr.match and self.accept_wiped_follower:
                     # The follower no longer has entries it acknowledged: its disk was wiped or
                     # replaced. Forget what it had and catch it up again (by snapshot if the log
-                    # was compacted); etcd panics here instead.
+                    # was compacted); etcd-raft ignores the rejection as stale instead.
                     pr.match = m.reject_hint
                     pr.next = m.reject_hint + 1
                     pr.become_probe()
@@ -519,9 +551,11 @@ class Raft:
             if self.maybe_commit():
                 self._release_pending_read_index()
                 self.bcast_append()
+            elif m.frm == self.id:
+                return  # the leader's acknowledgement of its own entries: nothing to send itself
             elif old_paused:
                 self.maybe_send_append(m.frm, True)
-            while self.maybe_send_append(m.frm, False):
+            while m.frm != self.id and self.maybe_send_append(m.frm, False):
                 pass
             if m.frm == self.lead_transferee and pr.match == self.log.last_index():
                 self.msgs.append(Message(MsgTimeoutNow, m.frm, self.id, self.term))
@@ -616,7 +650,7 @@ class Raft:
             self._hup(CAMPAIGN_TRANSFER)
         elif t == MsgReadIndexResp:
             self.read_states.append(ReadState(m.index, m.context))
-        elif t == MsgUnreachable and m.frm == self.lead and self.lead != NONE:
+        elif t == MsgUnreachable and m.frm == self.lead and self.lead != NONE and self.end_lease_on_unreachable:
             # The transport lost the connection to the leader (most often: its process is gone).
             # Stop honouring its lease at once: this node now grants (pre-)votes, and campaigns
             # itself within a randomized part of an election timeout instead of a whole one. A
@@ -645,8 +679,10 @@ class Raft:
                                  reject=True, reject_hint=hint_index))
 
     def _handle_heartbeat(self, m: Message) -> None:
-        # A leader may still think this node holds entries it lost with a wiped disk.
-        self.log.commit_to(min(m.commit, self.log.last_index()))
+        # A leader may still think this node holds entries it lost with a wiped disk; without
+        # accept_wiped_follower, commit_to refuses a commit index beyond the log (as etcd panics).
+        commit = min(m.commit, self.log.last_index()) if self.accept_wiped_follower else m.commit
+        self.log.commit_to(commit)
         self.msgs.append(Message(MsgHeartbeatResp, m.frm, self.id, self.term, context=m.context))
 
     def _handle_snapshot(self, m: Message) -> None:

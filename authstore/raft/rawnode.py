@@ -13,7 +13,8 @@ The driver loop (the asyncio task later, the simulation in tests) is::
         3. restore rd.snapshot into the application (if any), then apply rd.committed_entries in
            order, calling rn.apply_conf_change(cc) for each CONF_CHANGE entry;
         4. serve rd.read_states whose index the application has applied;
-        5. rn.advance(rd).
+        5. rn.advance(rd): only now does a leader count its own entries of rd.entries toward
+           commit, so a single-node cluster commits an entry in the Ready after the one carrying it.
     rd.soft_state (leader/role changes) is informational and may be looked at any time.
 
 Another message may be stepped between ready() and advance() (the driver keeps receiving while it
@@ -89,6 +90,8 @@ class RawNode:
         self._prev_soft = SoftState(self.raft.lead, self.raft.state)
         self._prev_hard = self.raft.hard_state()
         self._outstanding = False
+        # the messages to this node taken with the outstanding Ready, stepped in advance()
+        self._steps_on_advance: list[Message] = []
 
     # --- inputs -----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -145,7 +148,7 @@ class RawNode:
         log = r.log
         if self._outstanding:
             return False
-        if r.msgs or log.unstable or log.pending_snapshot is not None or r.read_states:
+        if r.msgs or r.msgs_after_append or log.unstable or log.pending_snapshot is not None or r.read_states:
             return True
         if r.lead != self._prev_soft.lead or r.state != self._prev_soft.state:
             return True
@@ -182,6 +185,8 @@ class RawNode:
         if r.read_states:
             rd.read_states = r.read_states
             r.read_states = []
+        # acknowledgements of entries that are all in log.unstable, hence in rd.entries or earlier
+        self._steps_on_advance, r.msgs_after_append = r.msgs_after_append, []
         self._outstanding = True
         return rd
 
@@ -198,6 +203,9 @@ class RawNode:
         if rd.committed_entries:
             log.applied_to(rd.committed_entries[-1].index)
         self._outstanding = False
+        steps, self._steps_on_advance = self._steps_on_advance, []
+        for m in steps:
+            self.raft.step(m)
 
     def status(self) -> Status:
         r = self.raft

@@ -50,7 +50,8 @@ class Network:
 
     @staticmethod
     def take(p: Raft) -> list[Message]:
-        msgs, p.msgs = p.msgs, []
+        msgs = p.msgs + p.msgs_after_append  # persisting is implicit: self-acks go at once
+        p.msgs, p.msgs_after_append = [], []
         return msgs
 
     def flush(self) -> None:
@@ -77,6 +78,13 @@ class Network:
         for _ in range(n):
             p.tick()
             self.send(*self.take(p))
+
+
+def persisted(r: Raft) -> None:
+    """The driver made r's appended entries durable: r steps its acknowledgement of its own."""
+    msgs, r.msgs_after_append = r.msgs_after_append, []
+    for m in msgs:
+        r.step(m)
 
 
 def log_of(r: Raft) -> list[tuple[int, int, bytes]]:

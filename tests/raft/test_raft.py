@@ -20,7 +20,7 @@ from authstore.raft import (
 from authstore.raft.codec import encode_conf_change
 from authstore.raft.progress import PROBE, REPLICATE
 
-from .helpers import M, Network, log_of, new_raft, storage_with
+from .helpers import M, Network, log_of, new_raft, persisted, storage_with
 
 F, C, L, PC = StateType.FOLLOWER, StateType.CANDIDATE, StateType.LEADER, StateType.PRE_CANDIDATE
 
@@ -237,6 +237,7 @@ def test_commit_only_current_term_entries_by_counting() -> None:
     r.term = 2
     r.become_candidate()
     r.become_leader()  # term 3, appends 3@3
+    persisted(r)
     r.msgs = []
     assert r.log.last_index() == 3
     r.step(Message(M.MsgAppResp, to=1, frm=2, term=3, index=2))

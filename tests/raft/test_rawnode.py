@@ -20,6 +20,7 @@ from authstore.raft import (
     MessageType,
     ProposalDroppedError,
     RawNode,
+    Ready,
     Snapshot,
     SnapshotMetadata,
     SnapshotOutOfDateError,
@@ -66,20 +67,88 @@ def test_bootstrap_then_single_node_elects_itself_and_commits() -> None:
     rd = rn.ready()
     assert rd is not None
     assert rd.soft_state is not None and rd.soft_state.state == StateType.LEADER
-    assert rd.hard_state == HardState(term=2, vote=1, commit=2)
+    assert rd.hard_state == HardState(term=2, vote=1, commit=1)
     assert [(e.index, e.term) for e in rd.entries] == [(2, 2)]
-    assert [e.index for e in rd.committed_entries] == [2]  # apply only after persisting rd.entries
+    assert rd.committed_entries == []  # committed only once persisted (then advanced)
     assert rd.must_sync
     with pytest.raises(RuntimeError):
         rn.ready()
     st.set_hard_state(rd.hard_state)
     st.append(rd.entries)
     rn.advance(rd)
+    assert [e.index for e in handle(rn, st)] == [2]
     assert rn.ready() is None
     rn.propose(b"hello")
-    applied = handle(rn, st)
+    applied = settle(rn, st)
     assert [e.data for e in applied] == [b"hello"]
     assert st.last_index() == 3 and rn.status().applied == 3
+
+
+def persist(st: MemoryStorage, rd: Ready) -> None:
+    """Step 1 of the driver's duties: make rd's hard state and entries durable."""
+    if rd.hard_state is not None:
+        st.set_hard_state(rd.hard_state)
+    st.append(rd.entries)
+
+
+def settle(rn: RawNode, st: MemoryStorage) -> list[Entry]:
+    """Handles Ready after Ready until there is none; returns the applied entries."""
+    applied: list[Entry] = []
+    for _ in range(10):
+        if not rn.has_ready():
+            return applied
+        applied += handle(rn, st)
+    raise AssertionError("the node never settles")
+
+
+def test_single_node_leader_commits_its_entries_only_after_persisting_them() -> None:
+    rn, st = single_node()
+    handle(rn, st)
+    rn.campaign()
+    rd = rn.ready()
+    assert rd is not None and [(e.index, e.term) for e in rd.entries] == [(2, 2)]
+    assert rd.hard_state == HardState(term=2, vote=1, commit=1)  # not 2: entry 2 is not on disk yet
+    assert rd.committed_entries == []
+    persist(st, rd)
+    rn.advance(rd)  # the leader's acknowledgement of its own entry arrives here
+    rd = rn.ready()
+    assert rd is not None and rd.hard_state == HardState(term=2, vote=1, commit=2)
+    assert [e.index for e in rd.committed_entries] == [2] and not rd.entries and not rd.must_sync
+    rn.advance(rd)
+    rn.propose(b"hello")
+    rd = rn.ready()
+    assert rd is not None and [e.index for e in rd.entries] == [3]
+    assert rd.hard_state is None and rd.committed_entries == []
+    assert rn.status().commit == 2
+    persist(st, rd)
+    rn.advance(rd)
+    assert rn.status().commit == 3
+    assert [e.data for e in settle(rn, st)] == [b"hello"]
+
+
+def test_leader_never_counts_its_own_unpersisted_entry_toward_commit() -> None:
+    st = MemoryStorage.with_conf([1, 2, 3])
+    rn = RawNode(Config(id=1, storage=st, rng=random.Random(1), pre_vote=False))
+    rn.campaign()
+    rn.step(Message(MessageType.MsgVoteResp, to=1, frm=2, term=1))
+    assert rn.status().state == StateType.LEADER
+    settle(rn, st)  # the leader's empty entry (index 1) is on its disk
+    rn.step(Message(MessageType.MsgAppResp, to=1, frm=2, term=1, index=1))
+    assert rn.status().commit == 1
+    settle(rn, st)
+    rn.propose(b"x")
+    rd = rn.ready()
+    assert rd is not None and [e.index for e in rd.entries] == [2]
+    assert [m.to for m in rd.messages if m.type == MessageType.MsgApp] == [2]  # sent before its own write
+    # Follower 2 has entry 2 on disk while the leader's own write is still under way: 2 of 3 is a
+    # quorum only with the leader's copy, which is not durable yet.
+    rn.step(Message(MessageType.MsgAppResp, to=1, frm=2, term=1, index=2))
+    assert rn.status().commit == 1
+    assert rn.status().progress[1][0] == 1  # the leader's own match
+    persist(st, rd)
+    rn.advance(rd)
+    assert rn.status().commit == 2 and rn.status().progress[1][0] == 2
+    assert [e.data for e in settle(rn, st)] == [b"x"]
 
 
 def test_commit_only_hard_state_change_needs_no_sync() -> None:
@@ -122,9 +191,9 @@ def test_conf_change_through_rawnode() -> None:
     rn, st = single_node()
     handle(rn, st)
     rn.campaign()
-    handle(rn, st)
+    settle(rn, st)
     rn.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER_NODE, 2))
-    applied = handle(rn, st)
+    applied = settle(rn, st)
     assert applied[-1].type == EntryType.CONF_CHANGE
     assert rn.status().conf_state == ConfState([1], [2])
     assert set(rn.status().progress) == {1, 2}
@@ -134,7 +203,7 @@ def test_restart_keeps_only_persisted_state() -> None:
     rn, st = single_node()
     handle(rn, st)
     rn.campaign()
-    handle(rn, st)
+    settle(rn, st)
     rn.propose(b"lost")  # never persisted: the Ready is dropped on the floor
     assert rn.ready() is not None
     rn2 = RawNode(Config(id=1, storage=st, rng=random.Random(1)))
