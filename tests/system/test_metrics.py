@@ -14,10 +14,20 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from harness import etcdctl, free_port, pem_rsa_keypair, wait_for
-from programs import Program, health_status, proxy_program, sample, scrape, store_program, store_supports, wait_serving
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.support.probes import health_status, sample, scrape
+from tests.support.processes import (
+    Program,
+    etcdctl,
+    free_port,
+    pem_rsa_keypair,
+    proxy_program,
+    store_program,
+    store_supports,
+    wait_for,
+    wait_serving,
+)
 
 pytestmark = pytest.mark.slow
 
