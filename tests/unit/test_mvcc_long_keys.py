@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from authstore.state.lease.lessor import Lessor
-from authstore.state.mvcc.index import PREFIX, is_long
+from authstore.state.mvcc.index import PREFIX
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
@@ -76,7 +76,7 @@ class Node:
             n = 0
             ok = cur.first()
             while ok:
-                n += is_long(cur.key())
+                n += len(cur.key()) > PREFIX  # a long key's index key: PREFIX bytes + SHA-256
                 ok = cur.next_nodup()
             return n, txn.stat(index._long)["entries"]
 
