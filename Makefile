@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint protos clean
+.PHONY: run test test-fast lint protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+## test-fast: the unit tests, the Raft core and a short Raft simulation (no processes; about a minute)
+test-fast: $(STAMP)
+	RAFTGATE_SIM_STEPS=100000 $(BIN)/pytest -q tests/unit tests/raft tests/test_protos.py -m "not slow" $(PYTEST_ARGS)
 
 ## protos: regenerate the Python code from protos/*.proto
 protos: $(STAMP)

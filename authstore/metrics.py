@@ -97,6 +97,11 @@ def observe_indexes(committed: int, applied: int) -> None:
     APPLY_LAG.set(max(0, committed - applied))
 
 
+def observe_open_watches(count: int) -> None:
+    """The watch hub calls this whenever a watcher joins or leaves its delivery set."""
+    OPEN_WATCHES.set(count)
+
+
 class _Leadership:
     """Turns the (leader, term) the driver sees into the leader gauges and a change counter."""
 

@@ -63,11 +63,6 @@ class ProxyConfig:
     bcrypt_queue_limit: int | None = None
 
     @property
-    def store_target(self) -> str:
-        """The store endpoint used (the first; leader routing comes with replication)."""
-        return self.store_endpoints[0]
-
-    @property
     def grpc_max_receive_bytes(self) -> int:
         return self.max_request_bytes + GRPC_OVERHEAD_BYTES
 

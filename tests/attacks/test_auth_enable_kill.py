@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults.cluster import Client, program_cluster, retry_ok
-from harness import wait_for
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults.cluster import ETCD_FAILOVER_ERRORS, Client, assert_only_etcd_errors, program_cluster, retry_ok, setup_auth
-from harness import wait_for
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
+from tests.faults.cluster import (
+    ETCD_FAILOVER_ERRORS,
+    Client,
+    assert_only_etcd_errors,
+    program_cluster,
+    retry_ok,
+    setup_auth,
+)
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
 LOGINS_PER_CLIENT = 40

@@ -21,7 +21,6 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from harness import wait_for
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2_grpc
@@ -29,6 +28,7 @@ from proxy import config as proxy_config
 from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
+from tests.support.processes import wait_for
 from tests.unit.test_proxy_pipeline import SECRET, FakeStore, login, md
 
 FLOOD = 24

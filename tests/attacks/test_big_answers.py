@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from harness import EtcdServer, RaftgateLocal
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.support.processes import EtcdServer, RaftgateLocal
 
 COUNT = 60
 VALUE_BYTES = 1_400_000  # under etcd's default --max-request-bytes (1.5 MiB)

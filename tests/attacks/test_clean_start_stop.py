@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from faults.cluster import local_cluster
-from harness import REPO_ROOT, RaftgateLocal, wait_for
+
+from tests.faults.cluster import local_cluster
+from tests.support.processes import REPO_ROOT, RaftgateLocal, wait_for
 
 EXIT_LINE = re.compile(r"^raftgate local: (.+) exited with code (-?\d+)$", re.M)
 

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-from faults.cluster import Cluster, Node, Program, Recorder, Workload, program_cluster, verify_after_faults
-from harness import wait_for
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
+from tests.faults.cluster import Cluster, Node, Program, Recorder, Workload, program_cluster, verify_after_faults
+from tests.support.processes import wait_for
 
 #: the log is compacted within seconds of load; a restarted node catches up by snapshot
 FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]
@@ -36,7 +36,7 @@ class ArmedProgram(Program):
     """A store node started with fail points armed in its environment."""
 
     def __init__(self, workdir: Path, python: str, argv: list[str], failpoints: str, name: str) -> None:
-        super().__init__(workdir, python, argv, "raftgate store:", name)
+        super().__init__(workdir, argv, "raftgate store:", name=name, python=python)
         self.failpoints = failpoints
 
     def command(self) -> list[str]:

@@ -19,8 +19,6 @@ from pathlib import Path
 import bcrypt
 import grpc
 import pytest
-from faults.cluster import Cluster, program_cluster
-from harness import REPO_ROOT
 
 from authstore import config as store_config
 from authstore.main import bootstrap_entries
@@ -28,6 +26,8 @@ from authstore.state.auth.authorize import request_kind
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
+from tests.faults.cluster import Cluster, program_cluster
+from tests.support.processes import REPO_ROOT
 
 PASSWORD = "initial-Root-pa55word"
 

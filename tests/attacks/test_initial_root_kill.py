@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults.cluster import Client, program_cluster, retry_ok
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.faults.cluster import Client, program_cluster, retry_ok
 
 pytestmark = pytest.mark.slow
 PASSWORD = "initial-Root-pa55word"

@@ -12,10 +12,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from harness import free_port
-from system.programs import SECRET, Program
 
 from tests.attacks.test_ports import _store_args
+from tests.support.processes import SECRET, Program, free_port
 
 
 @pytest.fixture

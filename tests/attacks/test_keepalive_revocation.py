@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from attacks.test_token_revocation import ROOT_PW, _as_root, _token, cluster  # noqa: F401 - fixture
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
+from tests.attacks.test_token_revocation import ROOT_PW, _as_root, _token, cluster  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow
 

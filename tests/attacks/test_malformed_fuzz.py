@@ -17,12 +17,11 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import new_server, skip_unless_available
-from harness import EtcdServer, RaftgateLocal
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.support.processes import EtcdServer, RaftgateLocal, new_server, skip_unless_available
 
 UNARY = "grpc: error unmarshalling request: "
 STREAM = "grpc: failed to unmarshal the received message: "

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults.cluster import Client, program_cluster, retry_ok, setup_auth
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
+from tests.faults.cluster import Client, program_cluster, retry_ok, setup_auth
 
 pytestmark = pytest.mark.slow
 ROUNDS = 5

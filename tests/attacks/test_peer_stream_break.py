@@ -18,12 +18,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import free_port
 
 from authstore.node.transport import PeerSecurity, Transport, _Peer
 from authstore.raft.codec import encode_message
 from authstore.raft.types import Message, MessageType
 from protos.storepb import peer_pb2
+from tests.support.processes import free_port
 
 WAIT = 30.0  # bound of every condition wait (a loaded machine); no assertion on how long it took
 

@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, free_port
-from system.programs import SECRET, Program
 
 from proxy import local
+from tests.support.processes import REPO_ROOT, SECRET, Program, free_port
 
 
 def _store_args(tmp_path: Path, *, internal: int, peer: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -161,7 +160,7 @@ def test_test_ports_come_from_outside_the_kernels_ephemeral_range() -> None:
 
 def test_two_test_processes_never_get_the_same_port() -> None:
     mine = {free_port() for _ in range(30)}
-    code = "import sys; sys.path.insert(0, 'tests'); from harness import free_port; " \
+    code = "from tests.support.processes import free_port; " \
            "print(' '.join(str(free_port()) for _ in range(30)))"
     theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             cwd=REPO_ROOT, check=True).stdout.split()

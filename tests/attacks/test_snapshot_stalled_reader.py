@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from system.programs import store_and_proxy
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.support.processes import store_and_proxy
 
 pytestmark = pytest.mark.slow
 

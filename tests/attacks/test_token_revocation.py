@@ -14,11 +14,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from harness import free_port
-from system.programs import Program, proxy_program, store_program, wait_serving
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
+from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
 
 pytestmark = pytest.mark.slow
 ROOT_PW = "root-pw"

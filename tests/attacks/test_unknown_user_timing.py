@@ -18,8 +18,6 @@ import bcrypt
 import grpc
 import grpc.aio
 import pytest
-from harness import free_port
-from system.programs import SECRET, proxy_program, store_program, wait_serving
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.internal import INTERNAL_SECRET_METADATA
@@ -27,6 +25,7 @@ from protos.storepb import store_pb2
 from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
+from tests.support.processes import SECRET, free_port, proxy_program, store_program, wait_serving
 from tests.unit.test_proxy_pipeline import FakeStore, login, run
 
 

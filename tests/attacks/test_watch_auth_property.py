@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 import grpc
 import grpc.aio
 import pytest
-from harness import RaftgateLocal
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from watch.wclient import WatchStream, login, md
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.support.processes import RaftgateLocal
+from tests.watch.wclient import WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,12 @@ import asyncio
 import grpc
 import grpc.aio
 import pytest
-from harness import RaftgateLocal
-from watch.wclient import INVALID_TOKEN, WatchStream, login, md
 
-from attacks.test_watch_token_death import ROOT_PW, _end, put, reader, run, simple  # noqa: F401 - fixture
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.attacks.test_watch_token_death import ROOT_PW, _end, put, reader, run, simple  # noqa: F401 - fixture
+from tests.support.processes import RaftgateLocal
+from tests.watch.wclient import INVALID_TOKEN, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 CREATES = 60

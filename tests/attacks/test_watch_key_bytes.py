@@ -15,11 +15,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from harness import wait_for
-from system.programs import store_and_proxy
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.support.processes import store_and_proxy, wait_for
 
 pytestmark = pytest.mark.slow
 PER_STREAM = "rpc error: code = ResourceExhausted desc = etcdserver: too many watches on this stream"

@@ -16,11 +16,10 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from harness import free_port
-from system.programs import proxy_program, store_program, wait_serving
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.support.processes import free_port, proxy_program, store_program, wait_serving
 
 pytestmark = pytest.mark.slow
 

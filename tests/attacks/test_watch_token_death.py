@@ -17,13 +17,13 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from faults.cluster import local_cluster
-from harness import RaftgateLocal, etcdctl, pem_rsa_keypair
-from watch.wclient import INVALID_TOKEN, WatchStream, login, md
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.faults.cluster import local_cluster
+from tests.support.processes import RaftgateLocal, etcdctl, pem_rsa_keypair
+from tests.watch.wclient import INVALID_TOKEN, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

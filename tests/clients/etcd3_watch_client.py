@@ -1,7 +1,7 @@
 """python-etcd3 0.12 watches against an auth-enabled server; prints one JSON object of observations.
 
 Run as a SUBPROCESS only (etcd3 ships its own copies of etcd's protos) with
-PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python (see tests/harness.py client_script_env).
+PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python (see tests/support/processes.py client_script_env).
 
 Usage: etcd3_watch_client.py HOST:PORT
 Expects root/rootpw (auth enabled) and user `wu`/`pw` holding role `w-rw` (READWRITE on the prefix

@@ -15,7 +15,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
-from harness import etcdctl
+from tests.support.processes import etcdctl
 
 ROOT = "root:rootpw"
 TU = "test-user:pass"
@@ -97,7 +97,7 @@ class Ctl:
         """Start etcdctl with pipes (for interactive `txn -i`); the caller must wait/kill it."""
         import os
 
-        from harness import ETCDCTL
+        from tests.support.processes import ETCDCTL
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
         env["ETCDCTL_API"] = "3"

@@ -14,9 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, new_server, skip_unless_available
-from ctl_steps import ROOT, Ctl, setup_auth
-from harness import EtcdServer, RaftgateLocal, client_script_env
+
+from tests.conformance.ctl_steps import ROOT, Ctl, setup_auth
+from tests.support.processes import (
+    BACKENDS,
+    EtcdServer,
+    RaftgateLocal,
+    client_script_env,
+    new_server,
+    skip_unless_available,
+)
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 Server = EtcdServer | RaftgateLocal

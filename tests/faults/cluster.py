@@ -10,13 +10,13 @@ Two ways to get a cluster:
   with the same flag layout as ``proxy/local.py`` plus any extra store flags (``raftgate local``
   passes none on, e.g. ``--snapshot-count``).
 
-Every process either way runs in a process group that is torn down when the context exits,
-whatever happened. Every wait is for a condition, bounded in time.
+Every process either way is started by tests/support/processes.py and runs in a process group
+that is torn down when the context exits, whatever happened. Every wait is for a condition,
+bounded in time.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import random
@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from harness import RaftgateLocal, _Server, free_port, wait_for
-from support.linearizability import CAS, GET, PUT, History, Op, check
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2
+from tests.support.linearizability import CAS, GET, PUT, History, Op, check
+from tests.support.processes import Program, RaftgateLocal, free_port, wait_for
 
 SECRET_METADATA = "x-raftgate-internal-secret"
 STORE_SERVICE = "/raftgate.storepb.Store/"
@@ -46,47 +46,6 @@ RESPONSE_FIELD = {f.number: f.name for f in store_pb2.InternalResponse.DESCRIPTO
 
 # ---------------------------------------------------------------------------------------------
 # processes
-
-
-#: every server started here, stopped at the latest when the interpreter exits (e.g. on Ctrl-C)
-_started: list[_Server] = []
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in _started:
-        with contextlib.suppress(Exception):
-            server.stop(timeout=5)
-
-
-class Program(_Server):
-    """A `raftgate store` or `raftgate proxy` started by a test: [python, -m, raftgate.cli, *argv]."""
-
-    def __init__(self, workdir: Path, python: str, argv: list[str], ready_prefix: str, name: str) -> None:
-        super().__init__(workdir)
-        _started.append(self)
-        self.name = name
-        self.python = python
-        self.argv = list(argv)
-        self.ready_prefix = ready_prefix
-
-    def command(self) -> list[str]:
-        return [self.python, "-m", "raftgate.cli", *self.argv]
-
-    def is_ready(self) -> bool:
-        return any(line.startswith(self.ready_prefix) for line in list(self.lines))
-
-    def kill9(self) -> None:
-        """SIGKILL the whole process group and reap it: nothing gets to flush or clean up."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        self.last_exit_code = self.proc.returncode
-        self.proc = None
 
 
 def _pid_dead(pid: int) -> bool:
@@ -258,8 +217,8 @@ class Cluster:
         """Starts the node again from its argv (same data dir, ports and flags), as our process."""
         assert not node.running, f"{node.name} is still running"
         node.restarts += 1
-        node.program = Program(self.workdir / f"{node.name}.{node.restarts}", self.python, node.argv,
-                               "raftgate store:", node.name)
+        node.program = Program(self.workdir / f"{node.name}.{node.restarts}", node.argv, "raftgate store:",
+                               name=node.name, python=self.python)
         node.program.start(timeout=timeout)
 
     def close(self) -> None:
@@ -287,7 +246,6 @@ def prefix_end(prefix: bytes) -> bytes:
 def local_cluster(workdir: Path, nodes: int = 3) -> Iterator[Cluster]:
     """`raftgate local --nodes N` (bcrypt cost 4), as a Cluster of its store children."""
     local = RaftgateLocal(workdir, bcrypt_cost=4, extra_args=["--nodes", str(nodes)])
-    _started.append(local)
     cluster: Cluster | None = None
     try:
         local.start()
@@ -351,11 +309,11 @@ def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None
             t.join()
         if errors:
             raise errors[0]
-        proxy = Program(workdir / "proxy", sys.executable,
+        proxy = Program(workdir / "proxy",
                         ["proxy", "--listen-client-urls", client_url,
                          "--store-endpoints", ",".join(n.internal for n in members),
                          "--internal-secret-file", str(secret), "--bcrypt-cost", "4"],
-                        "raftgate proxy:", "proxy")
+                        "raftgate proxy:")
         cluster.extra_programs.append(proxy)
         proxy.start()
         yield cluster

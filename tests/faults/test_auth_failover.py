@@ -17,13 +17,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import wait_for
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-
-from .cluster import Client, describe, local_cluster, retry_ok, root_header, setup_auth
+from tests.faults.cluster import Client, describe, local_cluster, retry_ok, root_header, setup_auth
+from tests.support.processes import wait_for
 
 GRANT = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"/app/", range_end=b"/app0")
 DENIED = "PERMISSION_DENIED: etcdserver: permission denied"

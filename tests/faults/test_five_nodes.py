@@ -10,10 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import wait_for
-from support.linearizability import check
 
-from .cluster import (
+from tests.faults.cluster import (
     ETCD_FAILOVER_ERRORS,
     Client,
     Recorder,
@@ -25,6 +23,8 @@ from .cluster import (
     local_cluster,
     retry_ok,
 )
+from tests.support.linearizability import check
+from tests.support.processes import wait_for
 
 NO_QUORUM_ERRORS = ETCD_FAILOVER_ERRORS
 

@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import etcdctl, wait_for
 
-from .cluster import (
+from tests.faults.cluster import (
     Recorder,
     Workload,
     distribution,
     local_cluster,
     verify_after_faults,
 )
+from tests.support.processes import etcdctl, wait_for
 
 ROUNDS = 3
 SANITY_BOUND = 15.0

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import wait_for
 
-from .cluster import (
+from tests.faults.cluster import (
     Recorder,
     Workload,
     distribution,
     local_cluster,
     verify_after_faults,
 )
+from tests.support.processes import wait_for
 
 
 @pytest.mark.slow

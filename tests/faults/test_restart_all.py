@@ -9,13 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import wait_for
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-
-from .cluster import (
+from tests.faults.cluster import (
     Client,
     Recorder,
     Workload,
@@ -27,6 +25,7 @@ from .cluster import (
     root_header,
     setup_auth,
 )
+from tests.support.processes import wait_for
 
 
 def _build_state(root: Client) -> None:

@@ -15,11 +15,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import wait_for
 
 from protos.etcdserverpb import rpc_pb2
-
-from .cluster import Client, program_cluster, retry_ok
+from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.processes import wait_for
 
 SNAPSHOT_FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]
 PREFIX = b"/snap/"

@@ -17,11 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from harness import wait_for
 
 from protos.etcdserverpb import rpc_pb2
-
-from .cluster import Client, Node, program_cluster, retry_ok
+from tests.faults.cluster import Client, Node, program_cluster, retry_ok
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import wait_for
 
-from .cluster import Client, program_cluster, retry_ok
+from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import BACKENDS, new_server
-from harness import ETCDCTL, etcdctl, wait_for
 
 from protos.etcdserverpb import rpc_pb2
-
-from .cluster import Client, program_cluster
+from tests.faults.cluster import Client, program_cluster
+from tests.support.processes import BACKENDS, ETCDCTL, etcdctl, new_server, wait_for
 
 pytestmark = pytest.mark.slow
 

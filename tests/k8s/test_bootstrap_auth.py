@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, RaftgateLocal, free_port
 
 from proxy import bootstrap
+from tests.support.processes import REPO_ROOT, RaftgateLocal, free_port
 
 PASSWORD = "hook-Pa55word"
 

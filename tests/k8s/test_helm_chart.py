@@ -14,7 +14,11 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_support import (
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.k8s.chart_support import (
     CHART_DIR,
     NAMESPACE,
     Rendered,
@@ -28,9 +32,6 @@ from chart_support import (
     url_port,
     validate,
 )
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 FULLNAME = "rg-raftgate"
 STORE = f"{FULLNAME}-store"
@@ -798,7 +799,7 @@ def _program_flags(command: str) -> set[str]:
     import subprocess
     import sys
 
-    from chart_support import REPO_ROOT
+    from tests.k8s.chart_support import REPO_ROOT
 
     done = subprocess.run(
         [sys.executable, "-m", "raftgate.cli", command, "--help"],

@@ -19,9 +19,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import BACKENDS, new_server, skip_unless_available
-from ctl_steps import DENIED, ROOT, USER_EMPTY, Ctl
-from harness import ETCDCTL, EtcdServer, RaftgateLocal, client_script_env, wait_for
+
+from tests.conformance.ctl_steps import DENIED, ROOT, USER_EMPTY, Ctl
+from tests.support.processes import (
+    BACKENDS,
+    ETCDCTL,
+    EtcdServer,
+    RaftgateLocal,
+    client_script_env,
+    new_server,
+    skip_unless_available,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from ctl_steps import Ctl
-from harness import ETCDCTL, RaftgateLocal, pem_rsa_keypair, wait_for
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-
-from .test_lease_etcdctl import grant, present
+from tests.conformance.ctl_steps import Ctl
+from tests.lease.test_lease_etcdctl import grant, present
+from tests.support.processes import ETCDCTL, RaftgateLocal, pem_rsa_keypair, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, new_server, skip_unless_available
-from harness import EtcdServer, RaftgateLocal
-from rawgrpc import Stubs, outcome
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
+from tests.support.processes import BACKENDS, EtcdServer, RaftgateLocal, new_server, skip_unless_available
+from tests.system.rawgrpc import Stubs, outcome
 
 Server = EtcdServer | RaftgateLocal
 MiB = 1024 * 1024

@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import jwt as pyjwt
 import pytest
-from harness import etcdctl, free_port, pem_rsa_keypair
-from programs import proxy_program, sample, scrape, store_program, wait_serving
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.support.probes import sample, scrape
+from tests.support.processes import etcdctl, free_port, pem_rsa_keypair, proxy_program, store_program, wait_serving
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import etcdctl, free_port
-from programs import SECRET, Program
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
+from tests.support.processes import SECRET, Program, etcdctl, free_port
 
 
 def _do(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | None = None) -> store_pb2.InternalResponse:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import REPO_ROOT, RaftgateLocal, etcdctl, free_port, wait_for
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
+from tests.support.processes import REPO_ROOT, RaftgateLocal, etcdctl, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -7,17 +7,30 @@ change makes the next request old (simple tokens are re-resolved transparently b
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2
-from harness import etcdctl, free_port, pem_rsa_keypair, wait_for
-from programs import Program, health_status, proxy_program, sample, scrape, store_program, store_supports, wait_serving
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from tests.support.probes import health_status, sample, scrape
+from tests.support.processes import (
+    Program,
+    etcdctl,
+    free_port,
+    pem_rsa_keypair,
+    proxy_program,
+    store_program,
+    store_supports,
+    wait_for,
+    wait_serving,
+)
+from tests.watch.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +145,46 @@ def test_auth_counters_move_on_success_failure_and_refusals(deployment: Deployme
     assert store_moved("raftgate_store_old_revision_refusals_total", kind="put", stage="apply") == 1
     assert sample(store_after, "raftgate_store_auth_revision") == status.authRevision
     assert store_moved("raftgate_store_apply_duration_seconds_count") >= 3
+
+
+def test_open_watches_gauge_follows_the_watches_open_on_the_store(deployment: Deployment) -> None:
+    """raftgate_store_open_watches is what an operator reads to see watch load on a node: it must
+    rise with every watch a client opens through the proxy and fall with every cancel and close."""
+    d = deployment
+    if d.store_metrics is None:
+        pytest.skip("the store's --metrics-addr is not wired yet (authstore/config.py, authstore/main.py)")
+    address = d.store_metrics
+    base = sample(scrape(address), "raftgate_store_open_watches")
+    seen = [base]
+
+    def gauge_is(n: float) -> None:
+        def reached() -> bool:
+            seen[0] = sample(scrape(address), "raftgate_store_open_watches")
+            return seen[0] == base + n
+
+        try:
+            wait_for(reached, 30, f"raftgate_store_open_watches to be {base + n}")
+        except TimeoutError as exc:
+            raise AssertionError(f"raftgate_store_open_watches is {seen[0]}, expected {base + n}") from exc
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(d.endpoint) as channel:
+            first, second = WatchStream(channel), WatchStream(channel)
+            ids = []
+            for stream, key in ((first, b"/w/a"), (first, b"/w/b"), (second, b"/w/c")):
+                created = await stream.create(key)
+                assert created.created and not created.canceled, created
+                ids.append(created.watch_id)
+            await asyncio.to_thread(gauge_is, 3)
+            await first.send(cancel_request=rpc_pb2.WatchCancelRequest(watch_id=ids[0]))
+            canceled = await first.recv()
+            assert canceled.canceled and canceled.watch_id == ids[0], canceled
+            await asyncio.to_thread(gauge_is, 2)
+            first.close()
+            second.close()
+            await asyncio.to_thread(gauge_is, 0)
+
+    asyncio.run(scenario())
 
 
 def test_health_on_the_side_ports(deployment: Deployment) -> None:

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 
 import pytest
-from harness import EtcdServer, RaftgateLocal
-from rawgrpc import OLD_REVISION, Stubs, outcome
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
+from tests.support.processes import EtcdServer, RaftgateLocal
+from tests.system.rawgrpc import OLD_REVISION, Stubs, outcome
 
 Server = EtcdServer | RaftgateLocal
 ROUNDS = 12

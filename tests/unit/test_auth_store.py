@@ -424,7 +424,7 @@ def test_user_permissions_follow_changes(h: Harness) -> None:
 
     def can_read(key: bytes) -> bool:
         p = h.read(lambda s, t: s.user_permissions(t, "u"))
-        return p is not None and p.can_read(key)
+        return p is not None and p.covers(key, b"", write=False)
 
     assert not can_read(b"k")
     h.grant("r", READ, b"k")
@@ -447,12 +447,12 @@ def test_user_permissions_never_stale_after_aborted_txn(h: Harness) -> None:
         child = h.env.begin(write=True, parent=parent)
         perm = auth_pb2.Permission(permType=READ, key=b"secret")
         store.role_grant_permission(child, pb.AuthRoleGrantPermissionRequest(name="r", perm=perm))
-        assert store.user_permissions(child, "u").can_read(b"secret")  # type: ignore[union-attr]
+        assert store.user_permissions(child, "u").covers(b"secret", b"", write=False)  # type: ignore[union-attr]
         child.abort()
         perm = auth_pb2.Permission(permType=READ, key=b"public")
         store.role_grant_permission(parent, pb.AuthRoleGrantPermissionRequest(name="r", perm=perm))
         p = store.user_permissions(parent, "u")
-        assert p is not None and p.can_read(b"public") and not p.can_read(b"secret")
+        assert p is not None and p.covers(b"public", b"", write=False) and not p.covers(b"secret", b"", write=False)
 
 
 # ---- authenticate and simple tokens ----
@@ -470,7 +470,6 @@ def test_authenticate_registers_simple_token(h: Harness) -> None:
     token = h.authenticate("u", "PrefixPrefixPref", 42, issued_at_unix_ms=1234, ttl_seconds=300)
     assert token == "PrefixPrefixPref.42"
     assert h.token(token) == ("u", 1234, 300)
-    assert h.read(lambda s, t: s.resolve_simple_token(t, token)) == "u"
     assert h.token("PrefixPrefixPref.43") is None and h.token("") is None
     assert h.rev == rev  # Authenticate never bumps
 

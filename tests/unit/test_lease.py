@@ -12,6 +12,7 @@ from authstore.state.lease.lessor import MAX_LEASE_TTL, Lessor
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
+from tests.support.nested_txn import apply_in_nested_txn
 
 
 class Node:
@@ -23,15 +24,7 @@ class Node:
         self.lessor = Lessor(env, self.kv)
 
     def call(self, obj: Any, method: str, *args: Any) -> Any:
-        with self.env.begin(write=True) as batch:
-            txn = self.env.begin(write=True, parent=batch)
-            try:
-                resp = getattr(obj, method)(txn, *args)
-            except EtcdError:
-                txn.abort()
-                raise
-            txn.commit()
-            return resp
+        return apply_in_nested_txn(self.env, obj, method, *args)
 
     def grant(self, ttl: int, lease_id: int = 0, at_ms: int = 1_000_000) -> pb.LeaseGrantResponse:
         return self.call(self.lessor, "grant", pb.LeaseGrantRequest(TTL=ttl, ID=lease_id), at_ms)

@@ -14,6 +14,7 @@ from authstore.state.mvcc import revision, validate
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
+from tests.support.nested_txn import apply_in_nested_txn
 
 RR = pb.RangeRequest
 C = pb.Compare
@@ -27,15 +28,7 @@ class Store:
         self.kv = KVStore(env)
 
     def call(self, method: str, req: Any) -> Any:
-        with self.env.begin(write=True) as batch:
-            txn = self.env.begin(write=True, parent=batch)
-            try:
-                resp = getattr(self.kv, method)(txn, req)
-            except EtcdError:
-                txn.abort()
-                raise
-            txn.commit()
-            return resp
+        return apply_in_nested_txn(self.env, self.kv, method, req)
 
     def put(self, key: bytes, value: bytes = b"", **kw: Any) -> pb.PutResponse:
         return self.call("put", pb.PutRequest(key=key, value=value, **kw))

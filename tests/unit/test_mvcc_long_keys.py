@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from authstore.state.lease.lessor import Lessor
-from authstore.state.mvcc.index import PREFIX, is_long
+from authstore.state.mvcc.index import PREFIX
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
+from tests.support.nested_txn import apply_in_nested_txn
 
 RR = pb.RangeRequest
 C = pb.Compare
@@ -35,15 +36,7 @@ class Node:
         self.lessor = Lessor(env, self.kv)
 
     def call(self, obj: Any, method: str, *args: Any) -> Any:
-        with self.env.begin(write=True) as batch:
-            txn = self.env.begin(write=True, parent=batch)
-            try:
-                resp = getattr(obj, method)(txn, *args)
-            except EtcdError:
-                txn.abort()
-                raise
-            txn.commit()
-            return resp
+        return apply_in_nested_txn(self.env, obj, method, *args)
 
     def put(self, key: bytes, value: bytes = b"", **kw: Any) -> pb.PutResponse:
         return self.call(self.kv, "put", pb.PutRequest(key=key, value=value, **kw))
@@ -83,7 +76,7 @@ class Node:
             n = 0
             ok = cur.first()
             while ok:
-                n += is_long(cur.key())
+                n += len(cur.key()) > PREFIX  # a long key's index key: PREFIX bytes + SHA-256
                 ok = cur.next_nodup()
             return n, txn.stat(index._long)["entries"]
 

@@ -100,10 +100,8 @@ def test_read_and_write_are_separate(grants: list[tuple[int, tuple[bytes, bytes]
     up = perms(*((t, k, e) for t, (k, e) in grants))
     reads = [r for t, r in grants if t in (READ, READWRITE)]
     writes = [r for t, r in grants if t in (WRITE, READWRITE)]
-    assert up.can_read(*req) == model_covers(reads, *req)
-    assert up.can_write(*req) == model_covers(writes, *req)
-    assert up.covers(*req, write=False) == up.can_read(*req)
-    assert up.covers(*req, write=True) == up.can_write(*req)
+    assert up.covers(*req, write=False) == model_covers(reads, *req)
+    assert up.covers(*req, write=True) == model_covers(writes, *req)
 
 
 # ---- etcd's own examples (range_perm_cache_test.go, reference §5.2) ----
@@ -111,63 +109,63 @@ def test_read_and_write_are_separate(grants: list[tuple[int, tuple[bytes, bytes]
 
 def test_gap_between_ranges_denies_the_whole_range_and_points_in_the_gap() -> None:
     p = perms((READ, b"a", b"c"), (READ, b"x", b"z"))
-    assert not p.can_read(b"a", b"z")
-    assert not p.can_read(b"f")
-    assert p.can_read(b"a", b"c") and p.can_read(b"b") and p.can_read(b"y")
+    assert not p.covers(b"a", b"z", write=False)
+    assert not p.covers(b"f", b"", write=False)
+    assert p.covers(b"a", b"c", write=False) and p.covers(b"b", b"", write=False) and p.covers(b"y", b"", write=False)
 
 
 def test_adjacent_and_overlapping_grants_merge() -> None:
-    assert perms((READ, b"a", b"f"), (READ, b"c", b"d"), (READ, b"f", b"z")).can_read(b"a", b"z")
-    assert perms((READ, b"a", b"c"), (READ, b"c", b"z")).can_read(b"a", b"z")
+    assert perms((READ, b"a", b"f"), (READ, b"c", b"d"), (READ, b"f", b"z")).covers(b"a", b"z", write=False)
+    assert perms((READ, b"a", b"c"), (READ, b"c", b"z")).covers(b"a", b"z", write=False)
 
 
 def test_open_ended_request_needs_open_ended_grant() -> None:
     p = perms((READ, b"a", b"d"), (READ, b"a", b"b"), (READ, b"c", b"f"))
-    assert not p.can_read(b"a", b"\x00")
-    assert p.can_read(b"d")
-    assert not p.can_read(b"f")
-    assert perms((READ, b"a", b"\x00")).can_read(b"a", b"\x00")
-    assert perms((READ, b"a", b"\x00")).can_read(b"zzz", b"\x00")
-    assert not perms((READ, b"b", b"\x00")).can_read(b"a", b"\x00")
+    assert not p.covers(b"a", b"\x00", write=False)
+    assert p.covers(b"d", b"", write=False)
+    assert not p.covers(b"f", b"", write=False)
+    assert perms((READ, b"a", b"\x00")).covers(b"a", b"\x00", write=False)
+    assert perms((READ, b"a", b"\x00")).covers(b"zzz", b"\x00", write=False)
+    assert not perms((READ, b"b", b"\x00")).covers(b"a", b"\x00", write=False)
 
 
 def test_whole_key_space_grant_covers_everything() -> None:
     p = perms((READWRITE, b"\x00", b"\x00"))
     for key, end in [(b"\x00", b"\x00"), (b"a", b""), (b"\xff\xff", b""), (b"a", b"\x00"), (b"\x00", b"\xff")]:
-        assert p.can_read(key, end) and p.can_write(key, end)
+        assert p.covers(key, end, write=False) and p.covers(key, end, write=True)
 
 
 def test_single_key_grant_is_only_that_key() -> None:
     p = perms((WRITE, b"foo", b""))
-    assert p.can_write(b"foo")
-    assert p.can_write(b"foo", b"foo\x00")
-    assert not p.can_write(b"foo", b"foo\x00\x00")
-    assert not p.can_write(b"foo\x00")
-    assert not p.can_write(b"fo")
-    assert not p.can_write(b"foo", b"\x00")
-    assert not p.can_read(b"foo")
+    assert p.covers(b"foo", b"", write=True)
+    assert p.covers(b"foo", b"foo\x00", write=True)
+    assert not p.covers(b"foo", b"foo\x00\x00", write=True)
+    assert not p.covers(b"foo\x00", b"", write=True)
+    assert not p.covers(b"fo", b"", write=True)
+    assert not p.covers(b"foo", b"\x00", write=True)
+    assert not p.covers(b"foo", b"", write=False)
 
 
 def test_prefix_grant() -> None:
     p = perms((READ, b"foo/", prefix_end(b"foo/")))
-    assert p.can_read(b"foo/")
-    assert p.can_read(b"foo/bar")
-    assert p.can_read(b"foo/", b"foo0")
-    assert p.can_read(b"foo/a", b"foo/b")
-    assert not p.can_read(b"foo")
-    assert not p.can_read(b"foo/", b"\x00")
+    assert p.covers(b"foo/", b"", write=False)
+    assert p.covers(b"foo/bar", b"", write=False)
+    assert p.covers(b"foo/", b"foo0", write=False)
+    assert p.covers(b"foo/a", b"foo/b", write=False)
+    assert not p.covers(b"foo", b"", write=False)
+    assert not p.covers(b"foo/", b"\x00", write=False)
 
 
 @pytest.mark.parametrize("end", [b"a", b"b"])
 def test_empty_or_inverted_request_range_is_checked_as_its_key(end: bytes) -> None:
-    assert perms((READ, b"b", b"")).can_read(b"b", end)
-    assert not perms((READ, b"c", b"d")).can_read(b"b", end)
+    assert perms((READ, b"b", b"")).covers(b"b", end, write=False)
+    assert not perms((READ, b"c", b"d")).covers(b"b", end, write=False)
 
 
 def test_empty_key_is_never_covered() -> None:
     p = perms((READWRITE, b"\x00", b"\x00"))
-    assert not p.can_read(b"")
-    assert not p.can_read(b"", b"\x00")
+    assert not p.covers(b"", b"", write=False)
+    assert not p.covers(b"", b"\x00", write=False)
 
 
 def test_invalid_or_unknown_grants_grant_nothing() -> None:

@@ -23,7 +23,7 @@ def base(secret: str, *more: str) -> list[str]:
 def test_defaults(secret: str) -> None:
     cfg = load(base(secret), env={})
     assert cfg.listen == ("127.0.0.1:2379",)
-    assert cfg.store_target == "127.0.0.1:7000"
+    assert cfg.store_endpoints == ("127.0.0.1:7000",)
     assert cfg.internal_secret == "dev-secret"
     assert cfg.auth_token.kind == "simple" and cfg.jwt is None
     assert (cfg.auth_token_ttl, cfg.bcrypt_cost, cfg.max_request_bytes) == (300, 10, 1572864)

@@ -9,13 +9,13 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from harness import free_port
 
 from authstore.api.server import Refusal, _Outbox, check_answer_size
 from protos.internal import ANSWER_PART_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 from proxy.store_client import _CHANNEL_OPTIONS
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
+from tests.support.processes import free_port
 
 METHOD = "/raftgate.storepb.Store/DoStream"
 Behaviour = Callable[[store_pb2.DoCall], Awaitable[store_pb2.DoResult | None]]

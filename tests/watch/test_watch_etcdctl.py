@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import new_server, skip_unless_available
-from harness import ETCDCTL, EtcdServer, RaftgateLocal, etcdctl
+
+from tests.support.processes import ETCDCTL, EtcdServer, RaftgateLocal, etcdctl, new_server, skip_unless_available
 
 pytestmark = pytest.mark.slow
 

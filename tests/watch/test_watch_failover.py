@@ -9,12 +9,11 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from faults.cluster import local_cluster
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-
-from .wclient import WatchStream
+from tests.faults.cluster import local_cluster
+from tests.watch.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
 

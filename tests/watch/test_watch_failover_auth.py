@@ -10,13 +10,12 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from faults.cluster import local_cluster
-from harness import etcdctl
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-
-from .wclient import PERMISSION_DENIED, WatchStream, login, md
+from tests.faults.cluster import local_cluster
+from tests.support.processes import etcdctl
+from tests.watch.wclient import PERMISSION_DENIED, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -22,13 +22,20 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from conftest import BACKENDS, new_server, skip_unless_available
-from harness import REPO_ROOT, EtcdServer, RaftgateLocal, client_script_env, etcdctl
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-
-from .wclient import WatchStream, login, md
+from tests.support.processes import (
+    BACKENDS,
+    REPO_ROOT,
+    EtcdServer,
+    RaftgateLocal,
+    client_script_env,
+    etcdctl,
+    new_server,
+    skip_unless_available,
+)
+from tests.watch.wclient import WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 import grpc
 import grpc.aio
 import pytest
-from harness import RaftgateLocal
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-
-from .wclient import INVALID_TOKEN, PERMISSION_DENIED, USER_EMPTY, WatchStream, login, md
+from tests.support.processes import RaftgateLocal
+from tests.watch.wclient import INVALID_TOKEN, PERMISSION_DENIED, USER_EMPTY, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

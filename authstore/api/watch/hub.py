@@ -50,6 +50,7 @@ import grpc
 import lmdb
 from google.protobuf.message import DecodeError
 
+from authstore import metrics
 from authstore.api.watch.index import WatchIndex
 from authstore.state.auth.authorize import authorize
 from protos import wire
@@ -360,6 +361,7 @@ class WatchHub:
                 stream.next_id = max(stream.next_id, requested_id + 1)
         stream.watchers[w.id] = w
         self._watchers.add(w)
+        metrics.observe_open_watches(len(self._watchers))
 
     # ---- event loop: drain --------------------------------------------------------------------
     def applied(self) -> None:
@@ -463,6 +465,7 @@ class WatchHub:
             return
         w.removed = True
         self._watchers.remove(w)
+        metrics.observe_open_watches(len(self._watchers))
         if w.stream.watchers.get(w.id) is w:
             del w.stream.watchers[w.id]
         self._release(w)

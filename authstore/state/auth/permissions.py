@@ -130,9 +130,3 @@ class UserPermissions:
 
     def covers(self, key: bytes, range_end: bytes, *, write: bool) -> bool:
         return (self.write if write else self.read).covers(key, range_end)
-
-    def can_read(self, key: bytes, range_end: bytes = b"") -> bool:
-        return self.read.covers(key, range_end)
-
-    def can_write(self, key: bytes, range_end: bytes = b"") -> bool:
-        return self.write.covers(key, range_end)

@@ -468,11 +468,6 @@ class AuthStore:
         issued, ttl = _TOKEN_HEAD.unpack_from(raw)
         return raw[_TOKEN_HEAD.size :].decode(), issued, ttl
 
-    def resolve_simple_token(self, txn: lmdb.Transaction, token: str) -> str | None:
-        """The username a live simple token stands for."""
-        found = self.lookup_token(txn, token)
-        return found[0] if found is not None else None
-
     def expire_tokens(self, txn: lmdb.Transaction, digests: Iterable[bytes]) -> None:
         """Drops tokens (by digest) whose TTL ran out; unknown ones are ignored (expiry may race a
         delete)."""

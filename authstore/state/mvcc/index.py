@@ -51,11 +51,6 @@ def index_key(key: bytes) -> bytes:
     return key[:PREFIX] + hashlib.sha256(key).digest()
 
 
-def is_long(ikey: bytes) -> bool:
-    """Whether an index key stands for a long key (whose full key is stored apart)."""
-    return len(ikey) > PREFIX
-
-
 class Entry(NamedTuple):
     """One revision of one key, decoded."""
 

@@ -1,11 +1,20 @@
-"""Process helpers for multi-process tests: free ports, `raftgate local`, a real etcd, and etcdctl.
+"""The one place tests start programs: free ports, condition waits, etcdctl, and every process a
+test runs (`raftgate local`, a real etcd, `raftgate store` / `raftgate proxy` with any flags).
 
 Every helper waits for a condition (a ready line, a file, a successful command), never for a fixed
-time, and every process it starts runs in its own process group that is always torn down.
+time. Every process runs in its own process group that is always torn down: by the test, and at the
+latest when the interpreter exits (a process still running then is stopped by an atexit hook).
+
+- :class:`Process`: the lifecycle (start until ready or dead, output capture, stop, kill -9).
+- :class:`RaftgateLocal`, :class:`EtcdServer`: the two servers the side-by-side tests compare;
+  :func:`new_server` builds either by name (``BACKENDS``).
+- :class:`Program`: ``raftgate store`` or ``raftgate proxy`` with any flags; :func:`store_program`,
+  :func:`proxy_program` and :func:`store_and_proxy` build the usual one-node layout.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -18,13 +27,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+import pytest
 
 VENV_BIN = Path(sys.executable).parent
 ETCD = str(VENV_BIN / "etcd")
 ETCDCTL = str(VENV_BIN / "etcdctl")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Ports handed out by this process; never hand the same one out twice even if it is free again.
 _handed_out: set[int] = set()
@@ -146,7 +157,22 @@ def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
     return proc.returncode
 
 
-class _Server:
+#: Every process started here and not yet stopped; stopped at the latest when the interpreter exits
+#: (e.g. on Ctrl-C, or a test that raised before its own cleanup).
+_running: set[Process] = set()
+_running_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _running_lock:
+        left = list(_running)
+    for process in left:
+        with contextlib.suppress(Exception):
+            process.stop(timeout=5)
+
+
+class Process:
     """Common lifecycle of a server subprocess: output capture, readiness, teardown."""
 
     name = "server"
@@ -188,6 +214,8 @@ class _Server:
             cwd=str(REPO_ROOT),
             start_new_session=True,
         )
+        with _running_lock:
+            _running.add(self)
         self._reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
         self._reader.start()
         try:
@@ -219,11 +247,25 @@ class _Server:
         if self.proc is None:
             return self.last_exit_code
         code = _kill_group(self.proc, timeout)
+        self._reaped(code)
+        return code
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group and reap it: nothing gets to flush or clean up."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._reaped(self.proc.returncode)
+
+    def _reaped(self, code: int | None) -> None:
         if self._reader is not None:
             self._reader.join(timeout=5)
         self.last_exit_code = code
         self.proc = None
-        return code
+        with _running_lock:
+            _running.discard(self)
 
     def restart(self, timeout: float = 60.0) -> int | None:
         code = self.stop()
@@ -233,7 +275,7 @@ class _Server:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def __enter__(self) -> _Server:
+    def __enter__(self) -> Process:
         self.start()
         return self
 
@@ -250,7 +292,7 @@ class _Server:
         return self.endpoint.removeprefix("http://")
 
 
-class RaftgateLocal(_Server):
+class RaftgateLocal(Process):
     """`raftgate local` in its own data dir; restartable on the same dir and port."""
 
     name = "raftgate"
@@ -308,7 +350,7 @@ class RaftgateLocal(_Server):
         return rc == 0 and out.startswith("Authentication Status:")
 
 
-class EtcdServer(_Server):
+class EtcdServer(Process):
     """A single-member real etcd (3.5.1) on free 127.0.0.1 ports, for side-by-side comparisons."""
 
     name = "etcd"
@@ -352,6 +394,120 @@ class EtcdServer(_Server):
         # etcd 3.5.1 serves Maintenance.Status without credentials even when auth is enabled.
         rc, _, _ = etcdctl(self.endpoint, "endpoint", "status", timeout=10, dial_timeout="1s")
         return rc == 0
+
+
+BACKENDS = ("etcd", "raftgate")
+
+
+def skip_unless_available(kind: str) -> None:
+    if kind == "etcd" and not EtcdServer.available():
+        pytest.skip("real etcd binary not installed")
+    if kind == "raftgate" and not RaftgateLocal.available():
+        pytest.skip("raftgate local is not implemented yet (raftgate/cli.py missing)")
+
+
+def new_server(kind: str, workdir: Path, **kw: object) -> EtcdServer | RaftgateLocal:
+    """Build (not start) a server of `kind`; kw: auth_token, auth_token_ttl (raftgate), extra_args."""
+    skip_unless_available(kind)
+    if kind == "etcd":
+        extra = list(kw.pop("extra_args", ()))  # type: ignore[call-overload]
+        if kw.get("auth_token") is not None:
+            extra.append(f"--auth-token={kw.pop('auth_token')}")
+        kw.pop("auth_token", None)
+        if kw.get("auth_token_ttl") is not None:
+            extra.append(f"--auth-token-ttl={kw.pop('auth_token_ttl')}")
+        kw.pop("auth_token_ttl", None)
+        return EtcdServer(workdir, extra_args=extra, **kw)  # type: ignore[arg-type]
+    return RaftgateLocal(workdir, **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# `raftgate store` and `raftgate proxy` started alone, with any flags (`raftgate local` passes only
+# some on: --metrics-addr, --identity-file, --snapshot-count, fail points, ... need the programs)
+
+SECRET = "s3cret-for-tests-only-0123456789"
+
+
+class Program(Process):
+    """One raftgate program (``python -m raftgate.cli *args``), ready once it prints its ready line:
+    ``<ready_prefix> ... ready on ...`` (a store) or ``<ready_prefix> serving ...`` (a proxy)."""
+
+    def __init__(self, workdir: Path, args: list[str], ready_prefix: str, *, name: str | None = None,
+                 python: str = sys.executable) -> None:
+        super().__init__(workdir)
+        self.name = name or args[0]
+        self.args = list(args)
+        self.ready_prefix = ready_prefix
+        self.python = python
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "raftgate.cli", *self.args]
+
+    def is_ready(self) -> bool:
+        return any(line.startswith(self.ready_prefix) and (" ready on " in line or " serving " in line)
+                   for line in list(self.lines))
+
+
+def secret_file(directory: Path) -> Path:
+    path = directory / "internal-secret"
+    if not path.exists():
+        path.write_text(SECRET)
+    return path
+
+
+def store_program(workdir: Path, *extra: str) -> tuple[Program, str]:
+    """A one-node store cluster; returns it (not started) and its internal host:port."""
+    secret = secret_file(workdir)
+    port, peer = free_port(), free_port()
+    args = ["store", "--name", "s1", "--data-dir", str(workdir / "store-data"),
+            "--listen-internal-urls", f"http://127.0.0.1:{port}", "--internal-secret-file", str(secret),
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}", "--peer-secret-file", str(secret), *extra]
+    return Program(workdir / "store", args, "raftgate store:"), f"127.0.0.1:{port}"
+
+
+def proxy_program(workdir: Path, store: str, listen: str, *extra: str, name: str = "proxy") -> Program:
+    args = ["proxy", "--listen-client-urls", listen, "--store-endpoints", store,
+            "--internal-secret-file", str(secret_file(workdir)), "--bcrypt-cost", "4", *extra]
+    return Program(workdir / name, args, "raftgate proxy:")
+
+
+def store_supports(flag: str) -> bool:
+    """Whether this build's store takes ``flag`` (its flags are wired in authstore/config.py)."""
+    out = subprocess.run([sys.executable, "-m", "raftgate.cli", "store", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd=REPO_ROOT).stdout
+    return flag in out
+
+
+def wait_serving(endpoint: str, timeout: float = 60.0) -> None:
+    """Until the proxy answers AuthStatus through the store (the store has elected itself leader)."""
+    def ok() -> bool:
+        rc, out, _ = etcdctl(endpoint, "auth", "status", timeout=10, dial_timeout="1s")
+        return rc == 0 and out.startswith("Authentication Status:")
+
+    wait_for(ok, timeout, f"{endpoint} to serve through the store")
+
+
+@contextlib.contextmanager
+def store_and_proxy(workdir: Path) -> Iterator[str]:
+    """A one-node store and a proxy in front of it, serving; yields the proxy's host:port."""
+    store, internal = store_program(workdir)
+    started: list[Program] = [store]
+    store.start()
+    try:
+        port = free_port()
+        proxy = proxy_program(workdir, internal, f"http://127.0.0.1:{port}")
+        proxy.start()
+        started.append(proxy)
+        wait_serving(f"http://127.0.0.1:{port}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        for program in reversed(started):
+            program.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# what programs are started with
 
 
 def pem_rsa_keypair(directory: Path) -> tuple[Path, Path]:
