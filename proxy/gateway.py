@@ -25,6 +25,7 @@ import codecs
 import contextlib
 import json
 import logging
+import re
 import string
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -108,6 +109,7 @@ CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Method
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
 #: grpc-gateway passes the gRPC answer's header metadata on, prefixed
 GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
+_NUMBER = re.compile(r"-?[0-9]+")
 _BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
 
 
@@ -216,6 +218,8 @@ def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
                 _check_base64(one)
             elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
                 raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
+            elif one is not None and f.type in _GO_INT:
+                _check_int(one, _GO_INT[f.type])
             elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
                 raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
                                                 f"{f.enum_type.full_name}")
@@ -224,6 +228,24 @@ def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
             checked.append(one)
         out[key] = checked if repeated and isinstance(item, list) else checked[0]
     return out
+
+
+_GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
+           FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
+
+
+def _check_int(value: Any, go_type: str) -> None:
+    """An integer field takes a number or a quoted number (Go reads the quoted text as JSON)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
+        if not _NUMBER.fullmatch(text):
+            ch = text[0] if not _NUMBER.match(text) else text[len(_NUMBER.match(text)[0])]  # type: ignore[index]
+            char = "'\\''" if ch == "'" else f"'{ch}'"
+            raise Abort(C.INVALID_ARGUMENT, f"invalid character {char} looking for beginning of value")
 
 
 def _json_kind(value: Any) -> str:
@@ -394,7 +416,17 @@ class Gateway:
         context = GatewayContext(_metadata(request), _peer(request), None)
         handler = route.handler
         if handler.request_streaming:
-            return await self.stream(request, route, context, _messages(request, route, self))
+            # grpc-gateway decodes the first request before it answers: one that does not decode
+            # is an error of its own (not a gRPC status: Unknown, 500); an empty body, no requests.
+            values = _Values(request, self.max_body_bytes)
+            try:
+                more, value = await values.next()
+                requests = _requests(self.check_message(parse_request(route, value)), values, route, self) \
+                    if more else _no_requests()
+            except Abort as e:
+                code = e.code if e.code is C.RESOURCE_EXHAUSTED else C.UNKNOWN
+                return error_response(code, e.details)
+            return await self.stream(request, route, context, requests)
         try:
             data = parse_request(route, await self._body(request))
             if handler.response_streaming:
@@ -489,37 +521,67 @@ class Gateway:
         return web.Response(body=dumps({"etcdserver": version, "etcdcluster": cluster}), content_type=JSON_TYPE)
 
 
-async def _messages(request: web.Request, route: Route, gateway: Gateway) -> AsyncIterator[bytes]:
-    """The body as a stream of JSON objects, each handed on as soon as it is complete.
+class _Values:
+    """The request body as a stream of JSON values, each handed on as soon as it is complete.
 
-    A value that does not decode ends the client's side of the stream (grpc-gateway stops sending
-    and closes its send side; answers keep coming). One value may be at most the body bound.
+    A syntax error raises Abort (Go's wording) as soon as it is certain; one value may be at most
+    the body bound.
     """
-    decoder = json.JSONDecoder()
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    buffer = ""
-    eof = False
-    while True:
-        text = buffer.lstrip()
-        if text:
-            try:
-                value, end = decoder.raw_decode(text)
-            except ValueError:
-                value, end = None, -1
-            if end >= 0:
-                buffer = text[end:]
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self.request = request
+        self.limit = limit
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.buffer = ""
+        self.eof = False
+
+    async def next(self) -> tuple[bool, Any]:
+        """(True, value), or (False, None) at the end of the body."""
+        while True:
+            text = self.buffer.lstrip(" \t\r\n")
+            if text:
                 try:
-                    yield gateway.check_message(parse_request(route, value))
-                except Abort as e:
-                    log.info("gateway: %s: a streamed request does not decode (%s); no more are read",
-                             request.path, e.details)
-                    return
-                continue
-            if eof or len(text) > gateway.max_body_bytes:
-                log.info("gateway: %s: the request stream ends with an incomplete or invalid value", request.path)
+                    value, end = _DECODER.raw_decode(text)
+                    self.buffer = text[end:]
+                    return True, value
+                except json.JSONDecodeError as e:
+                    if self.eof or not _incomplete(e, text):
+                        raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+                    if len(text) > self.limit:
+                        raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes") from None
+            elif self.eof:
+                return False, None
+            chunk = await self.request.content.read(READ_CHUNK)
+            self.eof = not chunk
+            self.buffer = text + self.utf8.decode(chunk, final=self.eof)
+
+
+def _incomplete(error: json.JSONDecodeError, text: str) -> bool:
+    """Whether more input could still make ``text`` a JSON value (else the error is final)."""
+    if error.pos >= len(text) or error.msg.startswith("Unterminated string"):
+        return True
+    rest = text[error.pos:]
+    return any(word.startswith(rest) for word in ("true", "false", "null")) or rest in ("-",)
+
+
+async def _requests(first: bytes, values: _Values, route: Route, gateway: Gateway) -> AsyncIterator[bytes]:
+    """The first request (already decoded), then the others as they come. A later one that does
+    not decode ends the client's side of the stream, as grpc-gateway stops sending then (the
+    answers keep coming)."""
+    yield first
+    while True:
+        try:
+            more, value = await values.next()
+            if not more:
                 return
-        elif eof:
+            data = gateway.check_message(parse_request(route, value))
+        except Abort as e:
+            log.info("gateway: %s: a streamed request does not decode (%s); no more are read",
+                     values.request.path, e.details)
             return
-        chunk = await request.content.read(READ_CHUNK)
-        eof = not chunk
-        buffer = text + utf8.decode(chunk, final=eof)
+        yield data
+
+
+async def _no_requests() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator
