@@ -428,7 +428,7 @@ class Gateway:
                 return error_response(code, e.details)
             return await self.stream(request, route, context, requests)
         try:
-            data = parse_request(route, await self._body(request))
+            data = self.check_message(parse_request(route, await self._body(request)))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
             answer = await handler.unary_unary(data, context)

@@ -63,9 +63,10 @@ class Curl:
         cmd = [CURL, "-s", "-S", "-X", method, self.base + path, "-w", "\n%{http_code} %{content_type}"]
         if token is not None:
             cmd += ["-H", f"Authorization: {token}"]
+        big = body is not None and len(body) > 64 * 1024  # `curl -d @file`, as a person sends a large body
         if body is not None:
-            cmd += ["-d", body]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT)
+            cmd += ["--data-binary", "@-"] if big else ["-d", body]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT, input=body if big else None)
         assert proc.returncode == 0, proc.stderr
         text, _, tail = proc.stdout.rpartition("\n")
         status, _, ctype = tail.partition(" ")
@@ -158,6 +159,9 @@ def curl_session(base: str) -> dict[str, tuple[int, str, Any]]:
     out["unknown_path"] = c("/v3/kv/nothing", "{}")
     out["get_method"] = c("/v3/kv/range", method="GET")
     out["keepalive_not_json"] = c("/v3/lease/keepalive", "xx")
+    # --max-request-bytes (1.5 MiB by default): etcd's own refusal, then grpc-go's above its receive limit
+    out["too_large"] = c("/v3/kv/put", json.dumps({"key": b64("big"), "value": b64("x" * 1_600_000)}))
+    out["over_grpc_limit"] = c("/v3/kv/put", json.dumps({"key": b64("big"), "value": b64("x" * 2_500_000)}))
     out["compact"] = c("/v3/kv/compaction", '{"revision": "2"}')
     out["compact_again"] = c("/v3/kv/compaction", '{"revision": "2"}')
     # --- auth lifecycle, the token in the Authorization header
@@ -261,6 +265,9 @@ def test_curl_session_shapes(sessions: dict[str, dict[str, tuple[int, str, Any]]
     assert r["lease_revoke_gone"] == (404, "application/json", error(5, "etcdserver: requested lease not found"))
     assert r["not_object"][:2] == (400, "application/json") and r["not_object"][2]["code"] == 3
     assert r["bad_base64"] == (400, "application/json", error(3, "illegal base64 data at input byte 4"))
+    assert r["too_large"] == (400, "application/json", error(3, "etcdserver: request is too large"))
+    assert r["over_grpc_limit"] == (429, "application/json",
+                                    error(8, "grpc: received message larger than max (2500010 vs. 2097152)"))
     assert r["unknown_path"] == (404, "text/plain; charset=utf-8", "Not Found\n")
     assert r["get_method"] == (405, "text/plain; charset=utf-8", "Method Not Allowed\n")
 
