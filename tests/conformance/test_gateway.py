@@ -389,6 +389,8 @@ def etcd3gw_session(base: str) -> dict[str, Any]:
         out["denied"] = None
     except exceptions.Etcd3Exception as e:
         out["denied"] = [type(e).__name__, json.loads(e.detail_text or "null")]
+    # a new client finds the API path through GET /version, which needs no token
+    out["discovery_with_auth"] = Etcd3Client(host=host, port=int(port), timeout=WAIT).api_path
     try:
         client.get("/e3/a")
         out["anonymous"] = None

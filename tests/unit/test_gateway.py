@@ -168,3 +168,12 @@ def test_unknown_paths_and_methods_as_go() -> None:
         (405, "text/plain; charset=utf-8", "Method Not Allowed\n"),
         (200, "application/json", "{}"),
     ]
+
+
+def test_version_is_what_status_reports() -> None:
+    """GET /version needs no credentials, so it cannot ask the store: its constant is the store's."""
+    from authstore.api.maintenance import VERSION
+    from proxy.gateway import ETCD_CLUSTER_VERSION, ETCD_VERSION
+
+    assert ETCD_VERSION == VERSION
+    assert ".".join(VERSION.split(".")[:2]) + ".0" == ETCD_CLUSTER_VERSION
