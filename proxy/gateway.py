@@ -182,7 +182,14 @@ def to_json(message: Message) -> dict[str, Any]:
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    """Compact JSON as Go's encoding/json writes it: UTF-8 as is, and <, >, &, U+2028, U+2029
+    escaped (outside strings JSON has none of them, so replacing them all is safe)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.translate(_GO_ESCAPES).encode("utf-8", errors="replace")
+
+
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                             "\u2029": "\\u2029"})
 
 
 def parse_request(route: Route, value: Any) -> bytes:

@@ -58,7 +58,7 @@ class Curl:
         self.base = base
 
     def __call__(self, path: str, body: str | None = None, *, token: str | None = None,
-                 method: str = "POST") -> tuple[int, str, Any]:
+                 method: str = "POST", raw: bool = False) -> tuple[int, str, Any]:
         assert CURL is not None
         cmd = [CURL, "-s", "-S", "-X", method, self.base + path, "-w", "\n%{http_code} %{content_type}"]
         if token is not None:
@@ -70,6 +70,8 @@ class Curl:
         assert proc.returncode == 0, proc.stderr
         text, _, tail = proc.stdout.rpartition("\n")
         status, _, ctype = tail.partition(" ")
+        if raw:  # the bytes as sent (escaping compared), header values cut out
+            return int(status), ctype, text[text.index('"header"'):].split("}", 1)[1] if '"header"' in text else text
         try:
             parsed: Any = normalize(json.loads(text)) if ctype.startswith("application/json") and text else text
         except ValueError:
@@ -190,6 +192,8 @@ def curl_session(base: str) -> dict[str, tuple[int, str, Any]]:
     out["user_list"] = c("/v3/auth/user/list", "{}", token=root)
     out["role_get"] = c("/v3/auth/role/get", '{"role": "app"}', token=root)
     out["role_list"] = c("/v3/auth/role/list", "{}", token=root)
+    out["role_add_odd"] = c("/v3/auth/role/add", '{"name": "\u00fc<x>&"}', token=root)
+    out["role_list_raw"] = c("/v3/auth/role/list", "{}", token=root, raw=True)  # Go: UTF-8 as is, <>& escaped
     out["status_root"] = c("/v3/auth/status", "{}", token=root)
     out["disable"] = c("/v3/auth/disable", "{}", token=root)
     out["after_disable"] = c("/v3/kv/range", json.dumps({"key": b64("foo")}))

@@ -17,7 +17,7 @@ from aiohttp import ClientSession
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2 as kv
 from proxy.config import ConfigError, load
-from proxy.gateway import HTTP_STATUS, Abort, Gateway, error_body, parse_request, routes, to_json
+from proxy.gateway import HTTP_STATUS, Abort, Gateway, dumps, error_body, parse_request, routes, to_json
 
 
 @pytest.fixture
@@ -177,3 +177,7 @@ def test_version_is_what_status_reports() -> None:
 
     assert ETCD_VERSION == VERSION
     assert ".".join(VERSION.split(".")[:2]) + ".0" == ETCD_CLUSTER_VERSION
+
+
+def test_json_escaped_as_go() -> None:
+    assert dumps({"roles": ["\u00fc<x>&", 'a"b']}) == '{"roles":["\u00fc\\u003cx\\u003e\\u0026","a\\"b"]}'.encode()
