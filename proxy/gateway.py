@@ -359,6 +359,21 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault(key, value)
 
 
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+DEADLINE_EXCEEDED = "context deadline exceeded"
+
+
+def _deadline(header: str | None) -> float | None:
+    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline."""
+    if header is None or header == "":
+        return None
+    unit = _TIMEOUT_UNITS.get(header[-1])
+    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]):
+        raise Abort(C.INVALID_ARGUMENT, f"invalid grpc-timeout: {header}")
+    amount = int(header[:-1])
+    return None if amount == 0 else time.monotonic() + amount * unit  # 0: none, as in grpc-gateway
+
+
 def _peer(request: web.Request) -> str:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     if isinstance(peer, tuple) and len(peer) >= 2:
@@ -422,7 +437,11 @@ class Gateway:
             return _text(404)
         if request.method != "POST":
             return _text(405)
-        context = GatewayContext(_metadata(request), _peer(request), None)
+        try:
+            deadline = _deadline(request.headers.get("Grpc-Timeout"))
+        except Abort as e:
+            return error_response(e.code, e.details)
+        context = GatewayContext(_metadata(request), _peer(request), deadline)
         handler = route.handler
         if handler.request_streaming:
             # grpc-gateway decodes the first request before it answers: one that does not decode
@@ -440,7 +459,10 @@ class Gateway:
             data = self.check_message(parse_request(route, await self._body(request)))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
-            answer = await handler.unary_unary(data, context)
+            try:
+                answer = await asyncio.wait_for(handler.unary_unary(data, context), context.time_remaining())
+            except TimeoutError:
+                raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
         except Abort as e:
             return error_response(e.code, e.details)
         except Exception:
@@ -489,13 +511,18 @@ class Gateway:
             answers = handler.stream_stream(data, context)
         response: web.StreamResponse | None = None
         try:
-            async for answer in answers:
-                line = dumps({"result": to_json(route.response.FromString(answer))}) + b"\n"
-                if response is None:
-                    response = web.StreamResponse(status=200, headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
-                    response.enable_chunked_encoding()
-                    await response.prepare(request)
-                await response.write(line)  # waits while the client is behind: nothing more is pulled
+            try:
+                async with asyncio.timeout(context.time_remaining()):
+                    async for answer in answers:
+                        line = dumps({"result": to_json(route.response.FromString(answer))}) + b"\n"
+                        if response is None:
+                            response = web.StreamResponse(status=200,
+                                                          headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
+                            response.enable_chunked_encoding()
+                            await response.prepare(request)
+                        await response.write(line)  # waits while the client is behind: nothing more is pulled
+            except TimeoutError:
+                raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
         except Abort as e:
             body = stream_error_body(e.code, e.details)
             if response is None:
