@@ -107,6 +107,7 @@ ETCD_VERSION = "3.7.1"
 ETCD_CLUSTER_VERSION = "3.7.0"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
 READ_CHUNK = 64 * 1024
+STOP_GRACE = 1.0
 #: etcd's client port answers every request with these (its --cors default, "*")
 CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
@@ -401,7 +402,9 @@ class Gateway:
 
     async def start(self) -> list[str]:
         # handler_cancellation: a client that hangs up ends its handler (and a watch's store stream).
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        # shutdown_timeout: open streams (watches) get this long to end when the proxy stops.
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=STOP_GRACE)
         await self._runner.setup()
         for address in self.listen:
             if address.startswith("unix:"):
