@@ -150,6 +150,9 @@ def curl_session(base: str) -> dict[str, tuple[int, str, Any]]:
     out["lease_revoke_gone"] = c("/v3/kv/lease/revoke", '{"ID": 7777}')
     out["lease_key_gone"] = c("/v3/kv/range", json.dumps({"key": b64("/app/l")}))
     out["keepalive_unknown"] = c("/v3/lease/keepalive", '{"ID": 4242}')
+    # --- cluster: the names and URLs differ, the shape may not
+    status, ctype, body = c("/v3/cluster/member/list", "{}")
+    out["member_list"] = (status, ctype, {"header": body["header"], "member_fields": sorted(body["members"][0])})
     # --- requests that are not right
     out["not_object"] = c("/v3/kv/range", "[1]")
     out["not_json"] = c("/v3/kv/range", "{key: 1}")
