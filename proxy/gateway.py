@@ -30,6 +30,7 @@ import string
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import grpc
@@ -323,8 +324,6 @@ def stream_error_body(code: grpc.StatusCode, details: str) -> bytes:
 
 
 def _reason(status: int) -> str:
-    from http import HTTPStatus
-
     return HTTPStatus(status).phrase
 
 
@@ -609,9 +608,8 @@ async def _requests(first: bytes, values: _Values, route: Route, gateway: Gatewa
             if not more:
                 return
             data = gateway.check_message(parse_request(route, value))
-        except Abort as e:
-            log.info("gateway: %s: a streamed request does not decode (%s); no more are read",
-                     values.request.path, e.details)
+        except Abort:  # its reason may quote the client's data: not logged
+            log.info("gateway: %s: a streamed request does not decode; no more are read", values.request.path)
             return
         yield data
 
