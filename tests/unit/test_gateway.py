@@ -181,3 +181,24 @@ def test_version_is_what_status_reports() -> None:
 
 def test_json_escaped_as_go() -> None:
     assert dumps({"roles": ["\u00fc<x>&", 'a"b']}) == '{"roles":["\u00fc\\u003cx\\u003e\\u0026","a\\"b"]}'.encode()
+
+
+def test_a_gateway_port_in_use_is_refused() -> None:
+    """No raftgate server shares a port (README: Configuration): the gateway's bind fails too."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    address = f"127.0.0.1:{held.getsockname()[1]}"
+
+    async def scenario() -> None:
+        gateway = Gateway(_Stub(), [address], max_message_bytes=1 << 20)  # type: ignore[arg-type]
+        try:
+            with pytest.raises(OSError, match=f"cannot listen on {address} \\(gateway\\)"):
+                await gateway.start()
+        finally:
+            await gateway.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        held.close()
