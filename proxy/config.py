@@ -61,6 +61,8 @@ class ProxyConfig:
     identity: IdentitySpec | None = None
     #: bcrypt jobs that may wait for a worker before `too many requests` (None: 4 per worker).
     bcrypt_queue_limit: int | None = None
+    #: --listen-gateway-urls: where the JSON gateway (proxy/gateway.py) listens; empty: off.
+    listen_gateway: tuple[str, ...] = ()
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -91,6 +93,11 @@ def _parser() -> _Parser:
         "--bcrypt-queue-limit",
         help=f"bcrypt jobs that may wait for a free worker; beyond it Authenticate, UserAdd and "
         f"UserChangePassword get 'too many requests' (default {QUEUE_PER_WORKER} per worker)",
+    )
+    p.add_argument(
+        "--listen-gateway-urls",
+        help="comma list of http:// or unix:// URLs serving etcd's JSON gateway (POST /v3/kv/range, ...); "
+        "default: off",
     )
     add_observe_flags(p)
     p.add_argument(
@@ -153,6 +160,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     observe = observe_config(
         argparse.Namespace(metrics_addr=get("metrics_addr"), health_addr=get("health_addr")), ConfigError
     )
+    gateway_text = get("listen_gateway_urls")
+    gateway = _gateway_urls(gateway_text) if gateway_text else ()
     identity = _identity(get("identity_file"), get("identity_jwt_file"), listen, spec, jwt)
     return ProxyConfig(
         listen=listen,
@@ -168,6 +177,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         observe=observe,
         identity=identity,
         bcrypt_queue_limit=queue_limit,
+        listen_gateway=gateway,
     )
 
 
@@ -198,6 +208,14 @@ def _listen_urls(text: str) -> tuple[str, ...]:
     if not out:
         raise ConfigError("--listen-client-urls is empty")
     return tuple(out)
+
+
+def _gateway_urls(text: str) -> tuple[str, ...]:
+    """--listen-gateway-urls: the same URL forms as --listen-client-urls."""
+    try:
+        return _listen_urls(text)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--listen-client-urls", "--listen-gateway-urls")) from None
 
 
 def _host_port(flag: str, text: str) -> str:

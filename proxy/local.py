@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-token-ttl", default=None, help="simple token TTL in seconds (default 300)")
     p.add_argument("--bcrypt-cost", default=None, help="bcrypt cost for new passwords (default 10)")
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
+    p.add_argument("--gateway-port", type=int, default=None,
+                   help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     return p
@@ -96,7 +98,8 @@ def _secret_file(data_dir: Path) -> Path:
     return path
 
 
-def _layout(data_dir: Path, nodes: int, client_port: int = 2379) -> list[dict[str, Any]]:
+def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: int | None = None
+            ) -> list[dict[str, Any]]:
     """Names, ports and directories of the store nodes, kept in the data dir across restarts
     (a member's peer URL is part of its identity)."""
     path = data_dir / "layout.json"
@@ -104,18 +107,21 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379) -> list[dict[st
         layout: list[dict[str, Any]] = json.loads(path.read_text())
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
-        _check_distinct(path, layout, client_port)
+        _check_distinct(path, layout, client_port, gateway_port)
         return layout
-    ports = _free_ports(2 * nodes, {client_port})
+    ports = _free_ports(2 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
     layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[2 * i],
                "internal_port": ports[2 * i + 1]} for i in range(nodes)]  # fmt: skip
     path.write_text(json.dumps(layout, indent=2))
     return layout
 
 
-def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int) -> None:
+def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int, gateway_port: int | None = None
+                    ) -> None:
     """Refuses a layout that puts two servers on one port (an older raftgate could write one)."""
     users: dict[int, list[str]] = {client_port: ["the proxy (--client-port)"]}
+    if gateway_port is not None:
+        users.setdefault(gateway_port, []).append("the proxy's gateway (--gateway-port)")
     for n in layout:
         for key in ("peer_port", "internal_port"):
             users.setdefault(int(n[key]), []).append(f"{n['name']} {key}")
@@ -195,7 +201,7 @@ async def run(a: argparse.Namespace) -> int:
         return 1
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
-    layout = _layout(data_dir, a.nodes, a.client_port)
+    layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port)
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
     for n in layout:
         n["argv"] = [
@@ -217,6 +223,8 @@ async def run(a: argparse.Namespace) -> int:
         value = getattr(a, flag)
         if value is not None:
             proxy_args += ["--" + flag.replace("_", "-"), str(value)]
+    if a.gateway_port is not None:
+        proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
     proxy = Child("proxy", proxy_args)
     children = [*stores, proxy]
     state_file = data_dir / "local.json"
@@ -231,7 +239,8 @@ async def run(a: argparse.Namespace) -> int:
             {"role": "store", "pid": s.proc.pid if s.proc else None, **n} for s, n in zip(stores, layout, strict=True)
         ]
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
-                          "client_port": a.client_port, "argv": proxy_args})  # fmt: skip
+                          "client_port": a.client_port, "gateway_port": a.gateway_port,
+                          "argv": proxy_args})  # fmt: skip
         state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
                  "processes": processes}  # fmt: skip
         tmp = state_file.with_suffix(".tmp")
@@ -277,5 +286,8 @@ def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     if not 0 < a.client_port < 65536:
         print("raftgate local: --client-port must be 1-65535", file=sys.stderr)
+        return 2
+    if a.gateway_port is not None and not (0 < a.gateway_port < 65536 and a.gateway_port != a.client_port):
+        print("raftgate local: --gateway-port must be 1-65535 and not --client-port", file=sys.stderr)
         return 2
     return asyncio.run(run(a))

@@ -46,6 +46,8 @@ async def _serve(config: ProxyConfig) -> int:
         await server.stop(0)
         raise
     print(f"raftgate proxy: serving the etcd v3 API on {', '.join(addresses)}", flush=True)
+    if server.gateway is not None:
+        print(f"raftgate proxy: serving the JSON gateway on {', '.join(server.gateway.addresses)}", flush=True)
     await stop.wait()
     log.info("stopping")
     await server.stop(5.0)

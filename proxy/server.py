@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from protos.internal import MAX_ANSWER_BYTES
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
+from proxy.gateway import Gateway
 from proxy.identity import Resolver
 from proxy.identity_file import IdentityFiles
 from proxy.passwords import PasswordHasher
@@ -72,6 +73,9 @@ class ProxyServer:
             self._servers.append((self._grpc_server(self.pipeline), others))
         self.observability: Observability | None = None
         self.addresses: list[str] = []
+        # The JSON gateway calls the same handlers (never the lending pipeline: no identity over HTTP).
+        self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes) \
+            if config.listen_gateway else None
 
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:
         server = grpc.aio.server(
@@ -102,6 +106,8 @@ class ProxyServer:
                 self.addresses.append(_bind(server, address))
         for server, _ in self._servers:
             await server.start()
+        if self.gateway is not None:
+            await self.gateway.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ["", *self._service_names]:
             await self.health.set(name, serving)
@@ -115,6 +121,8 @@ class ProxyServer:
     async def stop(self, grace: float | None = 5.0) -> None:
         """NOT_SERVING first (probes see the proxy going), then the client ports, then the side servers."""
         await self.health.enter_graceful_shutdown()
+        if self.gateway is not None:
+            await self.gateway.stop()
         for server, _ in self._servers:
             await server.stop(grace)
         if self.observability is not None:

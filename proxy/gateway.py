@@ -1,0 +1,619 @@
+"""etcd's JSON gateway (grpc-gateway): the etcd v3 API as JSON over HTTP/1.1 (``--listen-gateway-urls``).
+
+No API semantics live here. Each HTTP request becomes the protobuf bytes of its request message
+(``json_format``, which reads both the proto and the JSON field names and, like grpc-gateway,
+ignores unknown fields), and goes to the very handler the gRPC server registers for that method
+(proxy/services.py: token extraction, stamping, store calls, errors), with a small stand-in for
+the gRPC call context carrying the ``Authorization`` header as gRPC metadata. The answer's bytes
+become JSON as etcd 3.5's gateway writes it: proto field names, int64 as strings, bytes as base64,
+default values left out. A gRPC status becomes etcd's error object with grpc-gateway's HTTP status
+(runtime.HTTPStatusFromCode).
+
+Streams (``/v3/watch``, ``/v3/lease/keepalive``, ``/v3/maintenance/snapshot``) answer one
+``{"result": ...}`` object per line, chunked; the request body is read as a stream of JSON objects
+while answers go out. A slow reader holds memory bounded: each write waits for the socket to drain,
+the handler is not pulled meanwhile, and the watch pipeline stops reading the store at its own
+bound (proxy/watch.py). A request body is bounded like a gRPC message (``--max-request-bytes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import contextlib
+import json
+import logging
+import re
+import string
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+
+from protos.etcdserverpb import rpc_pb2
+from proxy.pipeline import Pipeline
+from proxy.services import _handler as grpc_handler
+from raftgate.methods import METHODS, Method
+
+log = logging.getLogger(__name__)
+
+C = grpc.StatusCode
+_DECODER = json.JSONDecoder()
+
+#: etcd 3.5's gateway routes (rpc.proto's google.api.http options): every one is POST.
+PATHS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("KV", "Range"): ("/v3/kv/range",),
+    ("KV", "Put"): ("/v3/kv/put",),
+    ("KV", "DeleteRange"): ("/v3/kv/deleterange",),
+    ("KV", "Txn"): ("/v3/kv/txn",),
+    ("KV", "Compact"): ("/v3/kv/compaction",),
+    ("Watch", "Watch"): ("/v3/watch",),
+    ("Lease", "LeaseGrant"): ("/v3/lease/grant",),
+    ("Lease", "LeaseRevoke"): ("/v3/lease/revoke", "/v3/kv/lease/revoke"),
+    ("Lease", "LeaseKeepAlive"): ("/v3/lease/keepalive",),
+    ("Lease", "LeaseTimeToLive"): ("/v3/lease/timetolive", "/v3/kv/lease/timetolive"),
+    ("Lease", "LeaseLeases"): ("/v3/lease/leases", "/v3/kv/lease/leases"),
+    ("Cluster", "MemberAdd"): ("/v3/cluster/member/add",),
+    ("Cluster", "MemberRemove"): ("/v3/cluster/member/remove",),
+    ("Cluster", "MemberUpdate"): ("/v3/cluster/member/update",),
+    ("Cluster", "MemberList"): ("/v3/cluster/member/list",),
+    ("Cluster", "MemberPromote"): ("/v3/cluster/member/promote",),
+    ("Maintenance", "Alarm"): ("/v3/maintenance/alarm",),
+    ("Maintenance", "Status"): ("/v3/maintenance/status",),
+    ("Maintenance", "Defragment"): ("/v3/maintenance/defragment",),
+    # etcd's rpc.proto gives HashKV the same path as Hash; the first registered (Hash) answers it.
+    ("Maintenance", "Hash"): ("/v3/maintenance/hash",),
+    ("Maintenance", "Snapshot"): ("/v3/maintenance/snapshot",),
+    ("Maintenance", "MoveLeader"): ("/v3/maintenance/transfer-leadership",),
+    ("Maintenance", "Downgrade"): ("/v3/maintenance/downgrade",),
+    ("Auth", "AuthEnable"): ("/v3/auth/enable",),
+    ("Auth", "AuthDisable"): ("/v3/auth/disable",),
+    ("Auth", "AuthStatus"): ("/v3/auth/status",),
+    ("Auth", "Authenticate"): ("/v3/auth/authenticate",),
+    ("Auth", "UserAdd"): ("/v3/auth/user/add",),
+    ("Auth", "UserGet"): ("/v3/auth/user/get",),
+    ("Auth", "UserList"): ("/v3/auth/user/list",),
+    ("Auth", "UserDelete"): ("/v3/auth/user/delete",),
+    ("Auth", "UserChangePassword"): ("/v3/auth/user/changepw",),
+    ("Auth", "UserGrantRole"): ("/v3/auth/user/grant",),
+    ("Auth", "UserRevokeRole"): ("/v3/auth/user/revoke",),
+    ("Auth", "RoleAdd"): ("/v3/auth/role/add",),
+    ("Auth", "RoleGet"): ("/v3/auth/role/get",),
+    ("Auth", "RoleList"): ("/v3/auth/role/list",),
+    ("Auth", "RoleDelete"): ("/v3/auth/role/delete",),
+    ("Auth", "RoleGrantPermission"): ("/v3/auth/role/grant",),
+    ("Auth", "RoleRevokePermission"): ("/v3/auth/role/revoke",),
+}
+
+#: grpc-gateway's runtime.HTTPStatusFromCode (v1, which etcd 3.5 uses).
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    C.OK: 200, C.CANCELLED: 408, C.UNKNOWN: 500, C.INVALID_ARGUMENT: 400, C.DEADLINE_EXCEEDED: 504,
+    C.NOT_FOUND: 404, C.ALREADY_EXISTS: 409, C.PERMISSION_DENIED: 403, C.UNAUTHENTICATED: 401,
+    C.RESOURCE_EXHAUSTED: 429, C.FAILED_PRECONDITION: 400, C.ABORTED: 409, C.OUT_OF_RANGE: 400,
+    C.UNIMPLEMENTED: 501, C.INTERNAL: 500, C.UNAVAILABLE: 503, C.DATA_LOSS: 500,
+}
+JSON_TYPE = "application/json"
+#: what Maintenance.Status reports (authstore/api/maintenance.py; a test keeps the two equal)
+ETCD_VERSION = "3.7.1"
+ETCD_CLUSTER_VERSION = "3.7.0"
+METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
+READ_CHUNK = 64 * 1024
+STOP_GRACE = 1.0
+#: etcd's client port answers every request with these (its --cors default, "*")
+CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
+                "Access-Control-Allow-Headers": "accept, content-type, authorization"}
+#: grpc-gateway passes the gRPC answer's header metadata on, prefixed
+GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
+_NUMBER = re.compile(r"-?[0-9]+")
+_BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
+
+
+class Abort(Exception):
+    """What ``context.abort`` raises here: the call ends with this gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class GatewayContext:
+    """The part of grpc.aio.ServicerContext the etcd handlers use, for one HTTP request."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...], peer: str, deadline: float | None) -> None:
+        self._metadata = metadata
+        self._peer = peer
+        self._deadline = deadline
+        self._code: grpc.StatusCode | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code = code
+        raise Abort(code, details)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: Method
+    request: type[Message]
+    response: type[Message]
+    handler: grpc.RpcMethodHandler
+
+
+def routes(pipeline: Pipeline) -> dict[str, Route]:
+    """Path -> the method, its message classes and the gRPC server's own handler for it."""
+    by_name = {(m.service, m.name): m for m in METHODS}
+    out: dict[str, Route] = {}
+    for key, paths in PATHS.items():
+        method = by_name[key]
+        desc = rpc_pb2.DESCRIPTOR.services_by_name[method.service].methods_by_name[method.name]
+        route = Route(method, GetMessageClass(desc.input_type), GetMessageClass(desc.output_type),
+                      grpc_handler(pipeline, method))
+        for path in paths:
+            out[path] = route
+    return out
+
+
+# --- JSON <-> protobuf ----------------------------------------------------------------------------
+
+
+def to_json(message: Message) -> dict[str, Any]:
+    """etcd's gateway output (JSONPb{OrigName: true}): proto names, int64 as strings, defaults left out."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON as Go's encoding/json writes it: UTF-8 as is, and <, >, &, U+2028, U+2029
+    escaped (outside strings JSON has none of them, so replacing them all is safe)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.translate(_GO_ESCAPES).encode("utf-8", errors="replace")
+
+
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                             "\u2029": "\\u2029"})
+
+
+def parse_request(route: Route, value: Any) -> bytes:
+    """One JSON request object -> the request message's bytes; a bad one is InvalidArgument (as
+    grpc-gateway answers a body it cannot decode). ``null`` is an empty request, as in Go."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type "
+                                         f"map[string]json.RawMessage")
+    message = route.request()
+    try:
+        json_format.ParseDict(_checked(value, message.DESCRIPTOR), message)
+    except (json_format.ParseError, ValueError, TypeError) as e:
+        raise Abort(C.INVALID_ARGUMENT, str(e)) from None
+    return message.SerializeToString()
+
+
+def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
+    """``value`` without the keys the message does not have (grpc-gateway ignores them), with its
+    bytes, bool and enum fields checked as Go decodes them: json_format would take bad base64 silently."""
+    fields: dict[str, Any] = {}
+    for f in descriptor.fields:
+        fields[f.name] = f
+        fields[f.json_name] = f
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        f = fields.get(key)
+        if f is None:
+            continue
+        repeated = f.is_repeated
+        items = item if repeated and isinstance(item, list) else [item]
+        checked = []
+        for one in items:
+            if one is not None and f.type == FieldDescriptor.TYPE_BYTES:
+                _check_base64(one)
+            elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
+                raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
+            elif one is not None and f.type in _GO_INT:
+                _check_int(one, _GO_INT[f.type])
+            elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
+                raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
+                                                f"{f.enum_type.full_name}")
+            elif isinstance(one, dict) and f.type == FieldDescriptor.TYPE_MESSAGE:
+                one = _checked(one, f.message_type)
+            checked.append(one)
+        out[key] = checked if repeated and isinstance(item, list) else checked[0]
+    return out
+
+
+_GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
+           FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
+
+
+def _check_int(value: Any, go_type: str) -> None:
+    """An integer field takes a number or a quoted number (Go reads the quoted text as JSON)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
+        if not _NUMBER.fullmatch(text):
+            ch = text[0] if not _NUMBER.match(text) else text[len(_NUMBER.match(text)[0])]  # type: ignore[index]
+            char = "'\\''" if ch == "'" else f"'{ch}'"
+            raise Abort(C.INVALID_ARGUMENT, f"invalid character {char} looking for beginning of value")
+
+
+def _json_kind(value: Any) -> str:
+    """encoding/json's name for a JSON value's kind, for its ``cannot unmarshal`` errors."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else "null"
+
+
+def _check_base64(value: Any) -> None:
+    """Go's base64.StdEncoding, which etcd's gateway decodes bytes fields with (errors as Go words them)."""
+    if not isinstance(value, str):
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type []uint8")
+    text = value.replace("\r", "").replace("\n", "")
+    try:
+        base64.b64decode(text, validate=True)
+        return
+    except (binascii.Error, ValueError):
+        pass
+    bad = next((i for i, ch in enumerate(text) if ch not in _BASE64_ALPHABET), None)
+    if bad is None or text[bad] == "=":
+        bad = min(bad if bad is not None else len(text), len(text) // 4 * 4)
+    raise Abort(C.INVALID_ARGUMENT, f"illegal base64 data at input byte {bad}")
+
+
+#: Python's reasons -> encoding/json's wording (what etcd's gateway answers for a body that is not JSON)
+_GO_SYNTAX = {
+    "Expecting value": "looking for beginning of value",
+    "Expecting property name enclosed in double quotes": "looking for beginning of object key string",
+    "Expecting ':' delimiter": "after object key",
+    "Expecting ',' delimiter": "after object key:value pair",
+    "Invalid control character at": "in string literal",
+}
+
+
+def go_json_error(error: json.JSONDecodeError) -> str:
+    """A JSON syntax error as Go's encoding/json words it (``invalid character 'x' ...``)."""
+    if error.pos >= len(error.doc):
+        return "unexpected EOF"
+    ch = error.doc[error.pos]
+    char = "'\\''" if ch == "'" else f"'{ch}'"
+    context = _GO_SYNTAX.get(error.msg, "looking for beginning of value")
+    if error.msg == "Expecting ',' delimiter" and error.doc.lstrip().startswith("["):
+        context = "after array element"
+    return f"invalid character {char} {context}"
+
+
+def error_body(code: grpc.StatusCode, details: str) -> bytes:
+    """grpc-gateway v1's errorBody: ``error`` and ``message`` both hold the status message."""
+    return dumps({"error": details, "code": code.value[0], "message": details})
+
+
+def stream_error_body(code: grpc.StatusCode, details: str) -> bytes:
+    """grpc-gateway v1's error chunk, when a stream ends with an error."""
+    status = HTTP_STATUS.get(code, 500)
+    return dumps({"error": {"grpc_code": code.value[0], "http_code": status, "message": details,
+                            "http_status": _reason(status)}})
+
+
+def _reason(status: int) -> str:
+    return HTTPStatus(status).phrase
+
+
+def error_response(code: grpc.StatusCode, details: str) -> web.Response:
+    return web.Response(status=HTTP_STATUS.get(code, 500), body=error_body(code, details), content_type=JSON_TYPE)
+
+
+def _text(status: int) -> web.Response:
+    """Go's http.Error, as grpc-gateway answers a path or method it does not serve."""
+    response = web.Response(status=status, text=_reason(status) + "\n", content_type="text/plain", charset="utf-8")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+# --- the HTTP side ----------------------------------------------------------------------------------
+
+
+def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
+    """Headers as grpc-gateway passes them on: Authorization as ``authorization``, and every
+    ``Grpc-Metadata-K`` as ``k``."""
+    out: list[tuple[str, str]] = []
+    for key, value in request.headers.items():
+        lower = key.lower()
+        if lower == "authorization":
+            out.append(("authorization", value))
+        elif lower.startswith(METADATA_PREFIX) and len(lower) > len(METADATA_PREFIX):
+            out.append((lower[len(METADATA_PREFIX):], value))
+    return tuple(out)
+
+
+async def _cors(request: web.Request, response: web.StreamResponse) -> None:
+    for key, value in CORS_HEADERS.items():
+        response.headers.setdefault(key, value)
+
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+DEADLINE_EXCEEDED = "context deadline exceeded"
+
+
+def _deadline(header: str | None) -> float | None:
+    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline."""
+    if header is None or header == "":
+        return None
+    unit = _TIMEOUT_UNITS.get(header[-1])
+    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]):
+        raise Abort(C.INVALID_ARGUMENT, f"invalid grpc-timeout: {header}")
+    amount = int(header[:-1])
+    return None if amount == 0 else time.monotonic() + amount * unit  # 0: none, as in grpc-gateway
+
+
+def _peer(request: web.Request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = str(peer[0]), peer[1]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+    return "unix:" if isinstance(peer, str) else ""
+
+
+class Gateway:
+    def __init__(self, pipeline: Pipeline, listen: Sequence[str], *, max_message_bytes: int) -> None:
+        """``max_message_bytes``: the gRPC server's receive limit; one request message larger than
+        that is refused as grpc-go refuses it. A body may be larger as JSON (base64 takes 4/3)."""
+        self.listen = tuple(listen)
+        self.max_message_bytes = max_message_bytes
+        self.max_body_bytes = 2 * max_message_bytes + READ_CHUNK
+        self.routes = routes(pipeline)
+        self._runner: web.AppRunner | None = None
+        self.addresses: list[str] = []
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        app.on_response_prepare.append(_cors)
+        return app
+
+    async def start(self) -> list[str]:
+        # handler_cancellation: a client that hangs up ends its handler (and a watch's store stream).
+        # shutdown_timeout: open streams (watches) get this long to end when the proxy stops.
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=STOP_GRACE)
+        await self._runner.setup()
+        for address in self.listen:
+            if address.startswith("unix:"):
+                site: web.BaseSite = web.UnixSite(self._runner, address.removeprefix("unix:"))
+                await site.start()
+                self.addresses.append(address)
+                continue
+            host, _, port = address.rpartition(":")
+            site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_port=False)
+            try:
+                await site.start()
+            except OSError as e:
+                raise OSError(f"cannot listen on {address} (gateway): {e.strerror or e}") from None
+            server = getattr(site, "_server", None)
+            sockets = getattr(server, "sockets", None) or []
+            bound = sockets[0].getsockname()[1] if sockets else int(port)
+            self.addresses.append(f"{host}:{bound}")
+        return self.addresses
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if request.method == "OPTIONS":
+            return web.Response()  # a CORS preflight, as etcd answers it
+        if path == "/version" and request.method == "GET":
+            return self.version()
+        route = self.routes.get(path)
+        if route is None:
+            return _text(404)
+        if request.method != "POST":
+            return _text(405)
+        try:
+            deadline = _deadline(request.headers.get("Grpc-Timeout"))
+        except Abort as e:
+            return error_response(e.code, e.details)
+        context = GatewayContext(_metadata(request), _peer(request), deadline)
+        handler = route.handler
+        if handler.request_streaming:
+            # grpc-gateway decodes the first request before it answers: one that does not decode
+            # is an error of its own (not a gRPC status: Unknown, 500); an empty body, no requests.
+            values = _Values(request, self.max_body_bytes)
+            try:
+                more, value = await values.next()
+                requests = _requests(self.check_message(parse_request(route, value)), values, route, self) \
+                    if more else _no_requests()
+            except Abort as e:
+                code = e.code if e.code is C.RESOURCE_EXHAUSTED else C.UNKNOWN
+                return error_response(code, e.details)
+            return await self.stream(request, route, context, requests)
+        try:
+            data = self.check_message(parse_request(route, await self._body(request)))
+            if handler.response_streaming:
+                return await self.stream(request, route, context, data)
+            try:
+                answer = await asyncio.wait_for(handler.unary_unary(data, context), context.time_remaining())
+            except TimeoutError:
+                raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
+        except Abort as e:
+            return error_response(e.code, e.details)
+        except Exception:
+            log.exception("gateway: %s failed", path)
+            return error_response(C.UNKNOWN, "raftgate: internal error")
+        return web.Response(body=dumps(to_json(route.response.FromString(answer))), content_type=JSON_TYPE,
+                            headers=GRPC_HEADERS)
+
+    async def _body(self, request: web.Request) -> Any:
+        """The whole body as one JSON value; an empty body is an empty request (grpc-gateway)."""
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise self._too_large(request.content_length or self.max_body_bytes) from None
+        return self.decode(raw)
+
+    def decode(self, raw: bytes) -> Any:
+        """The first JSON value of the body (Go's json.Decoder reads no further)."""
+        if len(raw) > self.max_body_bytes:
+            raise self._too_large(len(raw))
+        text = raw.decode("utf-8", errors="replace").lstrip(" \t\r\n")
+        if not text:
+            return {}
+        try:
+            return _DECODER.raw_decode(text)[0]
+        except json.JSONDecodeError as e:
+            raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+
+    def _too_large(self, size: int) -> Abort:
+        """grpc-go's refusal of a message over the receive limit."""
+        return Abort(C.RESOURCE_EXHAUSTED,
+                     f"grpc: received message larger than max ({size} vs. {self.max_message_bytes})")
+
+    def check_message(self, data: bytes) -> bytes:
+        if len(data) > self.max_message_bytes:
+            raise self._too_large(len(data))
+        return data
+
+    async def stream(self, request: web.Request, route: Route, context: GatewayContext,
+                     data: bytes | AsyncIterator[bytes]) -> web.StreamResponse:
+        """Answers as ``{"result": ...}`` lines; an error before the first answer sets the status."""
+        handler = route.handler
+        if isinstance(data, bytes):
+            answers = handler.unary_stream(self.check_message(data), context)
+        else:
+            answers = handler.stream_stream(data, context)
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                async with asyncio.timeout(context.time_remaining()):
+                    async for answer in answers:
+                        line = dumps({"result": to_json(route.response.FromString(answer))}) + b"\n"
+                        if response is None:
+                            response = web.StreamResponse(status=200,
+                                                          headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
+                            response.enable_chunked_encoding()
+                            await response.prepare(request)
+                        await response.write(line)  # waits while the client is behind: nothing more is pulled
+            except TimeoutError:
+                raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
+        except Abort as e:
+            body = stream_error_body(e.code, e.details)
+            if response is None:
+                return web.Response(status=HTTP_STATUS.get(e.code, 500), body=body, content_type=JSON_TYPE)
+            await response.write(body)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("gateway: stream %s failed", request.path)
+            if response is None:
+                return error_response(C.UNKNOWN, "raftgate: internal error")
+        finally:
+            with contextlib.suppress(Exception):
+                await answers.aclose()  # type: ignore[attr-defined]
+        if response is None:
+            response = web.StreamResponse(status=200, headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    def version() -> web.Response:
+        """GET /version as etcd answers it, without credentials (clients such as etcd3gw find the
+        API path with it)."""
+        return web.Response(body=dumps({"etcdserver": ETCD_VERSION, "etcdcluster": ETCD_CLUSTER_VERSION}),
+                            content_type=JSON_TYPE)
+
+
+class _Values:
+    """The request body as a stream of JSON values, each handed on as soon as it is complete.
+
+    A syntax error raises Abort (Go's wording) as soon as it is certain; one value may be at most
+    the body bound.
+    """
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self.request = request
+        self.limit = limit
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.buffer = ""
+        self.eof = False
+
+    async def next(self) -> tuple[bool, Any]:
+        """(True, value), or (False, None) at the end of the body."""
+        while True:
+            text = self.buffer.lstrip(" \t\r\n")
+            if text:
+                try:
+                    value, end = _DECODER.raw_decode(text)
+                    self.buffer = text[end:]
+                    return True, value
+                except json.JSONDecodeError as e:
+                    if self.eof or not _incomplete(e, text):
+                        raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+                    if len(text) > self.limit:
+                        raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes") from None
+            elif self.eof:
+                return False, None
+            chunk = await self.request.content.read(READ_CHUNK)
+            self.eof = not chunk
+            self.buffer = text + self.utf8.decode(chunk, final=self.eof)
+
+
+def _incomplete(error: json.JSONDecodeError, text: str) -> bool:
+    """Whether more input could still make ``text`` a JSON value (else the error is final)."""
+    if error.pos >= len(text) or error.msg.startswith("Unterminated string"):
+        return True
+    rest = text[error.pos:]
+    return any(word.startswith(rest) for word in ("true", "false", "null")) or rest in ("-",)
+
+
+async def _requests(first: bytes, values: _Values, route: Route, gateway: Gateway) -> AsyncIterator[bytes]:
+    """The first request (already decoded), then the others as they come. A later one that does
+    not decode ends the client's side of the stream, as grpc-gateway stops sending then (the
+    answers keep coming)."""
+    yield first
+    while True:
+        try:
+            more, value = await values.next()
+            if not more:
+                return
+            data = gateway.check_message(parse_request(route, value))
+        except Abort:  # its reason may quote the client's data: not logged
+            log.info("gateway: %s: a streamed request does not decode; no more are read", values.request.path)
+            return
+        yield data
+
+
+async def _no_requests() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator
