@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS, new_server, skip_unless_available
-from harness import EtcdServer, RaftgateLocal, free_port
+
+from tests.support.processes import EtcdServer, RaftgateLocal, free_port
 
 pytestmark = pytest.mark.slow
 
