@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import NAMESPACE, render, validate
+from chart_support import NAMESPACE, lint, render, validate
 from prometheus_client import REGISTRY
 
 import authstore.metrics  # noqa: F401  (registers the store's metrics)
@@ -170,3 +170,13 @@ def test_dashboard_configmap_holds_a_dashboard_of_the_auth_path() -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert "namespace" in variables
+
+
+def test_helm_lint_is_clean_with_rules_and_dashboard() -> None:
+    values = {"metrics": {"prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}},
+              "commonAnnotations": {"owner": "db-team"}}
+    report = lint(values)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    for doc in render(values).docs:
+        validate(doc)
