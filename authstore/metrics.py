@@ -12,6 +12,7 @@ The apply stage and the authorization function call these themselves; the consen
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
@@ -60,6 +61,15 @@ OPEN_WATCHES = Gauge("raftgate_store_open_watches", "Watches open on this node."
 WAL_FSYNC_DURATION = Histogram(
     "raftgate_store_wal_fsync_duration_seconds", "Time of one write-ahead-log fsync.", buckets=_FSYNC_BUCKETS
 )
+#: The alarm types etcd raises (AlarmType less NONE); a closed set.
+ALARM_TYPES = ("NOSPACE", "CORRUPT")
+ALARM_ACTIVE = Gauge(
+    "raftgate_store_alarm_active",
+    "1 while this node's applied state holds an alarm of that type (NOSPACE: writes are refused), else 0.",
+    ["alarm"],
+)
+for _alarm in ALARM_TYPES:
+    ALARM_ACTIVE.labels(_alarm)
 
 
 def count_refusal(err: Err, kind: str, *, read: bool) -> None:
@@ -79,6 +89,13 @@ def observe_apply(seconds: float, entries: int, auth_revision: int) -> None:
     APPLY_DURATION.observe(seconds)
     APPLIED_ENTRIES.inc(entries)
     AUTH_REVISION.set(auth_revision)
+
+
+def observe_alarms(active: Iterable[str]) -> None:
+    """The applier calls this with the alarm type names its state holds (on open and after each batch)."""
+    names = set(active)
+    for alarm in ALARM_TYPES:
+        ALARM_ACTIVE.labels(alarm).set(1 if alarm in names else 0)
 
 
 def observe_proposal() -> None:

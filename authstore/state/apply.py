@@ -146,6 +146,7 @@ class Applier:
         with self.env.begin() as txn:
             self.cluster_id = self.membership.cluster_id(txn)
             metrics.AUTH_REVISION.set(self.auth.revision(txn))
+            metrics.observe_alarms(self._alarm_names(txn))
 
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
@@ -186,8 +187,10 @@ class Applier:
             if last.index > applied:
                 self.backend.set_applied(batch, last.index, last.term)
             auth_revision = self.auth.revision(batch)
+            alarms = self._alarm_names(batch)
             failpoints.hit("applyBeforeCommit")
         metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
+        metrics.observe_alarms(alarms)
         return results
 
     def _apply_conf_change(self, batch: lmdb.Transaction, entry: Entry) -> tuple[int, Any]:
@@ -304,6 +307,10 @@ class Applier:
     def alarms(self, txn: lmdb.Transaction) -> pb.AlarmResponse:
         raw = self.backend.meta_get(txn, self._ALARMS)
         return pb.AlarmResponse.FromString(raw) if raw else pb.AlarmResponse()
+
+    def _alarm_names(self, txn: lmdb.Transaction) -> set[str]:
+        """The alarm types any member has raised, for the metric (not for any decision)."""
+        return {pb.AlarmType.Name(a.alarm) for a in self.alarms(txn).alarms}
 
     def _store_alarm(self, txn: lmdb.Transaction, body: pb.AlarmRequest, r: Any) -> Message:
         """An alarm the store raised itself (the leader's NOSPACE): it can only be activated."""

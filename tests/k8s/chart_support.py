@@ -129,7 +129,8 @@ _PROM_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)
 
 #: The fields of cert-manager.io/v1 and monitoring.coreos.com/v1 the chart may set, with their types
 #: and enums from the CRDs (cert-manager 1.x `cert-manager.io_*.yaml`, prometheus-operator
-#: `monitoring.coreos.com_servicemonitors.yaml`). Anything else the chart emitted would fail here.
+#: `monitoring.coreos.com_servicemonitors.yaml`,
+#: `monitoring.coreos.com_prometheusrules.yaml`). Anything else the chart emitted would fail here.
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("cert-manager.io/v1", "Issuer"): _strict(
         {
@@ -231,6 +232,48 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                                     },
                                     "relabelings": _RELABELINGS,
                                     "metricRelabelings": _RELABELINGS,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _strict(
+        {
+            "type": "object",
+            "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {
+                "apiVersion": _STR,
+                "kind": _STR,
+                "metadata": _METADATA,
+                "spec": {
+                    "type": "object",
+                    "properties": {
+                        "groups": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string", "minLength": 1},
+                                    "interval": {"type": "string", "pattern": _PROM_DURATION},
+                                    "rules": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["expr"],
+                                            "properties": {
+                                                "alert": _STR,
+                                                "record": _STR,
+                                                "expr": {"type": ["string", "integer"]},
+                                                "for": {"type": "string", "pattern": _PROM_DURATION},
+                                                "labels": _LABELS,
+                                                "annotations": _LABELS,
+                                            },
+                                        },
+                                    },
                                 },
                             },
                         },
