@@ -202,3 +202,30 @@ def test_a_gateway_port_in_use_is_refused() -> None:
         asyncio.run(scenario())
     finally:
         held.close()
+
+
+@pytest.mark.parametrize("payload", [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00",
+                                     b"garbage\x01\x02 /x HTTP/1.1\r\n\r\n"])
+def test_bytes_that_are_not_http_are_refused_without_an_error_or_a_traceback(
+        payload: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """A port scanner or a gRPC client pointed at the gateway port gets aiohttp's 400; the log gets
+    one short line, not an ERROR with a traceback quoting the client's bytes (a healthy proxy logs
+    no ERROR)."""
+    async def scenario() -> bytes:
+        gateway = Gateway(_Stub(), ["127.0.0.1:0"], max_message_bytes=1 << 20)  # type: ignore[arg-type]
+        await gateway.start()
+        try:
+            host, port = gateway.addresses[0].rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(payload)
+            answer = await asyncio.wait_for(reader.read(64), 10)
+            writer.close()
+            return answer
+        finally:
+            await gateway.stop()
+
+    with caplog.at_level("DEBUG"):
+        assert asyncio.run(scenario()).startswith(b"HTTP/1.0 400")
+    assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info], \
+        [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert not any("garbage" in r.getMessage() or "\\x00" in r.getMessage() for r in caplog.records)
