@@ -35,6 +35,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -46,6 +47,22 @@ from proxy.services import _handler as grpc_handler
 from raftgate.methods import METHODS, Method
 
 log = logging.getLogger(__name__)
+
+
+class _NotHttp(logging.Filter):
+    """aiohttp logs bytes that are not HTTP/1.1 (a port scanner, an HTTP/2 client on this port) as
+    an ERROR with a traceback quoting them. The client already has its 400; the log gets one line
+    without the client's bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        log.info("gateway: refused a request that is not HTTP/1.1 (HTTP %d)", exc.code)
+        return False
+
+
+logging.getLogger("aiohttp.server").addFilter(_NotHttp())
 
 C = grpc.StatusCode
 _DECODER = json.JSONDecoder()
