@@ -1,12 +1,18 @@
 """The proxy's connection to the store cluster's internal service (raftgate.storepb.Store).
 
-The proxy knows every store node and sends each request to the leader, which it learns by asking
-the nodes (``Store.Leader``). When the leader changes or a node is down it finds the new leader
-and retries what is safe to retry: any request the store surely never took (``store_pipe`` says
-so by the error's type, ``NotSent``, or the store answered that it has no leader), and reads
-whatever happened (``OutcomeUnknown`` included). A write whose
-outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
-`leader changed`) and decides, as with etcd.
+The proxy sends each request to the leader, which it learns by asking the nodes (``Store.Leader``).
+It knows the nodes from the cluster itself, as etcd's clients auto-sync their endpoints from
+MemberList: each Leader answer lists the members with the internal URL each one published, and
+the proxy follows that list (from the leader's answer, or the newest term's), so adds, removes
+and leader moves need no restart. ``--store-endpoints`` are only seeds, always asked too (a pod
+that comes back under its old name is found again). It connects only to addresses it learned over
+an authenticated store connection, with the seeds' credentials.
+
+When the leader changes or a node is down it finds the new leader and retries what is safe to
+retry: any request the store surely never took (``store_pipe`` says so by the error's type,
+``NotSent``, or the store answered that it has no leader), and reads whatever happened
+(``OutcomeUnknown`` included). A write whose outcome is unknown is never sent twice; its client
+gets etcd's error (`request timed out`, `leader changed`) and decides, as with etcd.
 
 Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
 move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
@@ -22,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import grpc
 import grpc.aio
@@ -58,6 +65,10 @@ ANSWER_MARGIN = 0.2
 PROBE_TIMEOUT = 1.0
 REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
+#: at most this many store nodes are followed (etcd's clusters are a handful of members)
+MAX_MEMBERS = 64
+#: a node no longer in the member list is closed this long after it left (calls under way end first)
+RETIRE_SECONDS = DEFAULT_DEADLINE + RETRY_WINDOW
 
 T = TypeVar("T")
 
@@ -80,6 +91,19 @@ class _Endpoint:
             request_serializer=store_pb2.LeaderRequest.SerializeToString,
             response_deserializer=store_pb2.LeaderResponse.FromString,
         )
+
+
+def _target(url: str) -> str | None:
+    """host:port of a published internal URL (its scheme is ignored: the proxy dials every node
+    with the seeds' credentials); None if it is not one."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or not port:
+        return None
+    return f"[{u.hostname}]:{port}" if ":" in u.hostname else f"{u.hostname}:{port}"
 
 
 def request_field(internal_request: bytes) -> int:
@@ -111,8 +135,12 @@ class StoreClient:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
-        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in targets]
+        self._tls = tls
+        self._seeds = tuple(dict.fromkeys(targets))
+        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in self._seeds]
         self._leader = self._endpoints[0]
+        #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
+        self._retired: list[tuple[float, _Endpoint]] = []
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
@@ -126,9 +154,15 @@ class StoreClient:
 
     # ---- leader discovery ----
     def start(self) -> None:
-        """Keeps the leader guess fresh in the background, so requests rarely meet a stale one."""
-        if len(self._endpoints) > 1 and self._refresher is None:
+        """Keeps the leader guess and the member list fresh in the background (every
+        REFRESH_SECONDS), so requests rarely meet a stale one."""
+        if self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    @property
+    def targets(self) -> list[str]:
+        """The store nodes this proxy follows now (seeds and learned members)."""
+        return [ep.target for ep in self._endpoints]
 
     async def _refresh(self) -> None:
         while True:
@@ -137,9 +171,9 @@ class StoreClient:
                 await self._discover()
 
     async def _discover(self) -> None:
-        """Asks every node whom it follows; the answer with the highest term wins."""
-        if len(self._endpoints) == 1:
-            return
+        """Asks every node whom it follows and whom the cluster has; the answer with the highest
+        term names the leader, and the member list is followed (then the nodes just learned are
+        asked too: the leader may be one of them)."""
 
         async def ask(ep: _Endpoint) -> store_pb2.LeaderResponse | None:
             try:
@@ -147,13 +181,59 @@ class StoreClient:
             except grpc.aio.AioRpcError:
                 return None
 
-        answers = await asyncio.gather(*(ask(ep) for ep in self._endpoints))
-        by_id = {a.member_id: ep for ep, a in zip(self._endpoints, answers, strict=True) if a is not None}
-        best = max((a for a in answers if a is not None and a.leader_id), key=lambda a: a.raft_term, default=None)
-        if best is not None and best.leader_id in by_id:
-            if by_id[best.leader_id] is not self._leader:
-                log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
-            self._leader = by_id[best.leader_id]
+        asked: dict[str, store_pb2.LeaderResponse | None] = {}
+        for _ in range(2):
+            todo = [ep for ep in self._endpoints if ep.target not in asked]
+            for ep, answer in zip(todo, await asyncio.gather(*(ask(ep) for ep in todo)), strict=True):
+                asked[ep.target] = answer
+            got = [(ep, a) for ep in self._endpoints if (a := asked.get(ep.target)) is not None]
+            by_id = {a.member_id: ep for ep, a in got}
+            best = max((a for _, a in got if a.leader_id), key=lambda a: a.raft_term, default=None)
+            if best is None:
+                return
+            # The leader's own list is the newest; else the list of the answer naming it.
+            source = next((a for _, a in got if a.member_id == best.leader_id), best)
+            changed = self._follow(source.members)
+            if best.leader_id in by_id:
+                if by_id[best.leader_id] is not self._leader:
+                    log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
+                self._leader = by_id[best.leader_id]
+                return
+            if not changed:
+                return
+
+    def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
+        """Makes the endpoints the seeds plus the members' published internal addresses; True if
+        any was added. A list without addresses (a store that does not publish them) changes
+        nothing."""
+        learned: list[str] = []
+        for m in members:
+            target = _target(m.internal_urls[0]) if m.internal_urls else None
+            if target is not None and target not in learned:
+                learned.append(target)
+        if not learned:
+            return False
+        wanted = list(dict.fromkeys([*learned[:MAX_MEMBERS], *self._seeds]))
+        now = time.monotonic()
+        for when, ep in [r for r in self._retired if now - r[0] > RETIRE_SECONDS]:
+            self._retired.remove((when, ep))
+            asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+        have = {ep.target: ep for ep in self._endpoints}
+        added = [t for t in wanted if t not in have]
+        for ep in self._endpoints:
+            if ep.target not in wanted and ep is not self._leader:
+                log.info("store node %s left the member list", ep.target)
+                self._retired.append((now, ep))
+        for t in added:
+            log.info("store node %s joined the member list", t)
+        kept = [ep for ep in self._endpoints if ep.target in wanted or ep is self._leader]
+        self._endpoints = kept + [_Endpoint(t, self._channel(t, self._tls), self._metadata) for t in added]
+        return bool(added)
+
+    @staticmethod
+    async def _close_endpoint(ep: _Endpoint) -> None:
+        await ep.pipe.close()
+        await ep.channel.close()
 
     async def _rediscover(self) -> None:
         """One discovery at a time, shared by every request that noticed the leader is gone."""
@@ -262,7 +342,6 @@ class StoreClient:
         for task in (self._refresher, self._discovery):
             if task is not None:
                 task.cancel()
-        for ep in self._endpoints:
-            await ep.pipe.close()
-            await ep.channel.close()
+        for ep in [*self._endpoints, *(ep for _, ep in self._retired)]:
+            await self._close_endpoint(ep)
 
