@@ -14,6 +14,12 @@ retry: any request the store surely never took (``store_pipe`` says so by the er
 (``OutcomeUnknown`` included). A write whose outcome is unknown is never sent twice; its client
 gets etcd's error (`request timed out`, `leader changed`) and decides, as with etcd.
 
+A proxy may stand for one member (``member``, ``--member-store-endpoint``): the member's advertised
+client URL, as each etcd member serves its own. Then the requests whose answer is that member's
+own (Maintenance.Status, Hash, HashKV) go to that node and no other, so ``etcdctl endpoint status
+--cluster`` shows each member's own ID, term and indexes (and an error for a member that cannot
+answer). Everything else goes to the leader as usual.
+
 Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
 move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
 call carries the internal credential: mTLS on the channel and/or the shared-secret metadata.
@@ -54,6 +60,8 @@ _CHANNEL_OPTIONS = [
 ]
 # Requests that only read: retrying them can never apply anything twice.
 READ_FIELDS = frozenset({3, 1013, 1102, 1106, 1107, 1202, 3000, 3002, 3003, 3010, 3020, 3021})
+# Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own state).
+MEMBER_FIELDS = frozenset({3000, 3002, 3003})
 # Answers proving the request never entered the log.
 NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
 # Answers after which a read may be retried (the write's outcome is unknown).
@@ -131,7 +139,7 @@ def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
 
 class StoreClient:
     def __init__(self, targets: str | list[str] | tuple[str, ...], *, secret: str | None = None,
-                 tls: InternalTLS | None = None) -> None:
+                 tls: InternalTLS | None = None, member: str | None = None) -> None:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
@@ -141,6 +149,8 @@ class StoreClient:
         self._leader = self._endpoints[0]
         #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
         self._retired: list[tuple[float, _Endpoint]] = []
+        #: the node this proxy stands for (a member proxy), else None
+        self._member = _Endpoint(member, self._channel(member, tls), self._metadata) if member else None
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
@@ -282,8 +292,35 @@ class StoreClient:
     # ---- the calls ----
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError."""
-        read = request_field(internal_request) in READ_FIELDS
+        field = request_field(internal_request)
+        if self._member is not None and field in MEMBER_FIELDS:
+            return await self._on_member(self._member, internal_request, timeout)
+        read = field in READ_FIELDS
         return await self._call(lambda ep, t: ep.pipe.do(internal_request, t), timeout, read=read)
+
+    @staticmethod
+    async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None) -> bytes:
+        """A read answered by this proxy's own member and no other; retried there (all are reads)
+        while the member is unreachable, then etcd's `request timed out`."""
+        now = time.monotonic()
+        client_deadline = now + (timeout if timeout is not None else DEFAULT_DEADLINE)
+        retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
+        while True:
+            answer: grpc.aio.AioRpcError | None = None
+            try:
+                return await member.pipe.do(internal_request, max(client_deadline - time.monotonic(), 0.001))
+            except (NotSent, OutcomeUnknown):
+                pass
+            except grpc.aio.AioRpcError as error:
+                err = _etcd_error(error)
+                if err is None or (err not in NOT_TAKEN and err not in READ_RETRY):
+                    raise
+                answer = error
+            if time.monotonic() + BACKOFF >= retry_deadline:
+                if answer is not None:
+                    raise answer
+                raise EtcdError(Err.TIMEOUT)
+            await asyncio.sleep(BACKOFF)
 
     async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
         """The raw SnapshotResponse messages of Store.Snapshot, from the leader.
@@ -342,6 +379,6 @@ class StoreClient:
         for task in (self._refresher, self._discovery):
             if task is not None:
                 task.cancel()
-        for ep in [*self._endpoints, *(ep for _, ep in self._retired)]:
+        for ep in [*self._endpoints, *(ep for _, ep in self._retired), *([self._member] if self._member else [])]:
             await self._close_endpoint(ep)
 

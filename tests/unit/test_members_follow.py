@@ -1,0 +1,87 @@
+"""What the proxy follows of the store's membership, and the flags behind it: a store node's
+advertised internal URL, a member proxy's node, and how the proxy's node list moves with the
+member list it learns (seeds kept, members added, departed ones retired, bounded)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from authstore import config as store_config
+from protos.storepb import store_pb2
+from proxy import store_client
+from proxy.config import ConfigError, load
+from proxy.store_client import StoreClient
+
+
+@pytest.fixture
+def secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in [n for n in os.environ if n.startswith(("ETCD_", "RAFTGATE_"))]:
+        monkeypatch.delenv(name)
+    path = tmp_path / "secret"
+    path.write_text("0123456789abcdef0123")
+    return path
+
+
+def _store(secret: Path, listen: str, *extra: str) -> store_config.StoreConfig:
+    return store_config.parse(["--internal-secret-file", str(secret), "--peer-secret-file", str(secret),
+                               "--listen-internal-urls", listen, *extra])
+
+
+def test_store_advertises_its_internal_url(secret: Path) -> None:
+    assert _store(secret, "http://127.0.0.1:23790").advertise_internal_urls == ["http://127.0.0.1:23790"]
+    # a wildcard listener is no address to reach: nothing is published unless given
+    assert _store(secret, "http://0.0.0.0:23790").advertise_internal_urls == []
+    given = _store(secret, "http://0.0.0.0:23790", "--advertise-internal-urls", "http://store-0.h.ns.svc:23790")
+    assert given.advertise_internal_urls == ["http://store-0.h.ns.svc:23790"]
+    with pytest.raises(store_config.ConfigError, match="--advertise-internal-urls"):
+        _store(secret, "http://0.0.0.0:23790", "--advertise-internal-urls", "store-0:23790")
+
+
+def test_member_store_endpoint_flag(secret: Path) -> None:
+    base = ["--store-endpoints=127.0.0.1:7000", f"--internal-secret-file={secret}"]
+    assert load(base, env={}).member_store_endpoint is None
+    assert load([*base, "--member-store-endpoint=127.0.0.1:7001"], env={}).member_store_endpoint == "127.0.0.1:7001"
+    with pytest.raises(ConfigError, match="--member-store-endpoint"):
+        load([*base, "--member-store-endpoint=nope"], env={})
+
+
+def test_target_of_a_published_url() -> None:
+    assert store_client._target("https://store-0.h.ns.svc:23790") == "store-0.h.ns.svc:23790"
+    assert store_client._target("http://[::1]:5") == "[::1]:5"
+    for bad in ("store-0:23790", "http://host", "ftp://h:1", "http://h:99999"):
+        assert store_client._target(bad) is None
+
+
+def _member(mid: int, *urls: str, learner: bool = False) -> store_pb2.StoreMember:
+    return store_pb2.StoreMember(id=mid, internal_urls=urls, is_learner=learner)
+
+
+def test_follows_the_member_list() -> None:
+    async def run() -> None:
+        client = StoreClient(["a:1", "b:2"], secret="s")
+        try:
+            # a store that publishes nothing changes nothing
+            assert not client._follow([_member(1), _member(2)])
+            assert client.targets == ["a:1", "b:2"]
+            # a node joins (a learner too: it may be promoted and lead)
+            assert client._follow([_member(1, "http://a:1"), _member(2, "http://b:2"),
+                                   _member(3, "http://c:3", learner=True)])
+            assert client.targets == ["a:1", "b:2", "c:3"]
+            # a node that is not a seed leaves: retired (closed later), no longer asked
+            assert not client._follow([_member(1, "http://a:1"), _member(2, "http://b:2")])
+            assert client.targets == ["a:1", "b:2"] and len(client._retired) == 1
+            # a seed that left the list is still asked (its pod may come back under its name)
+            assert not client._follow([_member(2, "http://b:2")])
+            assert client.targets == ["a:1", "b:2"]
+            # bounded
+            many = [_member(i, f"http://n{i}:1") for i in range(1, 1000)]
+            client._follow(many)
+            assert len(client.targets) <= store_client.MAX_MEMBERS + 2
+        finally:
+            await client.close()
+
+    asyncio.run(run())
