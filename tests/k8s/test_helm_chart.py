@@ -294,7 +294,7 @@ def proxy_containers(r: Rendered) -> list[tuple[dict[str, Any], dict[str, Any], 
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_store_endpoints_name_every_store_pod_internal_port(scenario: str) -> None:
+def test_proxies_seed_from_the_headless_service_and_learn_each_pod(scenario: str) -> None:
     r = rendered(scenario)
     values = merged(scenario)
     proxies = proxy_containers(r)
@@ -309,18 +309,31 @@ def test_store_endpoints_name_every_store_pod_internal_port(scenario: str) -> No
     headless = r.one("Service", HEADLESS)
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["internal"] == internal
     sts = r.one("StatefulSet", STORE)
-    pods = [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
-    expected = [f"{pod}.{sts['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}:{internal}" for pod in pods]
+    # The seed is the headless Service (every store pod); each pod advertises its own name, which
+    # the proxies learn from the member list and follow.
+    domain = f"{sts['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}"
     store_flags = flags(store["args"])
+    scheme = store_flags["--listen-internal-urls"].split("://")[0]
+    assert store_flags["--advertise-internal-urls"] == f"{scheme}://$(POD_NAME).{domain}:{internal}"
     for _, _, c in proxies:
         f = flags(c["args"])
-        assert f["--store-endpoints"].split(",") == expected
+        assert f["--store-endpoints"] == f"{domain}:{internal}"
         # Both sides agree on the transport.
         if store_flags["--listen-internal-urls"].startswith("https://"):
             assert {"--internal-cert", "--internal-key", "--internal-ca"} <= f.keys()
             assert "--internal-secret-file" not in f
         else:
             assert "--internal-secret-file" in f and "--internal-cert" not in f
+
+
+def test_scaling_the_store_leaves_every_proxy_pod_unchanged() -> None:
+    """The proxies follow the member list, so a new replicaCount (after `etcdctl member add` /
+    `member remove`) renders the same proxy pods: scaling up or down restarts no proxy."""
+    three, five = rendered("default"), rendered("five-replicas")
+    assert three.one("StatefulSet", STORE)["spec"]["replicas"] == 3
+    assert five.one("StatefulSet", STORE)["spec"]["replicas"] == 5
+    for kind, name in (("Deployment", f"{FULLNAME}-proxy"),):
+        assert three.one(kind, name)["spec"]["template"] == five.one(kind, name)["spec"]["template"]
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -757,9 +770,7 @@ def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
     (sidecar,) = pod["spec"]["initContainers"]
     assert sidecar["restartPolicy"] == "Always"
     f = flags(sidecar["args"])
-    assert f["--store-endpoints"].split(",") == [
-        f"raftgate-store-{i}.raftgate-store-headless.raftgate.svc.cluster.local:23790" for i in range(5)
-    ]
+    assert f["--store-endpoints"] == "raftgate-store-headless.raftgate.svc.cluster.local:23790"
     assert f["--listen-client-urls"] == "unix:///run/raftgate/etcd.sock"
     assert f["--identity-file"] == "/etc/raftgate/identity"
     assert f["--identity-jwt-file"] == "/var/run/secrets/raftgate/token"
@@ -783,9 +794,7 @@ def test_sidecar_helper_defaults_to_the_same_release(tmp_path: Path) -> None:
     r = render({}, chart=app, release="shop", namespace="apps")
     (deployment,) = r.docs
     (sidecar,) = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert flags(sidecar["args"])["--store-endpoints"].split(",")[0] == (
-        "shop-raftgate-store-0.shop-raftgate-store-headless.apps.svc.cluster.local:23790"
-    )
+    assert flags(sidecar["args"])["--store-endpoints"] == "shop-raftgate-store-headless.apps.svc.cluster.local:23790"
     assert deployment["spec"]["template"]["metadata"]["labels"]["raftgate.io/proxy-for"] == "shop-raftgate"
 
 

@@ -34,7 +34,7 @@ pullPolicy: {{ $v.image.pullPolicy }}
 native: {{ $v.sidecar.native }}
 fullname: {{ $fullname }}
 listen: {{ $v.sidecar.listenClientUrls }}
-storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "replicaCount" (include "raftgate.replicaCount" $root) "port" $v.ports.internal) }}
+storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "port" $v.ports.internal) }}
 tls: {{ $v.tls.enabled }}
 proxyTlsSecret: {{ default $proxyTls $v.sidecar.secrets.proxyTls }}
 sharedSecret: {{ default (printf "%s-shared-secret" $fullname) $v.sidecar.secrets.sharedSecret }}
