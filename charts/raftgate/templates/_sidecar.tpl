@@ -91,6 +91,21 @@ securityContext:
 {{- toYaml $p -}}
 {{- end -}}
 
+{{/*
+The member proxy in each store pod: the pod's advertised client URL, so that etcdctl endpoint
+status --cluster reaches every member (Status, Hash, HashKV answered by this pod's node, through
+localhost, which the internal certificate names; everything else goes to the leader).
+*/}}
+{{- define "raftgate.memberProxy.params" -}}
+{{- $p := include "raftgate.proxy.params" . | fromYaml -}}
+{{- $_ := set $p "name" "member-proxy" -}}
+{{- $_ := set $p "portPrefix" "rg-" -}}
+{{- $_ := set $p "metricsPort" .Values.sidecar.metricsPort -}}
+{{- $_ := set $p "healthPort" .Values.sidecar.healthPort -}}
+{{- $_ := set $p "extraArgs" (concat (list (printf "--member-store-endpoint=localhost:%d" (int .Values.ports.internal))) (default (list) .Values.proxy.extraArgs)) -}}
+{{- toYaml $p -}}
+{{- end -}}
+
 {{/* The container, from the parameters above (one list item). */}}
 {{- define "raftgate.proxyContainer" -}}
 - name: {{ .name }}
