@@ -248,9 +248,10 @@ async def run(a: argparse.Namespace) -> int:
         await asyncio.gather(*(store.start("raftgate store:") for store in stores))
         await asyncio.gather(proxy.start("raftgate proxy:"), *(m.start("raftgate proxy:") for m in members))
         processes: list[dict[str, Any]] = [
-            {"role": "store", "pid": s.proc.pid if s.proc else None, **n} for s, n in zip(stores, layout, strict=True)
+            {"role": "store", "pid": s.proc.pid if s.proc else None,
+             **{k: v for k, v in n.items() if k != "proxy_argv"}} for s, n in zip(stores, layout, strict=True)
         ]
-        processes += [{"role": "member-proxy", "pid": m.proc.pid if m.proc else None, "name": n["name"],
+        processes += [{"role": "member-proxy", "pid": m.proc.pid if m.proc else None, "member": n["name"],
                        "client_port": n["client_port"], "argv": n["proxy_argv"]}
                       for m, n in zip(members, layout, strict=True)]  # fmt: skip
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
