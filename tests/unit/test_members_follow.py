@@ -85,3 +85,33 @@ def test_follows_the_member_list() -> None:
             await client.close()
 
     asyncio.run(run())
+
+
+def test_internal_urls_only_from_the_members_own_publication(tmp_path: Path) -> None:
+    """A member's internal URL enters the replicated state only by the entry the member logs when
+    it starts (MemberAttrSet, an internal kind no etcd method maps to), not by member add/update;
+    MemberList keeps etcd's fields; a removed member's URL goes with it."""
+    import lmdb
+
+    from authstore.raft.types import ConfChange, ConfChangeType
+    from authstore.state.membership import Membership
+    from protos.etcdserverpb import rpc_pb2
+
+    env = lmdb.open(str(tmp_path / "db"), max_dbs=8, map_size=1 << 24)
+    try:
+        with env.begin(write=True) as txn:
+            ms = Membership(env, txn)
+            ctx = store_pb2.MemberContext(member=rpc_pb2.Member(ID=7, peerURLs=["http://10.0.0.7:2380"]))
+            ms.apply_conf_change(txn, ConfChange(ConfChangeType.ADD_NODE, 7, ctx.SerializeToString()))
+            assert ms.internal_urls(txn, 7) == []
+            ms.update_peer_urls(txn, 7, ["http://10.0.0.8:2380"])
+            assert ms.internal_urls(txn, 7) == []
+            ms.set_attributes(txn, 7, "n7", ["http://10.0.0.7:2379"], ["https://10.0.0.7:23790"])
+            assert ms.internal_urls(txn, 7) == ["https://10.0.0.7:23790"]
+            (member,) = ms.members(txn)
+            assert set(member.DESCRIPTOR.fields_by_name) == set(rpc_pb2.Member.DESCRIPTOR.fields_by_name)
+            assert "10.0.0.7:23790" not in str(member)
+            ms.apply_conf_change(txn, ConfChange(ConfChangeType.REMOVE_NODE, 7, b""))
+            assert ms.internal_urls(txn, 7) == []
+    finally:
+        env.close()
