@@ -115,3 +115,21 @@ def test_internal_urls_only_from_the_members_own_publication(tmp_path: Path) -> 
             assert ms.internal_urls(txn, 7) == []
     finally:
         env.close()
+
+
+def test_raftgate_local_gives_an_older_layout_member_proxy_ports(tmp_path: Path) -> None:
+    """A data dir from before member proxies keeps its nodes' ports and gets one client port per
+    node, distinct from everything else, written back (a member's client URL should not move)."""
+    import json
+
+    from proxy import local
+
+    old = [{"name": f"node{i}", "data_dir": str(tmp_path / f"node{i}"), "peer_port": 41000 + 2 * i,
+            "internal_port": 41001 + 2 * i} for i in (1, 2, 3)]  # fmt: skip
+    (tmp_path / "layout.json").write_text(json.dumps(old))
+    layout = local._layout(tmp_path, 3, client_port=2379)
+    assert [(n["peer_port"], n["internal_port"]) for n in layout] == [(n["peer_port"], n["internal_port"]) for n in old]
+    ports = [2379, *(n[k] for n in layout for k in ("peer_port", "internal_port", "client_port"))]
+    assert len(set(ports)) == len(ports) == 10
+    assert json.loads((tmp_path / "layout.json").read_text()) == layout
+    assert local._layout(tmp_path, 3, client_port=2379) == layout
