@@ -149,6 +149,7 @@ class StoreClient:
         self._leader = self._endpoints[0]
         #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
         self._retired: list[tuple[float, _Endpoint]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # retired endpoints being closed (kept referenced)
         #: the node this proxy stands for (a member proxy), else None
         self._member = _Endpoint(member, self._channel(member, tls), self._metadata) if member else None
         self._discovery: asyncio.Task[None] | None = None
@@ -227,7 +228,9 @@ class StoreClient:
         now = time.monotonic()
         for when, ep in [r for r in self._retired if now - r[0] > RETIRE_SECONDS]:
             self._retired.remove((when, ep))
-            asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         have = {ep.target: ep for ep in self._endpoints}
         added = [t for t in wanted if t not in have]
         for ep in self._endpoints:
