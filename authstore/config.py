@@ -35,6 +35,8 @@ class StoreConfig:
     key_file: Path | None = None
     trusted_ca_file: Path | None = None
     advertise_client_urls: list[str] = field(default_factory=list)
+    #: where proxies reach this node's internal port; published in the member list they follow
+    advertise_internal_urls: list[str] = field(default_factory=list)
     peer_urls: list[str] = field(default_factory=list)
     listen_peer_host: str = "127.0.0.1"
     listen_peer_port: int = 2380
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--key-file", default=None, help="server key for the internal port (mTLS)")
     p.add_argument("--trusted-ca-file", default=None, help="CA that signs the proxies' client certificates")
     p.add_argument("--advertise-client-urls", default="", help="client URLs shown by MemberList (the proxies')")
+    p.add_argument("--advertise-internal-urls", default="",
+                   help="where proxies reach this node's internal port, published to them in the member list "
+                        "(default: --listen-internal-urls unless it listens on a wildcard address)")
     p.add_argument("--initial-advertise-peer-urls", default="http://127.0.0.1:2380", help="peer URLs of this member")
     p.add_argument("--listen-peer-urls", default="http://127.0.0.1:2380",
                    help="where other store nodes reach this one (https:// requires the --peer-* files)")
@@ -242,6 +247,11 @@ def parse(argv: list[str]) -> StoreConfig:
     if not tls and cfg.secret is None:
         raise ConfigError("the internal port must be authenticated: use https:// with --cert-file/--key-file/"
                           "--trusted-ca-file (mTLS), or --internal-secret-file in development")
+    cfg.advertise_internal_urls = _urls(a.advertise_internal_urls)
+    for url in cfg.advertise_internal_urls:
+        _host_port("advertise-internal-urls", url)
+    if not cfg.advertise_internal_urls and u.hostname not in ("0.0.0.0", "::", "[::]"):
+        cfg.advertise_internal_urls = [listen[0]]
     _peer_config(cfg, a)
     if cfg.max_txn_ops < 1:
         raise ConfigError("--max-txn-ops must be at least 1")

@@ -203,7 +203,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     node = await open_node(cfg, backend, security)
     cfg.initial_root_password = None  # hashed into a new cluster's first entries, or unused: not kept
     applier = node.applier
-    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls)
+    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
     service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
                            max_watches_per_user=cfg.max_watches_per_user)

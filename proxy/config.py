@@ -63,6 +63,8 @@ class ProxyConfig:
     bcrypt_queue_limit: int | None = None
     #: --listen-gateway-urls: where the JSON gateway (proxy/gateway.py) listens; empty: off.
     listen_gateway: tuple[str, ...] = ()
+    #: --member-store-endpoint: the store node this proxy stands for (None: none)
+    member_store_endpoint: str | None = None
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -78,6 +80,11 @@ def _parser() -> _Parser:
     p = _Parser(prog="raftgate proxy", description="The raftgate auth proxy: serves the etcd v3 API.")
     p.add_argument("--listen-client-urls", help=f"comma list of http:// or unix:// URLs (default {DEFAULT_LISTEN})")
     p.add_argument("--store-endpoints", help="comma list of every store node's host:port (requests go to the leader)")
+    p.add_argument(
+        "--member-store-endpoint",
+        help="host:port of the one store node this proxy stands for (a member's advertised client URL): "
+        "Status, Hash and HashKV go to it, everything else to the leader",
+    )
     p.add_argument("--internal-secret-file", help="file holding the shared secret for the store (development)")
     p.add_argument("--internal-cert", help="client certificate (PEM) for mTLS to the store")
     p.add_argument("--internal-key", help="client key (PEM) for mTLS to the store")
@@ -132,6 +139,9 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
 
     listen = _listen_urls(get("listen_client_urls", DEFAULT_LISTEN) or "")
     stores = _store_endpoints(get("store_endpoints"))
+    member = get("member_store_endpoint") or None
+    if member is not None:
+        member = _host_port("--member-store-endpoint", member.strip())
     secret = _read_secret(get("internal_secret_file"))
     tls = _read_tls(get("internal_cert"), get("internal_key"), get("internal_ca"))
     if secret is None and tls is None:
@@ -178,6 +188,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         identity=identity,
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
+        member_store_endpoint=member,
     )
 
 

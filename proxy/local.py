@@ -3,6 +3,11 @@
 Each runs as its own process (the same programs ``raftgate store`` and ``raftgate proxy`` start),
 so a test or an operator can inspect or kill one of them: ``<data-dir>/local.json`` lists their
 pids and ports while they run.
+
+Besides the proxy on ``--client-port``, each store node has a member proxy of its own (its
+``--member-store-endpoint``), whose URL is the client URL the node advertises: as with etcd,
+``etcdctl endpoint status --cluster`` reaches every member through it and each row is that
+member's own answer.
 """
 
 from __future__ import annotations
@@ -108,12 +113,24 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: i
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
         _check_distinct(path, layout, client_port, gateway_port)
+        missing = [n for n in layout if "client_port" not in n]  # a layout from before member proxies
+        if missing:
+            used = {client_port} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
+            if gateway_port is not None:
+                used.add(gateway_port)
+            for n, port in zip(missing, _free_ports(len(missing), used), strict=True):
+                n["client_port"] = port
+            path.write_text(json.dumps(layout, indent=2))
         return layout
-    ports = _free_ports(2 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
-    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[2 * i],
-               "internal_port": ports[2 * i + 1]} for i in range(nodes)]  # fmt: skip
+    ports = _free_ports(3 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
+    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[3 * i],
+               "internal_port": ports[3 * i + 1], "client_port": ports[3 * i + 2]} for i in range(nodes)]  # fmt: skip
     path.write_text(json.dumps(layout, indent=2))
     return layout
+
+
+#: the ports a node of the layout uses: Raft peers, the internal service, its member proxy
+_PORT_KEYS = ("peer_port", "internal_port", "client_port")
 
 
 def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int, gateway_port: int | None = None
@@ -123,8 +140,9 @@ def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int, 
     if gateway_port is not None:
         users.setdefault(gateway_port, []).append("the proxy's gateway (--gateway-port)")
     for n in layout:
-        for key in ("peer_port", "internal_port"):
-            users.setdefault(int(n[key]), []).append(f"{n['name']} {key}")
+        for key in _PORT_KEYS:
+            if key in n:
+                users.setdefault(int(n[key]), []).append(f"{n['name']} {key}")
     clashes = {port: who for port, who in users.items() if len(who) > 1}
     if clashes:
         detail = "; ".join(f"port {port}: {', '.join(who)}" for port, who in sorted(clashes.items()))
@@ -209,7 +227,7 @@ async def run(a: argparse.Namespace) -> int:
             "--listen-internal-urls", f"http://127.0.0.1:{n['internal_port']}", "--internal-secret-file", str(secret),
             "--listen-peer-urls", f"http://127.0.0.1:{n['peer_port']}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
-            "--initial-cluster", initial_cluster, "--advertise-client-urls", client_url,
+            "--initial-cluster", initial_cluster, "--advertise-client-urls", f"http://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
         if a.initial_root_password_file:
             n["argv"] += ["--initial-root-password-file", str(Path(a.initial_root_password_file).resolve())]
@@ -217,16 +235,20 @@ async def run(a: argparse.Namespace) -> int:
                 n["argv"] += ["--bcrypt-cost", str(a.bcrypt_cost)]
     stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
-    proxy_args = ["proxy", "--listen-client-urls", client_url, "--store-endpoints", endpoints,
-                  "--internal-secret-file", str(secret)]  # fmt: skip
+    common = ["--store-endpoints", endpoints, "--internal-secret-file", str(secret)]
     for flag in ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes"):
         value = getattr(a, flag)
         if value is not None:
-            proxy_args += ["--" + flag.replace("_", "-"), str(value)]
+            common += ["--" + flag.replace("_", "-"), str(value)]
+    proxy_args = ["proxy", "--listen-client-urls", client_url, *common]
     if a.gateway_port is not None:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
     proxy = Child("proxy", proxy_args)
-    children = [*stores, proxy]
+    for n in layout:
+        n["proxy_argv"] = ["proxy", "--listen-client-urls", f"http://127.0.0.1:{n['client_port']}", *common,
+                           "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
+    members = [Child(f"proxy {n['name']}", n["proxy_argv"]) for n in layout]
+    children = [*stores, proxy, *members]
     state_file = data_dir / "local.json"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -234,10 +256,14 @@ async def run(a: argparse.Namespace) -> int:
     code = 0
     try:
         await asyncio.gather(*(store.start("raftgate store:") for store in stores))
-        await proxy.start("raftgate proxy:")
+        await asyncio.gather(proxy.start("raftgate proxy:"), *(m.start("raftgate proxy:") for m in members))
         processes: list[dict[str, Any]] = [
-            {"role": "store", "pid": s.proc.pid if s.proc else None, **n} for s, n in zip(stores, layout, strict=True)
+            {"role": "store", "pid": s.proc.pid if s.proc else None,
+             **{k: v for k, v in n.items() if k != "proxy_argv"}} for s, n in zip(stores, layout, strict=True)
         ]
+        processes += [{"role": "member-proxy", "pid": m.proc.pid if m.proc else None, "member": n["name"],
+                       "client_port": n["client_port"], "argv": n["proxy_argv"]}
+                      for m, n in zip(members, layout, strict=True)]  # fmt: skip
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
                           "client_port": a.client_port, "gateway_port": a.gateway_port,
                           "argv": proxy_args})  # fmt: skip
@@ -247,10 +273,11 @@ async def run(a: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(state_file)
         print(f"raftgate local: ready on 127.0.0.1:{a.client_port}", flush=True)
-        # A store node that dies is reported but does not stop the others: the cluster keeps
-        # serving while a quorum lives. The proxy is the endpoint: if it dies, everything stops.
-        for store in stores:
-            loop.create_task(_report_exit(store, stop))
+        # A store node (or a member proxy) that dies is reported but does not stop the others: the
+        # cluster keeps serving while a quorum lives. The proxy is the endpoint: if it dies,
+        # everything stops.
+        for child in [*stores, *members]:
+            loop.create_task(_report_exit(child, stop))
         assert proxy.proc is not None
         proxy_exit = asyncio.ensure_future(proxy.proc.wait())
         stopped = asyncio.ensure_future(stop.wait())
@@ -264,8 +291,8 @@ async def run(a: argparse.Namespace) -> int:
         code = 1
     finally:
         # Each child's exit code is printed; one that does not stop cleanly fails the stop. The
-        # proxy goes first (no request meets a stopping store), then the store nodes together.
-        await proxy.stop()
+        # proxies go first (no request meets a stopping store), then the store nodes together.
+        await asyncio.gather(proxy.stop(), *(m.stop() for m in members))
         await asyncio.gather(*(store.stop() for store in stores))
         for child in children:
             child.report_exit()

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls)
+        self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls,
+                                 member=config.member_store_endpoint)
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(

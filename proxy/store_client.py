@@ -1,13 +1,26 @@
 """The proxy's connection to the store cluster's internal service (raftgate.storepb.Store).
 
-The proxy knows every store node and sends each request to the leader, which it learns by asking
-the nodes (``Store.Leader``). When the leader changes or a node is down it finds the new leader
-and retries what is safe to retry: any request the store surely never took (``store_pipe`` says
-so by the error's type, ``NotSent``, or the store answered that it has no leader), and reads
-whatever happened (``OutcomeUnknown`` included). A write whose
-outcome is unknown is never sent twice; its client gets etcd's error (`request timed out`,
-`leader changed`) and decides, as with etcd. Watch streams are retried here too (``WatchStreams``):
-proxy/watch.py only resumes its watches on each new stream.
+The proxy sends each request to the leader, which it learns by asking the nodes (``Store.Leader``).
+It knows the nodes from the cluster itself, as etcd's clients auto-sync their endpoints from
+MemberList: each Leader answer lists the members with the internal URL each one published, and
+the proxy follows that list (from the leader's answer, or the newest term's), so adds, removes
+and leader moves need no restart. ``--store-endpoints`` are only seeds, always asked too (a pod
+that comes back under its old name is found again). It connects only to addresses it learned over
+an authenticated store connection, with the seeds' credentials.
+
+When the leader changes or a node is down it finds the new leader and retries what is safe to
+retry: any request the store surely never took (``store_pipe`` says so by the error's type,
+``NotSent``, or the store answered that it has no leader), and reads whatever happened
+(``OutcomeUnknown`` included). A write whose outcome is unknown is never sent twice; its client
+gets etcd's error (`request timed out`, `leader changed`) and decides, as with etcd.
+
+A proxy may stand for one member (``member``, ``--member-store-endpoint``): the member's advertised
+client URL, as each etcd member serves its own. Then the requests whose answer is that member's
+own (Maintenance.Status, Hash, HashKV) go to that node and no other, so ``etcdctl endpoint status
+--cluster`` shows each member's own ID, term and indexes (and an error for a member that cannot
+answer). Everything else goes to the leader as usual.
+Watch streams are retried here too (``WatchStreams``): proxy/watch.py only resumes its
+watches on each new stream.
 
 Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
 move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
@@ -23,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import grpc
 import grpc.aio
@@ -32,7 +46,7 @@ from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
-from raftgate.methods import RETRY_FIELDS
+from raftgate.methods import METHODS, RETRY_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +63,9 @@ _CHANNEL_OPTIONS = [
 ]
 # Requests that only read: retrying them can never apply anything twice (the method table's column).
 READ_FIELDS = RETRY_FIELDS
+# Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own state).
+MEMBER_FIELDS = frozenset(m.field for m in METHODS
+                          if m.service == "Maintenance" and m.name in ("Status", "Hash", "HashKV"))
 # Answers proving the request never entered the log.
 NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
 # Answers after which a read may be retried (the write's outcome is unknown).
@@ -60,6 +77,10 @@ ANSWER_MARGIN = 0.2
 PROBE_TIMEOUT = 1.0
 REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
+#: at most this many store nodes are followed (etcd's clusters are a handful of members)
+MAX_MEMBERS = 64
+#: a node no longer in the member list is closed this long after it left (calls under way end first)
+RETIRE_SECONDS = DEFAULT_DEADLINE + RETRY_WINDOW
 
 T = TypeVar("T")
 
@@ -82,6 +103,19 @@ class _Endpoint:
             request_serializer=store_pb2.LeaderRequest.SerializeToString,
             response_deserializer=store_pb2.LeaderResponse.FromString,
         )
+
+
+def _target(url: str) -> str | None:
+    """host:port of a published internal URL (its scheme is ignored: the proxy dials every node
+    with the seeds' credentials); None if it is not one."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or not port:
+        return None
+    return f"[{u.hostname}]:{port}" if ":" in u.hostname else f"{u.hostname}:{port}"
 
 
 def request_field(internal_request: bytes) -> int:
@@ -109,12 +143,19 @@ def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
 
 class StoreClient:
     def __init__(self, targets: str | list[str] | tuple[str, ...], *, secret: str | None = None,
-                 tls: InternalTLS | None = None) -> None:
+                 tls: InternalTLS | None = None, member: str | None = None) -> None:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
-        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in targets]
+        self._tls = tls
+        self._seeds = tuple(dict.fromkeys(targets))
+        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in self._seeds]
         self._leader = self._endpoints[0]
+        #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
+        self._retired: list[tuple[float, _Endpoint]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # retired endpoints being closed (kept referenced)
+        #: the node this proxy stands for (a member proxy), else None
+        self._member = _Endpoint(member, self._channel(member, tls), self._metadata) if member else None
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
@@ -128,9 +169,15 @@ class StoreClient:
 
     # ---- leader discovery ----
     def start(self) -> None:
-        """Keeps the leader guess fresh in the background, so requests rarely meet a stale one."""
-        if len(self._endpoints) > 1 and self._refresher is None:
+        """Keeps the leader guess and the member list fresh in the background (every
+        REFRESH_SECONDS), so requests rarely meet a stale one."""
+        if self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    @property
+    def targets(self) -> list[str]:
+        """The store nodes this proxy follows now (seeds and learned members)."""
+        return [ep.target for ep in self._endpoints]
 
     async def _refresh(self) -> None:
         while True:
@@ -139,9 +186,9 @@ class StoreClient:
                 await self._discover()
 
     async def _discover(self) -> None:
-        """Asks every node whom it follows; the answer with the highest term wins."""
-        if len(self._endpoints) == 1:
-            return
+        """Asks every node whom it follows and whom the cluster has; the answer with the highest
+        term names the leader, and the member list is followed (then the nodes just learned are
+        asked too: the leader may be one of them)."""
 
         async def ask(ep: _Endpoint) -> store_pb2.LeaderResponse | None:
             try:
@@ -149,13 +196,61 @@ class StoreClient:
             except grpc.aio.AioRpcError:
                 return None
 
-        answers = await asyncio.gather(*(ask(ep) for ep in self._endpoints))
-        by_id = {a.member_id: ep for ep, a in zip(self._endpoints, answers, strict=True) if a is not None}
-        best = max((a for a in answers if a is not None and a.leader_id), key=lambda a: a.raft_term, default=None)
-        if best is not None and best.leader_id in by_id:
-            if by_id[best.leader_id] is not self._leader:
-                log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
-            self._leader = by_id[best.leader_id]
+        asked: dict[str, store_pb2.LeaderResponse | None] = {}
+        for _ in range(2):
+            todo = [ep for ep in self._endpoints if ep.target not in asked]
+            for ep, answer in zip(todo, await asyncio.gather(*(ask(ep) for ep in todo)), strict=True):
+                asked[ep.target] = answer
+            got = [(ep, a) for ep in self._endpoints if (a := asked.get(ep.target)) is not None]
+            by_id = {a.member_id: ep for ep, a in got}
+            best = max((a for _, a in got if a.leader_id), key=lambda a: a.raft_term, default=None)
+            if best is None:
+                return
+            # The leader's own list is the newest; else the list of the answer naming it.
+            source = next((a for _, a in got if a.member_id == best.leader_id), best)
+            changed = self._follow(source.members)
+            if best.leader_id in by_id:
+                if by_id[best.leader_id] is not self._leader:
+                    log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
+                self._leader = by_id[best.leader_id]
+                return
+            if not changed:
+                return
+
+    def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
+        """Makes the endpoints the seeds plus the members' published internal addresses; True if
+        any was added. A list without addresses (a store that does not publish them) changes
+        nothing."""
+        learned: list[str] = []
+        for m in members:
+            target = _target(m.internal_urls[0]) if m.internal_urls else None
+            if target is not None and target not in learned:
+                learned.append(target)
+        if not learned:
+            return False
+        wanted = list(dict.fromkeys([*learned[:MAX_MEMBERS], *self._seeds]))
+        now = time.monotonic()
+        for when, ep in [r for r in self._retired if now - r[0] > RETIRE_SECONDS]:
+            self._retired.remove((when, ep))
+            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        have = {ep.target: ep for ep in self._endpoints}
+        added = [t for t in wanted if t not in have]
+        for ep in self._endpoints:
+            if ep.target not in wanted and ep is not self._leader:
+                log.info("store node %s left the member list", ep.target)
+                self._retired.append((now, ep))
+        for t in added:
+            log.info("store node %s joined the member list", t)
+        kept = [ep for ep in self._endpoints if ep.target in wanted or ep is self._leader]
+        self._endpoints = kept + [_Endpoint(t, self._channel(t, self._tls), self._metadata) for t in added]
+        return bool(added)
+
+    @staticmethod
+    async def _close_endpoint(ep: _Endpoint) -> None:
+        await ep.pipe.close()
+        await ep.channel.close()
 
     async def _rediscover(self) -> None:
         """One discovery at a time, shared by every request that noticed the leader is gone."""
@@ -204,8 +299,35 @@ class StoreClient:
     # ---- the calls ----
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError."""
-        read = request_field(internal_request) in READ_FIELDS
+        field = request_field(internal_request)
+        if self._member is not None and field in MEMBER_FIELDS:
+            return await self._on_member(self._member, internal_request, timeout)
+        read = field in READ_FIELDS
         return await self._call(lambda ep, t: ep.pipe.do(internal_request, t), timeout, read=read)
+
+    @staticmethod
+    async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None) -> bytes:
+        """A read answered by this proxy's own member and no other; retried there (all are reads)
+        while the member is unreachable, then etcd's `request timed out`."""
+        now = time.monotonic()
+        client_deadline = now + (timeout if timeout is not None else DEFAULT_DEADLINE)
+        retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
+        while True:
+            answer: grpc.aio.AioRpcError | None = None
+            try:
+                return await member.pipe.do(internal_request, max(client_deadline - time.monotonic(), 0.001))
+            except (NotSent, OutcomeUnknown):
+                pass
+            except grpc.aio.AioRpcError as error:
+                err = _etcd_error(error)
+                if err is None or (err not in NOT_TAKEN and err not in READ_RETRY):
+                    raise
+                answer = error
+            if time.monotonic() + BACKOFF >= retry_deadline:
+                if answer is not None:
+                    raise answer
+                raise EtcdError(Err.TIMEOUT)
+            await asyncio.sleep(BACKOFF)
 
     async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
         """The raw SnapshotResponse messages of Store.Snapshot, from the leader.
@@ -268,9 +390,8 @@ class StoreClient:
         for task in (self._refresher, self._discovery):
             if task is not None:
                 task.cancel()
-        for ep in self._endpoints:
-            await ep.pipe.close()
-            await ep.channel.close()
+        for ep in [*self._endpoints, *(ep for _, ep in self._retired), *([self._member] if self._member else [])]:
+            await self._close_endpoint(ep)
 
 
 # ---- watch streams ----

@@ -302,8 +302,8 @@ class StoreService:
             yield response
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id,
-                                  raft_term=self.node.term).SerializeToString()
+        return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
+                                  members=self.maintenance.store_members()).SerializeToString()
 
 
 class _Outbox:

@@ -299,7 +299,8 @@ class Applier:
         return pb.MemberUpdateResponse(members=self.membership.members(txn))
 
     def _member_attr_set(self, txn: lmdb.Transaction, body: ipb.MemberAttrSetRequest, _r: Any) -> Message:
-        self.membership.set_attributes(txn, body.member_ID, body.name, list(body.client_urls))
+        self.membership.set_attributes(txn, body.member_ID, body.name, list(body.client_urls),
+                                       list(body.internal_urls))
         return pb.MemberListResponse()
 
     _ALARMS = b"alarms"

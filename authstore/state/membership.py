@@ -17,6 +17,8 @@ from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
 
 _ID = struct.Struct(">Q")
+#: key prefix in members_meta: a member's internal URLs (newline-separated)
+_INTERNAL = b"internal/"
 
 
 def member_id(peer_urls: list[str], cluster_token: str, salt: int = 0) -> int:
@@ -69,6 +71,7 @@ class Membership:
         key = _ID.pack(cc.node_id)
         if cc.type == ConfChangeType.REMOVE_NODE:
             txn.delete(key, db=self._db)
+            txn.delete(_INTERNAL + key, db=self._meta)
             return ctx.request_id
         current = self.get(txn, cc.node_id)
         member = current or ctx.member
@@ -89,7 +92,8 @@ class Membership:
         member.peerURLs.extend(peer_urls)
         txn.put(_ID.pack(mid), member.SerializeToString(), db=self._db)
 
-    def set_attributes(self, txn: lmdb.Transaction, mid: int, name: str, client_urls: list[str]) -> None:
+    def set_attributes(self, txn: lmdb.Transaction, mid: int, name: str, client_urls: list[str],
+                       internal_urls: list[str] | None = None) -> None:
         member = self.get(txn, mid)
         if member is None:
             return
@@ -97,3 +101,14 @@ class Membership:
         del member.clientURLs[:]
         member.clientURLs.extend(client_urls)
         txn.put(_ID.pack(mid), member.SerializeToString(), db=self._db)
+        # Beside etcd's record, not in it: MemberList keeps etcd's wire fields.
+        key = _INTERNAL + _ID.pack(mid)
+        if internal_urls:
+            txn.put(key, "\n".join(internal_urls).encode(), db=self._meta)
+        else:
+            txn.delete(key, db=self._meta)
+
+    def internal_urls(self, txn: lmdb.Transaction, mid: int) -> list[str]:
+        """Where proxies reach the member's internal service, as it published it (empty: unknown)."""
+        raw = txn.get(_INTERNAL + _ID.pack(mid), db=self._meta)
+        return raw.decode().split("\n") if raw else []

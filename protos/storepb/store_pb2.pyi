@@ -34,14 +34,26 @@ class LeaderRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LeaderResponse(_message.Message):
-    __slots__ = ("member_id", "leader_id", "raft_term")
+    __slots__ = ("member_id", "leader_id", "raft_term", "members")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     member_id: int
     leader_id: int
     raft_term: int
-    def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[StoreMember]
+    def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ..., members: _Optional[_Iterable[_Union[StoreMember, _Mapping]]] = ...) -> None: ...
+
+class StoreMember(_message.Message):
+    __slots__ = ("id", "internal_urls", "is_learner")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_URLS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    internal_urls: _containers.RepeatedScalarFieldContainer[str]
+    is_learner: bool
+    def __init__(self, id: _Optional[int] = ..., internal_urls: _Optional[_Iterable[str]] = ..., is_learner: _Optional[bool] = ...) -> None: ...
 
 class MemberContext(_message.Message):
     __slots__ = ("member", "request_id", "cluster_id")

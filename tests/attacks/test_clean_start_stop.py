@@ -67,7 +67,8 @@ def test_a_healthy_start_use_and_stop_print_no_error_and_every_process_exits_0(t
     assert _bad_lines(output) == [], output
     assert code == 0, output
     exits = dict(EXIT_LINE.findall(output))
-    assert exits == {"store node1": "0", "store node2": "0", "store node3": "0", "proxy": "0"}, output
+    nodes = ("node1", "node2", "node3")  # each store node, and its member proxy (endpoint status --cluster)
+    assert exits == {**{f"store {n}": "0" for n in nodes}, **{f"proxy {n}": "0" for n in nodes}, "proxy": "0"}, output
 
 
 @pytest.mark.slow

@@ -17,9 +17,8 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, new_server, skip_unless_available
 
-from tests.support.processes import EtcdServer, RaftgateLocal, free_port
+from tests.support.processes import BACKENDS, EtcdServer, RaftgateLocal, free_port, new_server, skip_unless_available
 
 pytestmark = pytest.mark.slow
 

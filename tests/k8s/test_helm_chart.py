@@ -162,7 +162,9 @@ def test_bad_combinations_fail_with_a_message() -> None:
 
 def store_container(r: Rendered) -> dict[str, Any]:
     sts = r.one("StatefulSet", STORE)
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    # the store, and its member proxy (the pod's advertised client URL)
+    assert [c["name"] for c in sts["spec"]["template"]["spec"]["containers"]] == ["store", "member-proxy"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][0] == "store"
     return container
 
@@ -207,7 +209,11 @@ def test_initial_cluster_matches_the_headless_service_dns_names(scenario: str) -
     assert f["--listen-internal-urls"] == f"{scheme}://0.0.0.0:{container_port(c, 'internal')}"
     assert f["--initial-cluster-state"] == "new"
     assert f["--initial-cluster-token"]
-    assert f["--advertise-client-urls"] == f"http://{FULLNAME}.{NAMESPACE}.svc.{DOMAIN}:2379"
+    # each pod's member proxy, so `etcdctl endpoint status --cluster` reaches every member
+    member = r.one("StatefulSet", STORE)["spec"]["template"]["spec"]["containers"][1]
+    assert f["--advertise-client-urls"] == f"http://$(POD_NAME).{HEADLESS}.{NAMESPACE}.svc.{DOMAIN}:2379"
+    assert url_port(flags(member["args"])["--listen-client-urls"]) == container_port(member, "client") == 2379
+    assert flags(member["args"])["--member-store-endpoint"] == f"localhost:{container_port(c, 'internal')}"
 
 
 def test_store_pod_shape() -> None:
@@ -295,11 +301,11 @@ def proxy_containers(r: Rendered) -> list[tuple[dict[str, Any], dict[str, Any], 
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_store_endpoints_name_every_store_pod_internal_port(scenario: str) -> None:
+def test_proxies_seed_from_the_headless_service_and_learn_each_pod(scenario: str) -> None:
     r = rendered(scenario)
     values = merged(scenario)
     proxies = proxy_containers(r)
-    expected_kinds = {"Deployment"} if values["proxy"]["enabled"] else set()
+    expected_kinds = {"StatefulSet", "Deployment"} if values["proxy"]["enabled"] else {"StatefulSet"}
     if values["auth"]["rbac"]["create"]:
         expected_kinds.add("Job")
     assert {w["kind"] for w, _, _ in proxies} == expected_kinds
@@ -310,18 +316,31 @@ def test_store_endpoints_name_every_store_pod_internal_port(scenario: str) -> No
     headless = r.one("Service", HEADLESS)
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["internal"] == internal
     sts = r.one("StatefulSet", STORE)
-    pods = [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
-    expected = [f"{pod}.{sts['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}:{internal}" for pod in pods]
+    # The seed is the headless Service (every store pod); each pod advertises its own name, which
+    # the proxies learn from the member list and follow.
+    domain = f"{sts['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}"
     store_flags = flags(store["args"])
+    scheme = store_flags["--listen-internal-urls"].split("://")[0]
+    assert store_flags["--advertise-internal-urls"] == f"{scheme}://$(POD_NAME).{domain}:{internal}"
     for _, _, c in proxies:
         f = flags(c["args"])
-        assert f["--store-endpoints"].split(",") == expected
+        assert f["--store-endpoints"] == f"{domain}:{internal}"
         # Both sides agree on the transport.
         if store_flags["--listen-internal-urls"].startswith("https://"):
             assert {"--internal-cert", "--internal-key", "--internal-ca"} <= f.keys()
             assert "--internal-secret-file" not in f
         else:
             assert "--internal-secret-file" in f and "--internal-cert" not in f
+
+
+def test_scaling_the_store_leaves_every_proxy_pod_unchanged() -> None:
+    """The proxies follow the member list, so a new replicaCount (after `etcdctl member add` /
+    `member remove`) renders the same proxy pods: scaling up or down restarts no proxy."""
+    three, five = rendered("default"), rendered("five-replicas")
+    assert three.one("StatefulSet", STORE)["spec"]["replicas"] == 3
+    assert five.one("StatefulSet", STORE)["spec"]["replicas"] == 5
+    for kind, name in (("Deployment", f"{FULLNAME}-proxy"),):
+        assert three.one(kind, name)["spec"]["template"] == five.one(kind, name)["spec"]["template"]
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -336,19 +355,19 @@ def test_service_ports_agree_with_container_ports_and_probes(scenario: str) -> N
         ]
         assert len(targets) == 1, f"Service {svc['metadata']['name']} selects {len(targets)} workloads"
         _, pod = targets[0]
-        (c,) = pod["spec"]["containers"]
+        c = pod["spec"]["containers"][0]  # the store or the proxy (a store pod's member proxy is second)
         for port in svc["spec"]["ports"]:
             assert container_port(c, port["targetPort"]) == port["port"], (svc["metadata"]["name"], port)
     for w, _pod, c in proxy_containers(r):
         f = flags(c["args"])
-        prefix = "rg-" if w["kind"] == "Job" else ""
+        prefix = "rg-" if w["kind"] in ("Job", "StatefulSet") else ""
         health = container_port(c, f"{prefix}health")
         assert addr_port(f["--health-addr"]) == health
         assert addr_port(f["--metrics-addr"]) == container_port(c, f"{prefix}metrics")
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             if probe in c:
                 assert c[probe]["grpc"] == {"port": health}
-        if w["kind"] == "Deployment":
+        if w["kind"] in ("Deployment", "StatefulSet"):
             assert url_port(f["--listen-client-urls"]) == container_port(c, "client")
     if r.find("Service", FULLNAME):
         client = r.one("Service", FULLNAME)
@@ -613,8 +632,11 @@ def test_network_policy_only_proxies_reach_internal_only_store_pods_reach_peer(s
     (peer_from,) = peer["from"]
     assert set(peer_from) == {"podSelector"}
     assert selects(peer_from["podSelector"]["matchLabels"], store_labels)
-    # Internal: every pod running a proxy of this release matches, no store pod and nothing else.
+    # Internal: every pod running a proxy of this release matches, no store pod and nothing else
+    # (a store pod's member proxy reaches its store over loopback, which no policy governs).
     for w, pod, _ in proxy_containers(r):
+        if w["kind"] == "StatefulSet":
+            continue
         labels = pod["metadata"]["labels"]
         assert any(
             set(src) == {"podSelector"} and selects(src["podSelector"]["matchLabels"], labels)
@@ -623,8 +645,8 @@ def test_network_policy_only_proxies_reach_internal_only_store_pods_reach_peer(s
     for src in internal["from"]:
         assert src["podSelector"]["matchLabels"], "an empty selector would admit every pod"
         assert not selects(src["podSelector"]["matchLabels"], store_labels)
-    # Every port the store listens on is covered by exactly one rule.
-    listened = {p["containerPort"] for p in store["ports"]}
+    # Every port the store pod listens on (the store's, its member proxy's) is covered by exactly one rule.
+    listened = [p["containerPort"] for c in sts["spec"]["template"]["spec"]["containers"] for p in c["ports"]]
     covered = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
     assert sorted(covered) == sorted(listened)
 
@@ -758,9 +780,7 @@ def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
     (sidecar,) = pod["spec"]["initContainers"]
     assert sidecar["restartPolicy"] == "Always"
     f = flags(sidecar["args"])
-    assert f["--store-endpoints"].split(",") == [
-        f"raftgate-store-{i}.raftgate-store-headless.raftgate.svc.cluster.local:23790" for i in range(5)
-    ]
+    assert f["--store-endpoints"] == "raftgate-store-headless.raftgate.svc.cluster.local:23790"
     assert f["--listen-client-urls"] == "unix:///run/raftgate/etcd.sock"
     assert f["--identity-file"] == "/etc/raftgate/identity"
     assert f["--identity-jwt-file"] == "/var/run/secrets/raftgate/token"
@@ -784,9 +804,7 @@ def test_sidecar_helper_defaults_to_the_same_release(tmp_path: Path) -> None:
     r = render({}, chart=app, release="shop", namespace="apps")
     (deployment,) = r.docs
     (sidecar,) = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert flags(sidecar["args"])["--store-endpoints"].split(",")[0] == (
-        "shop-raftgate-store-0.shop-raftgate-store-headless.apps.svc.cluster.local:23790"
-    )
+    assert flags(sidecar["args"])["--store-endpoints"] == "shop-raftgate-store-headless.apps.svc.cluster.local:23790"
     assert deployment["spec"]["template"]["metadata"]["labels"]["raftgate.io/proxy-for"] == "shop-raftgate"
 
 

@@ -134,19 +134,17 @@ imagePullSecrets:
 {{- end -}}
 
 {{/*
---store-endpoints: every store pod's internal port, from
-(dict "fullname" F "namespace" NS "clusterDomain" D "replicaCount" N "port" P)
+--store-endpoints: the proxies' seed, the headless Service's name (it resolves to every store pod,
+ready or not) at the internal port, from (dict "fullname" F "namespace" NS "clusterDomain" D "port" P).
+A proxy learns the members (each pod's own name, --advertise-internal-urls) from the cluster and
+follows them, so the seed does not depend on replicaCount: scaling the store never restarts a proxy.
 */}}
 {{- define "raftgate.storeEndpointsOf" -}}
-{{- $endpoints := list -}}
-{{- range $i := until (int .replicaCount) -}}
-{{- $endpoints = append $endpoints (printf "%s-store-%d.%s-store-headless.%s.svc.%s:%d" $.fullname $i $.fullname $.namespace $.clusterDomain (int $.port)) -}}
-{{- end -}}
-{{- join "," $endpoints -}}
+{{- printf "%s-store-headless.%s.svc.%s:%d" .fullname .namespace .clusterDomain (int .port) -}}
 {{- end -}}
 
 {{- define "raftgate.storeEndpoints" -}}
-{{- include "raftgate.storeEndpointsOf" (dict "fullname" (include "raftgate.fullname" .) "namespace" .Release.Namespace "clusterDomain" .Values.clusterDomain "replicaCount" (include "raftgate.replicaCount" .) "port" .Values.ports.internal) -}}
+{{- include "raftgate.storeEndpointsOf" (dict "fullname" (include "raftgate.fullname" .) "namespace" .Release.Namespace "clusterDomain" .Values.clusterDomain "port" .Values.ports.internal) -}}
 {{- end -}}
 
 {{/* ---- Secrets: names ---- */}}

@@ -34,7 +34,7 @@ pullPolicy: {{ $v.image.pullPolicy }}
 native: {{ $v.sidecar.native }}
 fullname: {{ $fullname }}
 listen: {{ $v.sidecar.listenClientUrls }}
-storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "replicaCount" (include "raftgate.replicaCount" $root) "port" $v.ports.internal) }}
+storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "port" $v.ports.internal) }}
 tls: {{ $v.tls.enabled }}
 proxyTlsSecret: {{ default $proxyTls $v.sidecar.secrets.proxyTls }}
 sharedSecret: {{ default (printf "%s-shared-secret" $fullname) $v.sidecar.secrets.sharedSecret }}
@@ -88,6 +88,21 @@ securityContext:
 {{- $_ := set $p "resources" .Values.proxy.resources -}}
 {{- $_ := set $p "extraArgs" .Values.proxy.extraArgs -}}
 {{- $_ := set $p "extraEnv" .Values.proxy.extraEnv -}}
+{{- toYaml $p -}}
+{{- end -}}
+
+{{/*
+The member proxy in each store pod: the pod's advertised client URL, so that etcdctl endpoint
+status --cluster reaches every member (Status, Hash, HashKV answered by this pod's node, through
+localhost, which the internal certificate names; everything else goes to the leader).
+*/}}
+{{- define "raftgate.memberProxy.params" -}}
+{{- $p := include "raftgate.proxy.params" . | fromYaml -}}
+{{- $_ := set $p "name" "member-proxy" -}}
+{{- $_ := set $p "portPrefix" "rg-" -}}
+{{- $_ := set $p "metricsPort" .Values.sidecar.metricsPort -}}
+{{- $_ := set $p "healthPort" .Values.sidecar.healthPort -}}
+{{- $_ := set $p "extraArgs" (concat (list (printf "--member-store-endpoint=localhost:%d" (int .Values.ports.internal))) (default (list) .Values.proxy.extraArgs)) -}}
 {{- toYaml $p -}}
 {{- end -}}
 

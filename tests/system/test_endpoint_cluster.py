@@ -1,0 +1,104 @@
+"""`etcdctl endpoint status --cluster` and `endpoint health --cluster`, side by side with etcd:
+one row per member, each answered by that member (its own ID, term, raft index, applied index,
+leader flag), reached through the client URL the member advertises."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import EtcdServer, RaftgateLocal, etcdctl, wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = "root:rootpw"
+
+
+def _json(endpoint: str, *args: str, user: str | None = None) -> Any:
+    rc, out, err = etcdctl(endpoint, *args, "-w", "json", user=user)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def _keys(row: dict[str, Any]) -> set[str]:
+    """The row's field paths (Go's JSON leaves zero fields out, so compare what etcd shows)."""
+    out = set()
+    for k, v in row.items():
+        out.add(k)
+        if isinstance(v, dict):
+            out |= {f"{k}.{sub}" for sub in _keys(v)}
+    return out
+
+
+def _check_rows(rows: list[dict[str, Any]], url_of: dict[str, int], etcd_row: dict[str, Any]) -> None:
+    """One row per member, each that member's own answer, shaped as etcd's."""
+    assert sorted(r["Endpoint"] for r in rows) == sorted(url_of)
+    for row in rows:
+        st = row["Status"]
+        assert st["header"]["member_id"] == url_of[row["Endpoint"]], row
+        assert st["raftTerm"] > 0 and st["raftIndex"] >= st["raftAppliedIndex"] > 0
+        assert _keys(etcd_row) <= _keys(row), (etcd_row, row)
+    assert len({r["Status"]["leader"] for r in rows}) == 1
+    leaders = [r for r in rows if r["Status"]["leader"] == r["Status"]["header"]["member_id"]]
+    assert len(leaders) == 1, rows
+    assert len({r["Status"]["header"]["cluster_id"] for r in rows}) == 1
+
+
+def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -> None:
+    if not EtcdServer.available():
+        pytest.skip("etcd is not installed")
+    with EtcdServer(tmp_path / "etcd") as etcd:
+        etcd_status = _json(etcd.endpoint, "endpoint", "status", "--cluster")
+        etcd_health = _json(etcd.endpoint, "endpoint", "health", "--cluster")
+    assert len(etcd_status) == 1
+    with RaftgateLocal(tmp_path / "raftgate") as rg:
+        members = _json(rg.endpoint, "member", "list")["members"]
+        assert len(members) == 3
+        url_of = {m["clientURLs"][0]: m["ID"] for m in members}
+        assert len(url_of) == 3, f"each member must advertise its own client URL: {members}"
+
+        def settled(endpoint: str, *args: str, user: str | None = None) -> list[dict[str, Any]] | None:
+            rows = _json(endpoint, "endpoint", "status", *args, user=user)
+            return rows if len({r["Status"]["raftAppliedIndex"] for r in rows}) == 1 else None
+
+        rows = wait_for(lambda: settled(rg.endpoint, "--cluster"), 30, "every member to apply the same index")
+        assert isinstance(rows, list)
+        _check_rows(rows, url_of, etcd_status[0])
+
+        # the table etcd prints: one line per member, IS LEADER true exactly once
+        rc, out, err = etcdctl(rg.endpoint, "endpoint", "status", "--cluster")
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert len(lines) == 3 and sum(", true, " in line for line in lines) == 1, out
+
+        health = _json(rg.endpoint, "endpoint", "health", "--cluster")
+        assert sorted(h["endpoint"] for h in health) == sorted(url_of)
+        assert all(h["health"] for h in health), health
+        assert {k for h in etcd_health for k in h} <= {k for h in health for k in h}
+
+        # With authentication on, as root. etcdctl 3.5.1 asks MemberList for --cluster without
+        # credentials, which etcd 3.7 (and raftgate) refuse, so the member URLs are given.
+        assert etcdctl(rg.endpoint, "user", "add", "root", "--new-user-password", "rootpw")[0] == 0
+        assert etcdctl(rg.endpoint, "auth", "enable")[0] == 0
+        endpoints = ",".join(url_of)
+        rows = _json(endpoints, "endpoint", "status", user=ROOT)  # each login is a log entry: indexes move
+        _check_rows(rows, url_of, etcd_status[0])
+        health = _json(endpoints, "endpoint", "health", user=ROOT)
+        assert sorted(h["endpoint"] for h in health) == sorted(url_of) and all(h["health"] for h in health), health
+
+        # A member whose node is down: its row is missing and etcdctl names it, as with etcd.
+        follower = next(r for r in rows if r["Status"]["leader"] != r["Status"]["header"]["member_id"])
+        state = rg.local_json()
+        assert state is not None
+        name = next(m["name"] for m in members if m["ID"] == follower["Status"]["header"]["member_id"])
+        store = next(p for p in state["processes"] if p["role"] == "store" and p["name"] == name)  # type: ignore[index]
+        os.kill(int(store["pid"]), signal.SIGKILL)
+        rc, out, err = etcdctl(endpoints, "endpoint", "status", "-w", "json", user=ROOT)
+        assert rc != 0 and f"Failed to get the status of endpoint {follower['Endpoint']}" in err, err
+        alive = json.loads(out)
+        assert sorted(r["Endpoint"] for r in alive) == sorted(u for u in url_of if u != follower["Endpoint"])
