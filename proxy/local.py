@@ -7,7 +7,6 @@ pids and ports while they run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -17,10 +16,13 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from proxy.signals import stop_on_signals
+from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags, prefixed
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
@@ -28,8 +30,24 @@ STOP_TIMEOUT = 10.0
 LOCK_FILE = "raftgate.lock"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+ENV_PREFIX = "RAFTGATE_LOCAL_"
+#: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
+PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    data_dir: Path
+    client_port: int
+    nodes: int
+    #: the proxy flags given (dest -> value as text), passed on to the proxy
+    proxy_flags: tuple[tuple[str, str], ...] = ()
+    initial_root_password_file: Path | None = None
+    bcrypt_cost: str | None = None
+
+
+def _parser() -> FlagParser:
+    p = FlagParser(
         prog="raftgate local", description="Run a local raftgate (store + proxy) serving the etcd v3 API."
     )
     p.add_argument("--data-dir", default="./raftgate-data", help="where all state lives (default ./raftgate-data)")
@@ -44,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     return p
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
+    """``(argv, environ)`` -> LocalConfig; every flag may also come from ``RAFTGATE_LOCAL_<FLAG>``."""
+    f = parse_flags(_parser(), argv, environ, prefixed(ENV_PREFIX))
+    password_file = f["initial_root_password_file"]
+    return LocalConfig(
+        data_dir=Path(f["data_dir"]),
+        client_port=integer(f, "client_port", 1, 65535),
+        nodes=f["nodes"],
+        proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
+        initial_root_password_file=Path(password_file).resolve() if password_file else None,
+        bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
+    )
 
 
 def _free_ports(count: int, avoid: set[int]) -> list[int]:
@@ -188,7 +220,7 @@ class Child:
             await self.proc.wait()
 
 
-async def run(a: argparse.Namespace) -> int:
+async def run(a: LocalConfig) -> int:
     data_dir = Path(a.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if _lock(data_dir) is None:  # kept open (and locked) until the process ends
@@ -206,17 +238,15 @@ async def run(a: argparse.Namespace) -> int:
             "--initial-cluster", initial_cluster, "--advertise-client-urls", client_url,
         ]  # fmt: skip
         if a.initial_root_password_file:
-            n["argv"] += ["--initial-root-password-file", str(Path(a.initial_root_password_file).resolve())]
+            n["argv"] += ["--initial-root-password-file", str(a.initial_root_password_file)]
             if a.bcrypt_cost is not None:
                 n["argv"] += ["--bcrypt-cost", str(a.bcrypt_cost)]
     stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
     proxy_args = ["proxy", "--listen-client-urls", client_url, "--store-endpoints", endpoints,
                   "--internal-secret-file", str(secret)]  # fmt: skip
-    for flag in ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes"):
-        value = getattr(a, flag)
-        if value is not None:
-            proxy_args += ["--" + flag.replace("_", "-"), str(value)]
+    for dest, value in a.proxy_flags:
+        proxy_args += ["--" + dest.replace("_", "-"), value]
     proxy = Child("proxy", proxy_args)
     children = [*stores, proxy]
     state_file = data_dir / "local.json"
@@ -274,8 +304,9 @@ async def _report_exit(child: Child, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str]) -> int:
-    a = _parser().parse_args(argv)
-    if not 0 < a.client_port < 65536:
-        print("raftgate local: --client-port must be 1-65535", file=sys.stderr)
+    try:
+        config = parse(argv, os.environ)
+    except ConfigError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(run(a))
+    return asyncio.run(run(config))
