@@ -4,7 +4,8 @@ raftgate's one config idiom (raftgate.config_support).
 
 Every bad value is a ConfigError with a message naming the flag, or the environment variable it
 came from; the program exits with code 2.
-Values etcd silently corrects (bcrypt cost out of range, token TTL <= 0) are corrected the same way.
+A bcrypt cost out of range becomes the default, as in etcd; a token TTL <= 0 is an error (etcd
+silently uses 300 s).
 """
 
 from __future__ import annotations
@@ -133,10 +134,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
             "or --internal-cert/--internal-key/--internal-ca"
         )
     spec, jwt = _auth_token(f)
-    ttl = integer(f, "auth_token_ttl")
-    if ttl <= 0:
-        log.warning("%s %d is not positive; using %d", f.source("auth_token_ttl"), ttl, DEFAULT_TOKEN_TTL)
-        ttl = DEFAULT_TOKEN_TTL
+    # etcd swaps a TTL <= 0 for 300 s without a word; a typo that silently changes the TTL is worse.
+    ttl = integer(f, "auth_token_ttl", 1)
     cost = integer(f, "bcrypt_cost")
     if not MIN_COST <= cost <= MAX_COST:
         log.warning("%s %d is out of range %d..%d; using %d", f.source("bcrypt_cost"), cost, MIN_COST, MAX_COST,
