@@ -2,7 +2,9 @@
 
 Each runs as its own process (the same programs ``raftgate store`` and ``raftgate proxy`` start),
 so a test or an operator can inspect or kill one of them: ``<data-dir>/local.json`` lists their
-pids and ports while they run.
+pids and ports while they run. Every value is checked before any process starts: local's own flags,
+and the flags and environment variables (``RAFTGATE_STORE_*``, ``ETCD_*``, ``RAFTGATE_PROXY_*``)
+each store node and the proxy will read, with their own parsers.
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy import config as proxy_config
 from proxy.signals import stop_on_signals
-from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags, prefixed
+from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
+from raftgate.observe import ListenAddr, parse_listen_addr
+
+#: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
+#: raftgate.cli (proxy never imports authstore), so local can check a store's values without starting it.
+CheckStore = Callable[[Sequence[str], Mapping[str, str]], object]
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
@@ -30,7 +38,8 @@ STOP_TIMEOUT = 10.0
 LOCK_FILE = "raftgate.lock"
 
 
-ENV_PREFIX = "RAFTGATE_LOCAL_"
+#: Per-process addresses a store reads from its environment: every node would get the same one.
+SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE_STORE_HEALTH_ADDR": None}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
 PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
 
@@ -44,6 +53,13 @@ class LocalConfig:
     proxy_flags: tuple[tuple[str, str], ...] = ()
     initial_root_password_file: Path | None = None
     bcrypt_cost: str | None = None
+    #: --metrics-addr: the first port; store i gets PORT+i, the proxy PORT+nodes
+    metrics_addr: ListenAddr | None = None
+
+    def metrics_addrs(self) -> list[ListenAddr | None]:
+        """One address per process (the stores in order, then the proxy), or None each."""
+        base = self.metrics_addr
+        return [None if base is None else ListenAddr(base.host, base.port + i) for i in range(self.nodes + 1)]
 
 
 def _parser() -> FlagParser:
@@ -61,21 +77,74 @@ def _parser() -> FlagParser:
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
+    p.add_argument("--metrics-addr", default=None,
+                   help="HOST:PORT: Prometheus /metrics of store i on PORT+i, of the proxy on PORT+nodes "
+                        "(listed in local.json; default: off)")
     return p
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
-    """``(argv, environ)`` -> LocalConfig; every flag may also come from ``RAFTGATE_LOCAL_<FLAG>``."""
-    f = parse_flags(_parser(), argv, environ, prefixed(ENV_PREFIX))
+    """``(argv, environ)`` -> LocalConfig. local's own flags come from the command line only; the
+    environment is its children's (checked in ``check_children``)."""
+    f = parse_flags(_parser(), argv, environ, lambda action: ())
     password_file = f["initial_root_password_file"]
+    nodes = f["nodes"]
+    try:
+        metrics = parse_listen_addr("--metrics-addr", f["metrics_addr"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if metrics is not None and not 0 < metrics.port <= 65535 - nodes:
+        raise ConfigError(f"--metrics-addr: the port must be in 1..{65535 - nodes} (ports PORT..PORT+{nodes} "
+                          "are used: one per store node, then the proxy)")
     return LocalConfig(
         data_dir=Path(f["data_dir"]),
         client_port=integer(f, "client_port", 1, 65535),
-        nodes=f["nodes"],
+        nodes=nodes,
         proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
         initial_root_password_file=Path(password_file).resolve() if password_file else None,
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
+        metrics_addr=metrics,
     )
+
+
+def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
+                   environ: Mapping[str, str], check_store: CheckStore | None) -> None:
+    """Parses what each child will parse (its argv and this environment), so a bad value stops
+    local before anything starts, named as the child would name it; raises ConfigError."""
+    for var, flag in SHARED_STORE_ADDRS.items():
+        if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
+            instead = "use raftgate local --metrics-addr (one port per process), or unset it" if flag else "unset it"
+            raise ConfigError(f"{var}: every store node would listen on {environ[var]!r}; {instead}")
+    if check_store is not None:
+        for argv in store_argvs:
+            check_store(argv[1:], environ)
+    proxy_config.load(proxy_argv[1:], environ)
+
+
+def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]]) -> None:
+    """Every port about to be listened on is free now: a port kept in layout.json that another
+    program took since gets a message naming it (not a gRPC traceback from a child). Raises OSError."""
+    wanted: list[tuple[str, str, int]] = [(f"--client-port {a.client_port}", "127.0.0.1", a.client_port)]
+    for n in layout:
+        wanted += [(f"port {n[key]} ({n['name']} {key}, kept in {layout_file})", "127.0.0.1", int(n[key]))
+                   for key in ("peer_port", "internal_port")]
+    roles = [n["name"] for n in layout] + ["the proxy"]
+    wanted += [(f"--metrics-addr: port {addr.port} (for {role})", addr.host, addr.port)
+               for role, addr in zip(roles, a.metrics_addrs(), strict=True) if addr is not None]
+    users: dict[int, str] = {}
+    for what, _, port in wanted:
+        if port in users:
+            raise OSError(f"{what} and {users[port]} are the same port; choose another --client-port or "
+                          "--metrics-addr")
+        users[port] = what
+    for what, host, port in wanted:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:  # SO_REUSEADDR as the servers do: a port in TIME_WAIT is free
+            socket.create_server((host, port), family=family).close()
+        except OSError as exc:
+            hint = (" (a member's peer URL is part of its identity: free the port, or start from an empty "
+                    "--data-dir)") if "layout" in what else ""
+            raise OSError(f"{what} cannot be listened on: {exc.strerror}{hint}") from None
 
 
 def _free_ports(count: int, avoid: set[int]) -> list[int]:
@@ -220,7 +289,7 @@ class Child:
             await self.proc.wait()
 
 
-async def run(a: LocalConfig) -> int:
+async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if _lock(data_dir) is None:  # kept open (and locked) until the process ends
@@ -241,12 +310,29 @@ async def run(a: LocalConfig) -> int:
             n["argv"] += ["--initial-root-password-file", str(a.initial_root_password_file)]
             if a.bcrypt_cost is not None:
                 n["argv"] += ["--bcrypt-cost", str(a.bcrypt_cost)]
+    metrics = a.metrics_addrs()
+    for n, addr in zip(layout, metrics, strict=False):
+        if addr is not None:
+            n["metrics_addr"] = str(addr)
+            n["argv"] += ["--metrics-addr", str(addr)]
     stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
     proxy_args = ["proxy", "--listen-client-urls", client_url, "--store-endpoints", endpoints,
                   "--internal-secret-file", str(secret)]  # fmt: skip
     for dest, value in a.proxy_flags:
         proxy_args += ["--" + dest.replace("_", "-"), value]
+    if metrics[-1] is not None:
+        proxy_args += ["--metrics-addr", str(metrics[-1])]
+    try:
+        check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
+    except ConfigError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        check_ports(a, data_dir / "layout.json", layout)
+    except OSError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
+        return 1
     proxy = Child("proxy", proxy_args)
     children = [*stores, proxy]
     state_file = data_dir / "local.json"
@@ -262,6 +348,8 @@ async def run(a: LocalConfig) -> int:
         ]
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
                           "client_port": a.client_port, "argv": proxy_args})  # fmt: skip
+        if metrics[-1] is not None:
+            processes[-1]["metrics_addr"] = str(metrics[-1])
         state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
                  "processes": processes}  # fmt: skip
         tmp = state_file.with_suffix(".tmp")
@@ -303,10 +391,12 @@ async def _report_exit(child: Child, stop: asyncio.Event) -> None:
     child.report_exit()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], check_store: CheckStore | None = None) -> int:
+    """``check_store``: the store's config parser (raftgate.cli passes it), to check the stores'
+    values before they start."""
     try:
         config = parse(argv, os.environ)
     except ConfigError as exc:
         print(f"raftgate local: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(run(config))
+    return asyncio.run(run(config, check_store))

@@ -247,10 +247,12 @@ def test_local_checks_every_value_before_it_starts_anything(tmp_path: Path, args
     assert "Traceback" not in out, out
 
 
-def _free_run(count: int) -> int:
-    """The first of ``count`` consecutive free ports (bounded search)."""
+def _free_run(count: int, avoid: int) -> int:
+    """The first of ``count`` consecutive free ports, none of them ``avoid`` (bounded search)."""
     for _ in range(50):
         base = free_port()
+        if base <= avoid < base + count:
+            continue
         held: list[socket.socket] = []
         try:
             for port in range(base, base + count):
@@ -269,8 +271,10 @@ def _free_run(count: int) -> int:
 def test_local_metrics_addr_gives_each_process_its_own_port(tmp_path: Path) -> None:
     """--metrics-addr HOST:PORT: store i serves /metrics on PORT+i, the proxy on PORT+nodes, each
     listed in local.json; every one answers."""
-    base = _free_run(4)
-    with RaftgateLocal(tmp_path, extra_args=["--metrics-addr", f"127.0.0.1:{base}"]) as local:
+    local = RaftgateLocal(tmp_path)
+    base = _free_run(4, local.port)
+    local.extra_args += ["--metrics-addr", f"127.0.0.1:{base}"]
+    with local:
         state = local.local_json()
         assert state is not None
         addrs = [p.get("metrics_addr") for p in state["processes"]]  # type: ignore[index,union-attr]
