@@ -2,35 +2,36 @@
 
 Flags follow etcd's names where etcd has one; every flag can also come from an environment
 variable RAFTGATE_STORE_<FLAG> (upper case, dashes as underscores), and a flag with etcd's name
-from etcd's ETCD_<FLAG> too (flag > RAFTGATE_STORE_* > ETCD_*). Bad values stop start-up with
-a message naming the flag.
+from etcd's ETCD_<FLAG> too (flag > RAFTGATE_STORE_* > ETCD_*). Built by ``parse(argv, environ)``
+in raftgate's one config idiom (raftgate.config_support): a bad value is a ConfigError naming the
+flag or the variable it came from.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
+from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
 
-
-class ConfigError(Exception):
-    pass
+__all__ = ["ConfigError", "StoreConfig", "parse", "parse_initial_cluster"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StoreConfig:
     name: str
     data_dir: Path
     listen_host: str
     listen_port: int
     tls: bool = False
-    secret: bytes | None = None
+    secret: bytes | None = field(default=None, repr=False)
     cert_file: Path | None = None
     key_file: Path | None = None
     trusted_ca_file: Path | None = None
@@ -41,7 +42,7 @@ class StoreConfig:
     listen_peer_host: str = "127.0.0.1"
     listen_peer_port: int = 2380
     peer_tls: bool = False
-    peer_secret: bytes | None = None
+    peer_secret: bytes | None = field(default=None, repr=False)
     peer_cert_file: Path | None = None
     peer_key_file: Path | None = None
     peer_trusted_ca_file: Path | None = None
@@ -64,7 +65,7 @@ class StoreConfig:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="raftgate store", description="Run one authstore node.")
+    p = FlagParser(prog="raftgate store", description="Run one authstore node.")
     p.add_argument("--name", default="default", help="human-readable name of this member")
     p.add_argument("--data-dir", default=None,
                    help="directory for the log and the LMDB store (default: NAME.raftgate)")
@@ -136,136 +137,134 @@ def _env_names(action: argparse.Action) -> list[str]:
     return names
 
 
-def _env_defaults(p: argparse.ArgumentParser) -> None:
-    for action in p._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        env = next((name for name in _env_names(action) if name in os.environ), None)
-        if env is None:
-            continue
-        flag = action.option_strings[0]
-        try:
-            value = action.type(os.environ[env]) if action.type else os.environ[env]
-        except ValueError:
-            raise ConfigError(f"{env}: {os.environ[env]!r} is not a valid value for {flag}") from None
-        if action.choices is not None and value not in action.choices:  # argparse checks flags only
-            raise ConfigError(f"{env}: {os.environ[env]!r} is not one of {', '.join(map(str, action.choices))} "
-                              f"({flag})")
-        action.default = value
+def _env_names(action: argparse.Action) -> list[str]:
+    """The environment variables of a flag, strongest first: RAFTGATE_STORE_<FLAG>, then (a flag
+    with etcd's name) etcd's own rule, ETCD_ + the flag upper-cased with dashes as underscores."""
+    flag = action.option_strings[0].removeprefix("--")
+    names = ["RAFTGATE_STORE_" + action.dest.upper()]
+    if flag in ETCD_FLAGS:
+        names.append("ETCD_" + flag.upper().replace("-", "_"))
+    return names
 
 
-def _urls(raw: str) -> list[str]:
-    return [u.strip() for u in raw.split(",") if u.strip()]
-
-
-def _read_secret(flag: str, path: str) -> bytes:
-    try:
-        secret = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(f"--{flag}: {exc.strerror}") from exc
+def _read_secret(f: Flags, dest: str) -> bytes | None:
+    if not f[dest]:
+        return None
+    secret = read_file(f.source(dest), f[dest]).strip()
     if len(secret) < 16:
-        raise ConfigError(f"--{flag}: the secret must be at least 16 bytes")
+        raise f.error(dest, "the secret must be at least 16 bytes")
     return secret
 
 
-def _host_port(flag: str, url: str) -> tuple[str, int, bool]:
+def _host_port(source: str, url: str) -> tuple[str, int, bool]:
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname or not u.port:
-        raise ConfigError(f"--{flag}: {url!r} is not http(s)://host:port")
+        raise ConfigError(f"{source}: {url!r} is not http(s)://host:port")
     return u.hostname, u.port, u.scheme == "https"
 
 
-def parse_initial_cluster(raw: str) -> list[tuple[str, list[str]]]:
+def _one_url(f: Flags, dest: str) -> tuple[str, int, bool]:
+    urls = comma_list(f[dest])
+    if len(urls) != 1:
+        raise f.error(dest, "give exactly one URL")
+    return _host_port(f.source(dest), urls[0])
+
+
+def _tls_files(f: Flags, dests: tuple[str, ...], what: str) -> dict[str, Path]:
+    """The mTLS files an https URL needs, each an existing file."""
+    for dest in dests:
+        if not f[dest] or not Path(f[dest]).is_file():
+            raise f.error(dest, f"an https {what} URL needs this file (mTLS)")
+    return {dest: Path(f[dest]) for dest in dests}
+
+
+def parse_initial_cluster(raw: str, source: str = "--initial-cluster") -> list[tuple[str, list[str]]]:
     """etcd's ``name=url,name=url`` (a name may repeat, one URL each)."""
     members: dict[str, list[str]] = {}
     for part in raw.split(","):
         name, eq, url = part.strip().partition("=")
         if not eq or not name or not url:
-            raise ConfigError(f"--initial-cluster: {part.strip()!r} is not name=url")
-        _host_port("initial-cluster", url)
+            raise ConfigError(f"{source}: {part.strip()!r} is not name=url")
+        _host_port(source, url)
         members.setdefault(name, []).append(url)
     return list(members.items())
 
 
-def _peer_config(cfg: StoreConfig, a: argparse.Namespace) -> None:
-    listen = _urls(a.listen_peer_urls)
-    if len(listen) != 1:
-        raise ConfigError("--listen-peer-urls: give exactly one URL")
-    cfg.listen_peer_host, cfg.listen_peer_port, cfg.peer_tls = _host_port("listen-peer-urls", listen[0])
-    for url in cfg.peer_urls:
-        _host_port("initial-advertise-peer-urls", url)
-    if cfg.peer_tls:
-        for flag in ("peer_cert_file", "peer_key_file", "peer_trusted_ca_file"):
-            value = getattr(a, flag)
-            if not value or not Path(value).is_file():
-                raise ConfigError(f"--{flag.replace('_', '-')}: an https peer URL needs this file (mTLS)")
-            setattr(cfg, flag, Path(value))
-    if a.peer_secret_file:
-        cfg.peer_secret = _read_secret("peer-secret-file", a.peer_secret_file)
-    if not cfg.peer_tls and cfg.peer_secret is None:
+def _peer_config(f: Flags, name: str, peer_urls: list[str]) -> dict[str, object]:
+    host, port, peer_tls = _one_url(f, "listen_peer_urls")
+    out: dict[str, object] = {"listen_peer_host": host, "listen_peer_port": port, "peer_tls": peer_tls}
+    for url in peer_urls:
+        _host_port(f.source("initial_advertise_peer_urls"), url)
+    if peer_tls:
+        out.update(_tls_files(f, ("peer_cert_file", "peer_key_file", "peer_trusted_ca_file"), "peer"))
+    out["peer_secret"] = _read_secret(f, "peer_secret_file")
+    if not peer_tls and out["peer_secret"] is None:
         raise ConfigError("peer traffic must be authenticated: use https:// with --peer-cert-file/--peer-key-file/"
                           "--peer-trusted-ca-file (mTLS), or --peer-secret-file in development")
-    cfg.initial_cluster = parse_initial_cluster(a.initial_cluster or f"{cfg.name}={','.join(cfg.peer_urls)}")
-    mine = dict(cfg.initial_cluster).get(cfg.name)
+    cluster_source = f.source("initial_cluster")
+    initial_cluster = parse_initial_cluster(f["initial_cluster"] or f"{name}={','.join(peer_urls)}", cluster_source)
+    mine = dict(initial_cluster).get(name)
     if mine is None:
-        raise ConfigError(f"--initial-cluster: has no member named {cfg.name!r} (--name)")
-    if sorted(mine) != sorted(cfg.peer_urls):
-        raise ConfigError(f"--initial-cluster: {cfg.name}'s URLs {mine} differ from --initial-advertise-peer-urls")
-    cfg.initial_cluster_state = a.initial_cluster_state
-    cfg.heartbeat_interval_ms, cfg.election_timeout_ms = a.heartbeat_interval, a.election_timeout
-    if cfg.heartbeat_interval_ms < 1 or cfg.election_timeout_ms < 5 * cfg.heartbeat_interval_ms:
-        raise ConfigError("--election-timeout must be at least 5 times --heartbeat-interval (etcd's rule)")
-    cfg.snapshot_count, cfg.snapshot_catchup_entries = a.snapshot_count, a.snapshot_catchup_entries
-    if cfg.snapshot_count < 1 or cfg.snapshot_catchup_entries < 0:
-        raise ConfigError("--snapshot-count must be positive and --snapshot-catchup-entries not negative")
+        raise ConfigError(f"{cluster_source}: has no member named {name!r} ({f.source('name')})")
+    if sorted(mine) != sorted(peer_urls):
+        raise ConfigError(f"{cluster_source}: {name}'s URLs {mine} differ from "
+                          f"{f.source('initial_advertise_peer_urls')}")
+    out["initial_cluster"] = initial_cluster
+    out["initial_cluster_state"] = f["initial_cluster_state"]
+    heartbeat = integer(f, "heartbeat_interval", 1)
+    election = integer(f, "election_timeout")
+    if election < 5 * heartbeat:
+        raise ConfigError(f"{f.source('election_timeout')} must be at least 5 times "
+                          f"{f.source('heartbeat_interval')} (etcd's rule)")
+    out["heartbeat_interval_ms"], out["election_timeout_ms"] = heartbeat, election
+    out["snapshot_count"] = integer(f, "snapshot_count", 1)
+    out["snapshot_catchup_entries"] = integer(f, "snapshot_catchup_entries", 0)
+    return out
 
 
-def parse(argv: list[str]) -> StoreConfig:
-    p = _parser()
-    _env_defaults(p)
-    a = p.parse_args(argv)
-    listen = _urls(a.listen_internal_urls)
-    if len(listen) != 1:
-        raise ConfigError("--listen-internal-urls: give exactly one URL")
-    u = urlsplit(listen[0])
-    if u.scheme not in ("http", "https") or not u.hostname or not u.port:
-        raise ConfigError(f"--listen-internal-urls: {listen[0]!r} is not http(s)://host:port")
-    tls = u.scheme == "https"
-    cfg = StoreConfig(name=a.name, data_dir=Path(a.data_dir or f"{a.name}.raftgate"), listen_host=u.hostname,
-                      listen_port=u.port, tls=tls, advertise_client_urls=_urls(a.advertise_client_urls),
-                      peer_urls=_urls(a.initial_advertise_peer_urls), initial_cluster_token=a.initial_cluster_token,
-                      max_txn_ops=a.max_txn_ops, quota_backend_bytes=a.quota_backend_bytes, log_level=a.log_level,
-                      max_watches_per_stream=a.max_watches_per_stream, max_watches_per_user=a.max_watches_per_user)
+def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> StoreConfig:
+    """``(argv, environ)`` -> StoreConfig (environ: os.environ when None); raises ConfigError."""
+    f = parse_flags(_parser(), argv, os.environ if environ is None else environ, _env_names)
+    host, port, tls = _one_url(f, "listen_internal_urls")
+    name = f["name"]
+    peer_urls = comma_list(f["initial_advertise_peer_urls"])
+    values: dict[str, object] = {}
     if tls:
-        for flag in ("cert_file", "key_file", "trusted_ca_file"):
-            value = getattr(a, flag)
-            if not value or not Path(value).is_file():
-                raise ConfigError(f"--{flag.replace('_', '-')}: an https internal URL needs this file (mTLS)")
-            setattr(cfg, flag, Path(value))
-    if a.internal_secret_file:
-        cfg.secret = _read_secret("internal-secret-file", a.internal_secret_file)
-    if not tls and cfg.secret is None:
+        values.update(_tls_files(f, ("cert_file", "key_file", "trusted_ca_file"), "internal"))
+    values["secret"] = _read_secret(f, "internal_secret_file")
+    if not tls and values["secret"] is None:
         raise ConfigError("the internal port must be authenticated: use https:// with --cert-file/--key-file/"
                           "--trusted-ca-file (mTLS), or --internal-secret-file in development")
-    cfg.advertise_internal_urls = _urls(a.advertise_internal_urls)
-    for url in cfg.advertise_internal_urls:
-        _host_port("advertise-internal-urls", url)
-    if not cfg.advertise_internal_urls and u.hostname not in ("0.0.0.0", "::", "[::]"):
-        cfg.advertise_internal_urls = [listen[0]]
-    _peer_config(cfg, a)
-    if cfg.max_txn_ops < 1:
-        raise ConfigError("--max-txn-ops must be at least 1")
-    if cfg.quota_backend_bytes < 1 << 20:
-        raise ConfigError("--quota-backend-bytes must be at least 1 MiB")
-    for flag in ("max_watches_per_stream", "max_watches_per_user"):
-        if getattr(cfg, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
-    cfg.observe = observe_config(a, ConfigError)
+    values.update(_peer_config(f, name, peer_urls))
+    advertise_internal = comma_list(f["advertise_internal_urls"])
+    for url in advertise_internal:
+        _host_port(f.source("advertise_internal_urls"), url)
+    if not advertise_internal and host not in ("0.0.0.0", "::"):
+        advertise_internal = comma_list(f["listen_internal_urls"])  # exactly one (checked above)
+    values["advertise_internal_urls"] = advertise_internal
+    observe = observe_config(argparse.Namespace(metrics_addr=f["metrics_addr"], health_addr=f["health_addr"]),
+                             ConfigError, {dest: f.source(dest) for dest in ("metrics_addr", "health_addr")})
     # Out of range -> the default, as etcd (and the proxy) do for --bcrypt-cost.
-    cfg.bcrypt_cost = a.bcrypt_cost if MIN_COST <= a.bcrypt_cost <= MAX_COST else DEFAULT_COST
-    if a.initial_root_password_file:
+    cost = f["bcrypt_cost"]
+    password = None
+    if f["initial_root_password_file"]:
         try:
-            cfg.initial_root_password = read_password_file(a.initial_root_password_file)
+            password = read_password_file(f["initial_root_password_file"])
         except PasswordFileError as exc:
-            raise ConfigError(f"--initial-root-password-file: {exc}") from None
-    return cfg
+            raise f.error("initial_root_password_file", str(exc)) from None
+    return StoreConfig(
+        name=name, data_dir=Path(f["data_dir"] or f"{name}.raftgate"), listen_host=host, listen_port=port, tls=tls,
+        advertise_client_urls=comma_list(f["advertise_client_urls"]), peer_urls=peer_urls,
+        initial_cluster_token=f["initial_cluster_token"], max_txn_ops=integer(f, "max_txn_ops", 1),
+        quota_backend_bytes=_quota(f), log_level=f["log_level"],
+        max_watches_per_stream=integer(f, "max_watches_per_stream", 1),
+        max_watches_per_user=integer(f, "max_watches_per_user", 1), observe=observe,
+        bcrypt_cost=cost if MIN_COST <= cost <= MAX_COST else DEFAULT_COST, initial_root_password=password,
+        **values,  # type: ignore[arg-type]
+    )
+
+
+def _quota(f: Flags) -> int:
+    if f["quota_backend_bytes"] < 1 << 20:
+        raise f.error("quota_backend_bytes", "must be at least 1 MiB")
+    return int(f["quota_backend_bytes"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -201,7 +202,8 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
     security = _peer_security(cfg)
     node = await open_node(cfg, backend, security)
-    cfg.initial_root_password = None  # hashed into a new cluster's first entries, or unused: not kept
+    cfg = dataclasses.replace(cfg, initial_root_password=None)  # hashed into a new cluster's first entries,
+    # or unused: not kept (main() hands its reference over)
     applier = node.applier
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
@@ -292,7 +294,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
 
 def main(argv: list[str]) -> int:
     try:
-        cfg = store_config.parse(argv)
+        cfg = store_config.parse(argv, os.environ)
     except store_config.ConfigError as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 2
@@ -307,7 +309,9 @@ def main(argv: list[str]) -> int:
         log.warning("fail points armed (tests only): %s", ", ".join(armed))
     try:
         lock_data_dir(cfg.data_dir)
-        removed = asyncio.run(serve(cfg))
+        serving = serve(cfg)
+        del cfg  # serve() drops the initial root password once it is used: no reference here keeps it
+        removed = asyncio.run(serving)
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 
 Each runs as its own process (the same programs ``raftgate store`` and ``raftgate proxy`` start),
 so a test or an operator can inspect or kill one of them: ``<data-dir>/local.json`` lists their
-pids and ports while they run.
+pids and ports while they run. Every value is checked before any process starts: local's own flags,
+and the flags and environment variables (``RAFTGATE_STORE_*``, ``ETCD_*``, ``RAFTGATE_PROXY_*``)
+each store node and the proxy will read, with their own parsers.
 
 Besides the proxy on ``--client-port``, each store node has a member proxy of its own (its
 ``--member-store-endpoint``), whose URL is the client URL the node advertises: as with etcd,
@@ -12,7 +14,6 @@ member's own answer.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -22,10 +23,19 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy import config as proxy_config
 from proxy.signals import stop_on_signals
+from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
+from raftgate.observe import ListenAddr, parse_listen_addr
+
+#: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
+#: raftgate.cli (proxy never imports authstore), so local can check a store's values without starting it.
+CheckStore = Callable[[Sequence[str], Mapping[str, str]], object]
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
@@ -33,8 +43,34 @@ STOP_TIMEOUT = 10.0
 LOCK_FILE = "raftgate.lock"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+#: Per-process addresses a store reads from its environment: every node would get the same one.
+SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE_STORE_HEALTH_ADDR": None}
+#: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
+PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    data_dir: Path
+    client_port: int
+    nodes: int
+    #: the proxy flags given (dest -> value as text), passed on to the proxy
+    proxy_flags: tuple[tuple[str, str], ...] = ()
+    initial_root_password_file: Path | None = None
+    bcrypt_cost: str | None = None
+    #: --metrics-addr: the first port; store i gets PORT+i, the proxy PORT+nodes
+    metrics_addr: ListenAddr | None = None
+    #: --gateway-port: the proxy also serves etcd's JSON gateway there (None: off)
+    gateway_port: int | None = None
+
+    def metrics_addrs(self) -> list[ListenAddr | None]:
+        """One address per process (the stores in order, then the proxy), or None each."""
+        base = self.metrics_addr
+        return [None if base is None else ListenAddr(base.host, base.port + i) for i in range(self.nodes + 1)]
+
+
+def _parser() -> FlagParser:
+    p = FlagParser(
         prog="raftgate local", description="Run a local raftgate (store + proxy) serving the etcd v3 API."
     )
     p.add_argument("--data-dir", default="./raftgate-data", help="where all state lives (default ./raftgate-data)")
@@ -50,7 +86,81 @@ def _parser() -> argparse.ArgumentParser:
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
+    p.add_argument("--metrics-addr", default=None,
+                   help="HOST:PORT: Prometheus /metrics of store i on PORT+i, of the proxy on PORT+nodes "
+                        "(listed in local.json; default: off)")
     return p
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
+    """``(argv, environ)`` -> LocalConfig. local's own flags come from the command line only; the
+    environment is its children's (checked in ``check_children``)."""
+    f = parse_flags(_parser(), argv, environ, lambda action: ())
+    password_file = f["initial_root_password_file"]
+    nodes = f["nodes"]
+    try:
+        metrics = parse_listen_addr("--metrics-addr", f["metrics_addr"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if metrics is not None and not 0 < metrics.port <= 65535 - nodes:
+        raise ConfigError(f"--metrics-addr: the port must be in 1..{65535 - nodes} (ports PORT..PORT+{nodes} "
+                          "are used: one per store node, then the proxy)")
+    client_port = integer(f, "client_port", 1, 65535)
+    gateway_port = None if f["gateway_port"] is None else integer(f, "gateway_port", 1, 65535)
+    if gateway_port == client_port:
+        raise ConfigError("--gateway-port: must differ from --client-port")
+    return LocalConfig(
+        data_dir=Path(f["data_dir"]),
+        client_port=client_port,
+        nodes=nodes,
+        proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
+        initial_root_password_file=Path(password_file).resolve() if password_file else None,
+        bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
+        metrics_addr=metrics,
+        gateway_port=gateway_port,
+    )
+
+
+def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
+                   environ: Mapping[str, str], check_store: CheckStore | None) -> None:
+    """Parses what each child will parse (its argv and this environment), so a bad value stops
+    local before anything starts, named as the child would name it; raises ConfigError."""
+    for var, flag in SHARED_STORE_ADDRS.items():
+        if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
+            instead = "use raftgate local --metrics-addr (one port per process), or unset it" if flag else "unset it"
+            raise ConfigError(f"{var}: every store node would listen on {environ[var]!r}; {instead}")
+    if check_store is not None:
+        for argv in store_argvs:
+            check_store(argv[1:], environ)
+    proxy_config.load(proxy_argv[1:], environ)
+
+
+def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]]) -> None:
+    """Every port about to be listened on is free now: a port kept in layout.json that another
+    program took since gets a message naming it (not a gRPC traceback from a child). Raises OSError."""
+    wanted: list[tuple[str, str, int]] = [(f"--client-port {a.client_port}", "127.0.0.1", a.client_port)]
+    if a.gateway_port is not None:
+        wanted.append((f"--gateway-port {a.gateway_port}", "127.0.0.1", a.gateway_port))
+    for n in layout:
+        wanted += [(f"port {n[key]} ({n['name']} {key}, kept in {layout_file})", "127.0.0.1", int(n[key]))
+                   for key in _PORT_KEYS if key in n]
+    roles = [n["name"] for n in layout] + ["the proxy"]
+    wanted += [(f"--metrics-addr: port {addr.port} (for {role})", addr.host, addr.port)
+               for role, addr in zip(roles, a.metrics_addrs(), strict=True) if addr is not None]
+    users: dict[int, str] = {}
+    for what, _, port in wanted:
+        if port in users:
+            raise OSError(f"{what} and {users[port]} are the same port; choose another --client-port or "
+                          "--metrics-addr")
+        users[port] = what
+    for what, host, port in wanted:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:  # SO_REUSEADDR as the servers do: a port in TIME_WAIT is free
+            socket.create_server((host, port), family=family).close()
+        except OSError as exc:
+            hint = (" (a member's peer URL is part of its identity: free the port, or start from an empty "
+                    "--data-dir)") if "layout" in what else ""
+            raise OSError(f"{what} cannot be listened on: {exc.strerror}{hint}") from None
 
 
 def _free_ports(count: int, avoid: set[int]) -> list[int]:
@@ -212,7 +322,7 @@ class Child:
             await self.proc.wait()
 
 
-async def run(a: argparse.Namespace) -> int:
+async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if _lock(data_dir) is None:  # kept open (and locked) until the process ends
@@ -230,19 +340,34 @@ async def run(a: argparse.Namespace) -> int:
             "--initial-cluster", initial_cluster, "--advertise-client-urls", f"http://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
         if a.initial_root_password_file:
-            n["argv"] += ["--initial-root-password-file", str(Path(a.initial_root_password_file).resolve())]
+            n["argv"] += ["--initial-root-password-file", str(a.initial_root_password_file)]
             if a.bcrypt_cost is not None:
                 n["argv"] += ["--bcrypt-cost", str(a.bcrypt_cost)]
+    metrics = a.metrics_addrs()
+    for n, addr in zip(layout, metrics, strict=False):
+        if addr is not None:
+            n["metrics_addr"] = str(addr)
+            n["argv"] += ["--metrics-addr", str(addr)]
     stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
     common = ["--store-endpoints", endpoints, "--internal-secret-file", str(secret)]
-    for flag in ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes"):
-        value = getattr(a, flag)
-        if value is not None:
-            common += ["--" + flag.replace("_", "-"), str(value)]
+    for dest, value in a.proxy_flags:
+        common += ["--" + dest.replace("_", "-"), value]
     proxy_args = ["proxy", "--listen-client-urls", client_url, *common]
     if a.gateway_port is not None:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
+    if metrics[-1] is not None:
+        proxy_args += ["--metrics-addr", str(metrics[-1])]
+    try:
+        check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
+    except ConfigError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        check_ports(a, data_dir / "layout.json", layout)
+    except OSError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
+        return 1
     proxy = Child("proxy", proxy_args)
     for n in layout:
         n["proxy_argv"] = ["proxy", "--listen-client-urls", f"http://127.0.0.1:{n['client_port']}", *common,
@@ -267,6 +392,8 @@ async def run(a: argparse.Namespace) -> int:
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
                           "client_port": a.client_port, "gateway_port": a.gateway_port,
                           "argv": proxy_args})  # fmt: skip
+        if metrics[-1] is not None:
+            processes[-1]["metrics_addr"] = str(metrics[-1])
         state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
                  "processes": processes}  # fmt: skip
         tmp = state_file.with_suffix(".tmp")
@@ -309,12 +436,12 @@ async def _report_exit(child: Child, stop: asyncio.Event) -> None:
     child.report_exit()
 
 
-def main(argv: list[str]) -> int:
-    a = _parser().parse_args(argv)
-    if not 0 < a.client_port < 65536:
-        print("raftgate local: --client-port must be 1-65535", file=sys.stderr)
+def main(argv: list[str], check_store: CheckStore | None = None) -> int:
+    """``check_store``: the store's config parser (raftgate.cli passes it), to check the stores'
+    values before they start."""
+    try:
+        config = parse(argv, os.environ)
+    except ConfigError as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr)
         return 2
-    if a.gateway_port is not None and not (0 < a.gateway_port < 65536 and a.gateway_port != a.client_port):
-        print("raftgate local: --gateway-port must be 1-65535 and not --client-port", file=sys.stderr)
-        return 2
-    return asyncio.run(run(a))
+    return asyncio.run(run(config, check_store))

@@ -52,7 +52,10 @@ def _run(command: str, rest: list[str]) -> int:
     elif command == "proxy":
         from proxy.main import main as run
     elif command == "local":
-        from proxy.local import main as run
+        from authstore.config import parse as check_store
+        from proxy.local import main as local
+
+        return local(rest, check_store)  # checks the stores' values with the store's own parser
     elif command == "bootstrap-auth":
         from proxy.bootstrap import main as run
     elif command == "bench":

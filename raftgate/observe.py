@@ -17,7 +17,7 @@ import asyncio
 import ipaddress
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
@@ -76,15 +76,18 @@ def add_observe_flags(parser: argparse.ArgumentParser) -> None:
                              "for kubelet probes (default: off)")
 
 
-def observe_config(args: argparse.Namespace, error: Callable[[str], Exception] = ValueError) -> ObserveConfig:
-    """The two flags of ``add_observe_flags`` -> ObserveConfig; a bad value raises ``error(message)``."""
+def observe_config(args: argparse.Namespace, error: Callable[[str], Exception] = ValueError,
+                   sources: Mapping[str, str] | None = None) -> ObserveConfig:
+    """The two flags of ``add_observe_flags`` -> ObserveConfig; a bad value raises ``error(message)``
+    naming the flag, or what ``sources`` says it came from (dest -> e.g. an environment variable)."""
+    names = {"metrics_addr": "--metrics-addr", "health_addr": "--health-addr", **(sources or {})}
     try:
-        metrics = parse_listen_addr("--metrics-addr", args.metrics_addr)
-        health_addr = parse_listen_addr("--health-addr", args.health_addr)
+        metrics = parse_listen_addr(names["metrics_addr"], args.metrics_addr)
+        health_addr = parse_listen_addr(names["health_addr"], args.health_addr)
     except ValueError as exc:
         raise error(str(exc)) from None
     if metrics and health_addr and metrics == health_addr and metrics.port != 0:
-        raise error("--metrics-addr and --health-addr must differ")
+        raise error(f"{names['metrics_addr']} and {names['health_addr']} must differ")
     return ObserveConfig(metrics, health_addr)
 
 

@@ -4,12 +4,15 @@ member exits; a data dir is used by one process at a time."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,3 +199,133 @@ def test_a_local_data_dir_is_used_by_one_local(tmp_path: Path) -> None:
         assert first.local_json() == before
         assert etcdctl(first.endpoint, "put", "still", "serving")[0] == 0
         assert etcdctl(first.endpoint, "get", "still", "--print-value-only")[1] == "serving\n"
+
+
+# -- `raftgate local` is an operations tool too (issue 15 item 8) ---------------------------------
+
+def _local_argv(data_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "raftgate.cli", "local", "--data-dir", str(data_dir),
+            "--client-port", str(free_port()), "--nodes", "1", *args]
+
+
+def _clean_env(**more: str) -> dict[str, str]:
+    """This environment without any raftgate or etcd variable, plus ``more``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "RAFTGATE_"))} | more
+
+
+def _run_local(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    log = tmp_path / "local.log"
+    proc = _spawn(_local_argv(tmp_path / "data", *args), log, env)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        _kill(proc)
+    return code, log.read_text()
+
+
+@pytest.mark.parametrize("args, env, names", [
+    (["--auth-token-ttl", "x"], {}, "--auth-token-ttl"),
+    (["--auth-token-ttl", "0"], {}, "--auth-token-ttl"),
+    (["--auth-token-ttl=-5"], {}, "--auth-token-ttl"),
+    (["--max-request-bytes", "0"], {}, "--max-request-bytes"),
+    (["--auth-token", "jwt,sign-method=XX"], {}, "--auth-token"),
+    (["--initial-root-password-file", "/nonexistent/pw"], {}, "--initial-root-password-file"),
+    ([], {"RAFTGATE_PROXY_BCRYPT_WORKERS": "0"}, "RAFTGATE_PROXY_BCRYPT_WORKERS"),
+    ([], {"RAFTGATE_STORE_SNAPSHOT_COUNT": "many"}, "RAFTGATE_STORE_SNAPSHOT_COUNT"),
+    ([], {"ETCD_HEARTBEAT_INTERVAL": "0"}, "ETCD_HEARTBEAT_INTERVAL"),
+    (["--client-port", "70000"], {}, "--client-port"),
+])
+def test_local_checks_every_value_before_it_starts_anything(tmp_path: Path, args: list[str], env: dict[str, str],
+                                                             names: str) -> None:
+    """A bad value for local, or for a store or the proxy it starts (flag or environment), exits 2
+    with a message naming the flag or the variable, and no process was started."""
+    code, out = _run_local(tmp_path, args, _clean_env(**env))
+    assert code == 2, out
+    assert names in out, out
+    assert "raftgate store:" not in out and "raftgate proxy:" not in out and "exited with code" not in out, out
+    assert "Traceback" not in out, out
+
+
+def _free_run(count: int, avoid: int) -> int:
+    """The first of ``count`` consecutive free ports, none of them ``avoid`` (bounded search)."""
+    for _ in range(50):
+        base = free_port()
+        if base <= avoid < base + count:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    pytest.fail(f"no {count} consecutive free ports")
+
+
+def test_local_metrics_addr_gives_each_process_its_own_port(tmp_path: Path) -> None:
+    """--metrics-addr HOST:PORT: store i serves /metrics on PORT+i, the proxy on PORT+nodes, each
+    listed in local.json; every one answers."""
+    local = RaftgateLocal(tmp_path)
+    base = _free_run(4, local.port)
+    local.extra_args += ["--metrics-addr", f"127.0.0.1:{base}"]
+    with local:
+        state = local.local_json()
+        assert state is not None
+        addrs = [p.get("metrics_addr") for p in state["processes"]]  # type: ignore[index,union-attr]
+        assert addrs == [f"127.0.0.1:{base + i}" for i in range(4)], state
+        for addr in addrs:
+            with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as response:
+                assert response.status == 200 and b"# HELP" in response.read()
+
+
+def test_local_refuses_one_store_metrics_port_for_every_store(tmp_path: Path) -> None:
+    """RAFTGATE_STORE_METRICS_ADDR would give every store node the same port (the cluster dies):
+    local refuses it, naming the variable and --metrics-addr."""
+    code, out = _run_local(tmp_path, [], _clean_env(RAFTGATE_STORE_METRICS_ADDR=f"127.0.0.1:{free_port()}"))
+    assert code == 2, out
+    assert "RAFTGATE_STORE_METRICS_ADDR" in out and "--metrics-addr" in out, out
+    assert "raftgate store:" not in out, out
+
+
+def test_local_names_layout_json_when_its_port_is_taken(tmp_path: Path) -> None:
+    """A port kept in layout.json that another program took since: a message naming layout.json
+    and the port, exit non-zero, no traceback."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (data_dir / "layout.json").write_text(json.dumps([{"name": "node1", "data_dir": str(data_dir / "node1"),
+                                                           "peer_port": port, "internal_port": free_port()}]))
+        code, out = _run_local(tmp_path, [], _clean_env())
+    finally:
+        taken.close()
+    assert code != 0, out
+    assert "layout.json" in out and str(port) in out, out
+    assert "Traceback" not in out and "raftgate store:" not in out, out
+
+
+def test_ctrl_c_ends_every_process_with_0_every_time(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group), several times in a row: local and every
+    process it runs exit 0, each time."""
+    local = RaftgateLocal(tmp_path)
+    for _ in range(3):
+        try:
+            local.start()
+            assert local.proc is not None
+            proc = local.proc
+            os.killpg(proc.pid, signal.SIGINT)
+            code = proc.wait(timeout=60)
+        finally:
+            local.stop()
+        output = local.output()
+        assert code == 0, output
+        exits = re.findall(r"^raftgate local: (.+) exited with code (-?\d+)$", output, re.M)
+        assert [c for _, c in exits if c != "0"] == [], output

@@ -43,9 +43,17 @@ def test_env_and_flag_precedence(secret: str) -> None:
 
 
 def test_etcd_corrections(secret: str) -> None:
-    cfg = load(base(secret, "--bcrypt-cost=3", "--auth-token-ttl=0"), env={})
-    assert (cfg.bcrypt_cost, cfg.auth_token_ttl) == (10, 300)
-    assert load(base(secret, "--bcrypt-cost=32", "--auth-token-ttl=-5"), env={}).bcrypt_cost == 10
+    assert load(base(secret, "--bcrypt-cost=3"), env={}).bcrypt_cost == 10
+    assert load(base(secret, "--bcrypt-cost=32"), env={}).bcrypt_cost == 10
+
+
+@pytest.mark.parametrize("ttl", ["0", "-5"])
+def test_a_token_ttl_that_is_not_positive_is_an_error(secret: str, ttl: str) -> None:
+    """Not a silent 300 (etcd's simple token provider swaps in 300 s; a typo should not)."""
+    with pytest.raises(ConfigError, match="--auth-token-ttl"):
+        load(base(secret, f"--auth-token-ttl={ttl}"), env={})
+    with pytest.raises(ConfigError, match=r"RAFTGATE_PROXY_AUTH_TOKEN_TTL \(--auth-token-ttl\)"):
+        load(base(secret), env={"RAFTGATE_PROXY_AUTH_TOKEN_TTL": ttl})
 
 
 @pytest.mark.parametrize(
