@@ -58,15 +58,17 @@ class LocalConfig:
     proxy_flags: tuple[tuple[str, str], ...] = ()
     initial_root_password_file: Path | None = None
     bcrypt_cost: str | None = None
-    #: --metrics-addr: the first port; store i gets PORT+i, the proxy PORT+nodes
+    #: --metrics-addr: the first port; store i gets PORT+i, the proxy PORT+nodes, member proxy i
+    #: PORT+nodes+1+i
     metrics_addr: ListenAddr | None = None
     #: --gateway-port: the proxy also serves etcd's JSON gateway there (None: off)
     gateway_port: int | None = None
 
     def metrics_addrs(self) -> list[ListenAddr | None]:
-        """One address per process (the stores in order, then the proxy), or None each."""
+        """One address per process (the stores in order, the proxy, then the member proxies in
+        order), or None each."""
         base = self.metrics_addr
-        return [None if base is None else ListenAddr(base.host, base.port + i) for i in range(self.nodes + 1)]
+        return [None if base is None else ListenAddr(base.host, base.port + i) for i in range(2 * self.nodes + 1)]
 
 
 def _parser() -> FlagParser:
@@ -87,7 +89,8 @@ def _parser() -> FlagParser:
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     p.add_argument("--metrics-addr", default=None,
-                   help="HOST:PORT: Prometheus /metrics of store i on PORT+i, of the proxy on PORT+nodes "
+                   help="HOST:PORT: Prometheus /metrics of store i on PORT+i, of the proxy on PORT+nodes, of member "
+                        "proxy i on PORT+nodes+1+i "
                         "(listed in local.json; default: off)")
     return p
 
@@ -102,9 +105,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         metrics = parse_listen_addr("--metrics-addr", f["metrics_addr"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if metrics is not None and not 0 < metrics.port <= 65535 - nodes:
-        raise ConfigError(f"--metrics-addr: the port must be in 1..{65535 - nodes} (ports PORT..PORT+{nodes} "
-                          "are used: one per store node, then the proxy)")
+    if metrics is not None and not 0 < metrics.port <= 65535 - 2 * nodes:
+        raise ConfigError(f"--metrics-addr: the port must be in 1..{65535 - 2 * nodes} (ports "
+                          f"PORT..PORT+{2 * nodes} are used: one per store node, the proxy, one per member proxy)")
     client_port = integer(f, "client_port", 1, 65535)
     gateway_port = None if f["gateway_port"] is None else integer(f, "gateway_port", 1, 65535)
     if gateway_port == client_port:
@@ -144,7 +147,7 @@ def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]])
     for n in layout:
         wanted += [(f"port {n[key]} ({n['name']} {key}, kept in {layout_file})", "127.0.0.1", int(n[key]))
                    for key in _PORT_KEYS if key in n]
-    roles = [n["name"] for n in layout] + ["the proxy"]
+    roles = [n["name"] for n in layout] + ["the proxy"] + [f"{n['name']}'s member proxy" for n in layout]
     wanted += [(f"--metrics-addr: port {addr.port} (for {role})", addr.host, addr.port)
                for role, addr in zip(roles, a.metrics_addrs(), strict=True) if addr is not None]
     users: dict[int, str] = {}
@@ -356,8 +359,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     proxy_args = ["proxy", "--listen-client-urls", client_url, *common]
     if a.gateway_port is not None:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
-    if metrics[-1] is not None:
-        proxy_args += ["--metrics-addr", str(metrics[-1])]
+    if metrics[a.nodes] is not None:
+        proxy_args += ["--metrics-addr", str(metrics[a.nodes])]
     try:
         check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
     except ConfigError as exc:
@@ -369,9 +372,11 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
         return 1
     proxy = Child("proxy", proxy_args)
-    for n in layout:
+    for n, addr in zip(layout, metrics[a.nodes + 1:], strict=True):
         n["proxy_argv"] = ["proxy", "--listen-client-urls", f"http://127.0.0.1:{n['client_port']}", *common,
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
+        if addr is not None:
+            n["proxy_argv"] += ["--metrics-addr", str(addr)]
     members = [Child(f"proxy {n['name']}", n["proxy_argv"]) for n in layout]
     children = [*stores, proxy, *members]
     state_file = data_dir / "local.json"
@@ -388,12 +393,13 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         ]
         processes += [{"role": "member-proxy", "pid": m.proc.pid if m.proc else None, "member": n["name"],
                        "client_port": n["client_port"], "argv": n["proxy_argv"]}
-                      for m, n in zip(members, layout, strict=True)]  # fmt: skip
+                      | ({} if addr is None else {"metrics_addr": str(addr)})
+                      for m, n, addr in zip(members, layout, metrics[a.nodes + 1:], strict=True)]  # fmt: skip
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,
                           "client_port": a.client_port, "gateway_port": a.gateway_port,
                           "argv": proxy_args})  # fmt: skip
-        if metrics[-1] is not None:
-            processes[-1]["metrics_addr"] = str(metrics[-1])
+        if metrics[a.nodes] is not None:
+            processes[-1]["metrics_addr"] = str(metrics[a.nodes])
         state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
                  "processes": processes}  # fmt: skip
         tmp = state_file.with_suffix(".tmp")

@@ -268,16 +268,19 @@ def _free_run(count: int, avoid: int) -> int:
 
 
 def test_local_metrics_addr_gives_each_process_its_own_port(tmp_path: Path) -> None:
-    """--metrics-addr HOST:PORT: store i serves /metrics on PORT+i, the proxy on PORT+nodes, each
-    listed in local.json; every one answers."""
+    """--metrics-addr HOST:PORT: store i serves /metrics on PORT+i, the proxy on PORT+nodes, member
+    proxy i on PORT+nodes+1+i, each listed in local.json; every one answers."""
     local = RaftgateLocal(tmp_path)
-    base = _free_run(4, local.port)
+    base = _free_run(7, local.port)
     local.extra_args += ["--metrics-addr", f"127.0.0.1:{base}"]
     with local:
         state = local.local_json()
         assert state is not None
-        addrs = [p.get("metrics_addr") for p in state["processes"]]  # type: ignore[index,union-attr]
-        assert addrs == [f"127.0.0.1:{base + i}" for i in range(4)], state
+        processes = state["processes"]  # type: ignore[index]
+        order = {"store": 0, "proxy": 1, "member-proxy": 2}
+        ordered = sorted(processes, key=lambda p: order[p["role"]])  # type: ignore[index]  # stable
+        addrs = [p.get("metrics_addr") for p in ordered]  # type: ignore[union-attr]
+        assert addrs == [f"127.0.0.1:{base + i}" for i in range(7)], state
         for addr in addrs:
             with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as response:
                 assert response.status == 200 and b"# HELP" in response.read()
