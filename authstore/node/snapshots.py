@@ -44,15 +44,15 @@ class SnapshotSender:
         self.copier = copier
         self.report = report  # (peer, failed)
         self._out: set[int] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: a simulation replays exactly
 
     def send(self, msg: Message) -> None:
         if msg.to in self._out:
             return
         self._out.add(msg.to)
         task = asyncio.get_running_loop().create_task(self._stream(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     async def _stream(self, msg: Message) -> None:
         """Sends a consistent copy of the state; it may be newer than the snapshot index the core
@@ -73,7 +73,7 @@ class SnapshotSender:
             self.report(msg.to, not ok)
 
     def cancel(self) -> None:
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
 
 
