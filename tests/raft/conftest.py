@@ -15,7 +15,7 @@ import pytest
 #: total simulated steps of a default run (CI), split into seeds of STEPS_PER_SEED steps
 DEFAULT_TOTAL_STEPS = 2_000_000
 STEPS_PER_SEED = 50_000
-#: the same for the simulation of real RaftNodes (node_sim.py; a step costs ~20x more there)
+#: the same for the simulation of real RaftNodes (node_sim.py; a step costs ~5x more there)
 DEFAULT_NODE_SIM_STEPS = 1_000_000
 
 

@@ -343,7 +343,7 @@ class FakePeers:
 
 class KVStateMachine:
     """fsm.StateMachine: a key-value map. A request is an InternalRaftRequest whose ``put`` carries
-    the key and a pickled (kind, argument); results are what the linearizability model expects."""
+    the key and a pickled (kind, argument, uid); results are what the linearizability model expects."""
 
     def __init__(self, node_id: int, on_apply: Callable[[int, Entry], None]) -> None:
         self.node_id = node_id
@@ -371,7 +371,8 @@ class KVStateMachine:
                 results.append((0, None))
             else:
                 req = ipb.InternalRaftRequest.FromString(e.data)
-                results.append((req.ID, self._execute(req.put.key.decode(), *pickle.loads(req.put.value))))
+                kind, arg, _uid = pickle.loads(req.put.value)
+                results.append((req.ID, self._execute(req.put.key.decode(), kind, arg)))
         return results
 
     def _execute(self, key: str, kind: str, arg: Any) -> Any:
