@@ -24,6 +24,7 @@ from authstore.node.ports import Receiver
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.types import Entry, EntryType, HardState, Message, MessageType, SnapshotMetadata
 from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.storepb import store_pb2 as spb
 
 # ---- the log ----------------------------------------------------------------------------------
 
@@ -343,7 +344,7 @@ class FakePeers:
 
 class KVStateMachine:
     """fsm.StateMachine: a key-value map. A request is an InternalRaftRequest whose ``put`` carries
-    the key and a pickled (kind, argument, uid); results are what the linearizability model expects."""
+    the key and a pickled (kind, argument); results are what the linearizability model expects."""
 
     def __init__(self, node_id: int, on_apply: Callable[[int, Entry], None]) -> None:
         self.node_id = node_id
@@ -366,13 +367,12 @@ class KVStateMachine:
             self.applied = e.index
             if e.type == EntryType.CONF_CHANGE:
                 ctx = decode_conf_change(e.data).context
-                results.append((int.from_bytes(ctx, "big") if ctx else 0, None))
+                results.append((spb.MemberContext.FromString(ctx).request_id if ctx else 0, None))
             elif not e.data:
                 results.append((0, None))
             else:
                 req = ipb.InternalRaftRequest.FromString(e.data)
-                kind, arg, _uid = pickle.loads(req.put.value)
-                results.append((req.ID, self._execute(req.put.key.decode(), kind, arg)))
+                results.append((req.ID, self._execute(req.put.key.decode(), *pickle.loads(req.put.value))))
         return results
 
     def _execute(self, key: str, kind: str, arg: Any) -> Any:

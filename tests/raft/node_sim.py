@@ -3,7 +3,9 @@
 Each node is the driver that ships, built with in-memory stand-ins (fakes.py) for what it takes
 by constructor: a WAL that loses unsynced writes on a crash, a network that drops, duplicates,
 reorders and partitions, a manual clock, and workers whose jobs (WAL writes, apply batches,
-state copies) run when the simulation says so. So the proof covers the driver's own order of
+state copies) run when the simulation says so. The state machine is the store's own Applier on a
+temporary LMDB (``store=True``), or a small dict that loses what it applied since its last sync
+on a crash (fakes.KVStateMachine). So the proof covers the driver's own order of
 work: a leader sending before its own fsync, a follower answering only after its fsync, apply on
 its own "thread" behind the log, batching, ReadIndex batching, snapshots sent and installed,
 log compaction, crashes and restarts, partitions, leader transfers and membership changes.
@@ -41,8 +43,11 @@ from authstore.raft import ConfChange, ConfChangeType, Entry, EntryType, MemoryS
 from authstore.raft.codec import decode_conf_change, encode_conf_change
 from authstore.raft.storage import CompactedError
 from authstore.raft.types import HardState, Message, MessageType
+from authstore.state.apply import Applier
+from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 
 from .fakes import FakeNetwork, FakeWAL, KVStateMachine, ManualClock, SimWorker
@@ -50,6 +55,57 @@ from .sim import SafetyViolation
 
 LEADER = StateType.LEADER
 TICK = 0.1
+
+
+class StoreStateMachine:
+    """The store's Applier on a temporary LMDB, as fsm.StateMachine, with the simulation's apply
+    check in front. LMDB commits are synced, so a crash loses nothing applied; it reopens the store."""
+
+    def __init__(self, node_id: int, path: Path, on_apply: Any) -> None:
+        self.node_id = node_id
+        self.path = path
+        self.on_apply = on_apply
+        self.applier = Applier(Backend(path, map_size=64 << 20), member_id=node_id)
+
+    def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
+        applied = self.applier.applied_index()
+        for e in entries:
+            if e.index > applied:
+                if e.index != applied + 1:
+                    raise AssertionError(f"node {self.node_id} applies {e.index} after {applied}")
+                self.on_apply(self.node_id, e)
+                applied = e.index
+        return self.applier.apply(entries, term)
+
+    def snapshot(self, directory: Path) -> Path:
+        return self.applier.snapshot(directory)
+
+    def restore(self, path: Path) -> int:
+        return self.applier.restore(path)
+
+    def sync(self) -> None:
+        self.applier.sync()
+
+    def read(self, key: str) -> int | None:
+        with self.applier.env.begin() as txn:
+            kvs = self.applier.kv.range(txn, pb.RangeRequest(key=key.encode())).kvs
+        return int(kvs[0].value) if kvs else None
+
+    def crash(self, _rng: random.Random) -> None:
+        self.applier.backend.close()
+        self.applier = Applier(Backend(self.path, map_size=64 << 20), member_id=self.node_id)
+
+    def close(self) -> None:
+        self.applier.backend.close()
+
+
+def _store_output(resp: Any) -> Any:
+    """What the linearizability model expects of the store's response to a write."""
+    if isinstance(resp, pb.DeleteRangeResponse):
+        return resp.deleted > 0
+    if isinstance(resp, pb.TxnResponse):
+        return resp.succeeded
+    return None
 
 
 @dataclass
@@ -70,6 +126,8 @@ class NodeSimConfig:
     fault_rate: float = 0.004
     #: check Raft's persistence rule on every message sent (off: only the end-to-end properties)
     check_persistence: bool = True
+    #: the store's own state machine (authstore/state/apply.py's Applier on LMDB) instead of a dict
+    store: bool = False
 
 
 @dataclass(eq=False)
@@ -93,7 +151,8 @@ class NodeSimulation:
         self.cfg = cfg
         self.rng = random.Random(seed)
         self.step_no = 0
-        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="node-sim-")
+        shm = "/dev/shm" if cfg.store and Path("/dev/shm").is_dir() else None  # LMDB syncs each commit
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="node-sim-", dir=shm)
         self.workdir = workdir if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
@@ -174,13 +233,17 @@ class NodeSimulation:
         with contextlib.suppress(SafetyViolation):
             self.settle()
         self.loop.close()
+        if self.cfg.store:
+            for m in self.members.values():
+                m.fsm.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 
     # --- members ------------------------------------------------------------------------------
     def _member(self, mid: int) -> Member:
-        m = Member(mid, FakeWAL(self._on_save, self._on_durable_commit), KVStateMachine(mid, self._on_apply),
-                   self.workdir / f"n{mid}")
+        fsm: Any = (StoreStateMachine(mid, self.workdir / f"store{mid}", self._on_apply) if self.cfg.store
+                    else KVStateMachine(mid, self._on_apply))
+        m = Member(mid, FakeWAL(self._on_save, self._on_durable_commit), fsm, self.workdir / f"n{mid}")
         self.members[mid] = m
         return m
 
@@ -353,7 +416,7 @@ class NodeSimulation:
             if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id != mid:
                 self.loop.call_soon(self._decommission, cc.node_id)
         elif e.data:
-            self.applied_uids.add(pickle.loads(ipb.InternalRaftRequest.FromString(e.data).put.value)[2])
+            self.applied_uids.add(ipb.InternalRaftRequest.FromString(e.data).header.ID)
 
     # --- clients ------------------------------------------------------------------------------
     def _client_action(self) -> None:
@@ -376,13 +439,39 @@ class NodeSimulation:
         elif r < 0.8:
             op = self.history.invoke(client, DELETE, key)
         else:
-            expected = rng.choice([None, *m.fsm.kv.values()]) if m.fsm.kv else None
+            expected = rng.choice([None, *self._values(m)])
             op = self.history.invoke(client, CAS, key, (expected, uid))
         self.busy[client] = True
         task = self.loop.create_task(self._client(client, op, m, uid))
         m.clients[task] = None
         task.add_done_callback(lambda t: m.clients.pop(t, None))
         self.trace.append((self.step_no, "client", m.id, op.kind, key))
+
+    def _values(self, m: Member) -> list[int]:
+        """Values the member holds now (a CAS often expects one of them)."""
+        if not self.cfg.store:
+            return list(m.fsm.kv.values())
+        return [v for v in (m.fsm.read(f"k{i}") for i in range(self.cfg.keys)) if v is not None]
+
+    def _request(self, op: Op, uid: int) -> bytes:
+        """A write as the store's request; header.ID carries the uid (so the check knows it was applied)."""
+        key = str(op.key).encode()
+        req = ipb.InternalRaftRequest(header=ipb.RequestHeader(ID=uid))
+        if not self.cfg.store:
+            req.put.CopyFrom(pb.PutRequest(key=key, value=pickle.dumps((op.kind, op.arg))))
+        elif op.kind == PUT:
+            req.put.CopyFrom(pb.PutRequest(key=key, value=str(op.arg).encode()))
+        elif op.kind == DELETE:
+            req.delete_range.CopyFrom(pb.DeleteRangeRequest(key=key))
+        else:
+            expected, new = op.arg
+            cmp = (pb.Compare(key=key, target=pb.Compare.VERSION, result=pb.Compare.EQUAL, version=0)
+                   if expected is None else
+                   pb.Compare(key=key, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=str(expected).encode()))
+            then = (pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key)) if new is None
+                    else pb.RequestOp(request_put=pb.PutRequest(key=key, value=str(new).encode())))
+            req.txn.CopyFrom(pb.TxnRequest(compare=[cmp], success=[then]))
+        return req.SerializeToString()
 
     async def _client(self, client: int, op: Op, m: Member, uid: int) -> None:
         """As the store's service: reads at a ReadIndex once applied; writes on the leader only."""
@@ -395,21 +484,21 @@ class NodeSimulation:
                 except EtcdError:
                     self.history.timeout(op)
                     return
-                self.history.ok(op, m.fsm.kv.get(op.key))
+                self.history.ok(op, m.fsm.read(op.key) if self.cfg.store else m.fsm.kv.get(op.key))
                 return
             try:
                 await node.must_lead()
             except EtcdError:
                 self.history.fail(op)  # never proposed
                 return
-            value = pickle.dumps((op.kind, op.arg, uid))
             self.writes.append((op, uid))
-            data = ipb.InternalRaftRequest(put=pb.PutRequest(key=str(op.key).encode(), value=value))
             try:
-                result = await node.propose(data.SerializeToString())
+                result = await node.propose(self._request(op, uid))
             except EtcdError:
                 self.history.timeout(op)  # perhaps applied, perhaps not
                 return
+            if self.cfg.store:
+                result = _store_output(result)
             self.history.ok(op, result)
         except asyncio.CancelledError:
             if op.status == "pending":
@@ -480,7 +569,7 @@ class NodeSimulation:
                 self._start(self._member(nid))
             cc = ConfChange(ConfChangeType.ADD_LEARNER_NODE, nid)
         rid = node.new_request_id()
-        cc = ConfChange(cc.type, cc.node_id, rid.to_bytes(8, "big"))
+        cc = ConfChange(cc.type, cc.node_id, spb.MemberContext(request_id=rid).SerializeToString())
         self.stats["conf_changes"] += 1
         self.trace.append((self.step_no, "conf", leader.id, cc.type.name, cc.node_id))
         task = self.loop.create_task(self._propose_conf_change(node, cc, rid))
