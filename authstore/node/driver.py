@@ -1,7 +1,11 @@
 """The driver: one asyncio task per store node moving the Raft core's output to the WAL, the
 transport and the apply stage.
 
-The core (``authstore/raft``) is a value that is stepped; everything with a side effect is here.
+The core (``authstore/raft``) is a value that is stepped; everything with a side effect is here,
+and reaches the world only through what the constructor is given: the state machine
+(``fsm.StateMachine``), the log, the peers, the clock and the worker threads (``ports``). The
+store passes the real ones (authstore/main.py); the simulation in tests/raft passes in-memory
+ones, so what it proves is this code.
 For each ``Ready``: make the snapshot, hard state and entries durable (one fsync), then send the
 messages (they may promise what was just made durable), then hand the committed entries to the
 apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
