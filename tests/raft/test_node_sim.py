@@ -81,13 +81,13 @@ def test_node_sim_catches_an_answer_before_fsync_at_once(follower_answers_before
 def test_node_sim_catches_an_answer_before_fsync_end_to_end(follower_answers_before_fsync: None) -> None:
     """Without that check, the end-to-end properties (election safety, leader completeness,
     state-machine safety, linearizability) find what the broken order leads to: a crash takes
-    back an acknowledged entry or a vote. Seeds are searched in order within a bound; with
-    today's core the third (seed 3) fails after 16,340 steps."""
-    for seed in range(24):
+    back an acknowledged entry or a vote. Seeds are searched in order within a bound (about one
+    seed in eight finds it); with today's core the fourth (seed 3) fails after 16,340 steps."""
+    for seed in range(48):
         cfg = NodeSimConfig(nodes=3, steps=20_000, immediate=0.0, fault_rate=0.03, check_persistence=False)
         try:
             run(seed, cfg)
         except SafetyViolation as exc:
             assert "fail-stop" not in str(exc)
             return
-    pytest.fail("no seed in 24 x 20,000 steps found the broken persistence order")
+    pytest.fail("no seed in 48 x 20,000 steps found the broken persistence order")
