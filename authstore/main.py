@@ -11,6 +11,7 @@ import os
 import signal
 import struct
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -148,7 +149,17 @@ def min_lease_ttl(cfg: store_config.StoreConfig) -> int:
     return max(1, -(-(3 * ticks // 2) * cfg.heartbeat_interval_ms // 1000))
 
 
-async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: PeerSecurity) -> RaftNode:
+@dataclass
+class Recovered:
+    """What a node starts from: its member ID and the log as replayed (or bootstrapped)."""
+
+    member_id: int
+    wal: WAL
+    storage: MemoryStorage
+    applied: int
+
+
+async def recover(cfg: store_config.StoreConfig, backend: Backend, security: PeerSecurity) -> Recovered:
     wal = WAL(cfg.data_dir / "wal")
     replayed = wal.replayed
     storage = MemoryStorage()
@@ -169,10 +180,12 @@ async def open_node(cfg: store_config.StoreConfig, backend: Backend, security: P
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    applier = Applier(backend, mid, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
-    tick = cfg.heartbeat_interval_ms / 1000
-    return RaftNode(mid, storage, wal, applier, applied=replayed.snapshot.index,
-                    snapshot_dir=cfg.data_dir / "snap", tick_seconds=tick,
+    return Recovered(mid, wal, storage, replayed.snapshot.index)
+
+
+def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, peers: Transport) -> RaftNode:
+    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, applied=rec.applied,
+                    snapshot_dir=cfg.data_dir / "snap", tick_seconds=cfg.heartbeat_interval_ms / 1000,
                     election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
 
@@ -201,18 +214,20 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     _stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
     security = _peer_security(cfg)
-    node = await open_node(cfg, backend, security)
+    rec = await recover(cfg, backend, security)
     cfg = dataclasses.replace(cfg, initial_root_password=None)  # hashed into a new cluster's first entries,
     # or unused: not kept (main() hands its reference over)
-    applier = node.applier
+    # Everything is built here, each part given what it uses; the parts that follow the node
+    # subscribe to it (and to the applier) through their hooks.
+    applier = Applier(backend, rec.member_id, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
+    transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
+    node = new_node(cfg, rec, applier, transport)
+    leases = LeaseKeeper(node, applier)
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
-    maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token)
+    maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)
     service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
                            max_watches_per_user=cfg.max_watches_per_user)
     service.watch_hub.attach()
-    transport = Transport(node.id, security, node.step, node.receive_snapshot, node.report_unreachable,
-                          cfg.data_dir / "snap")
-    node.transport = transport
     initial_peers = {member_id(urls, cfg.initial_cluster_token): peer_address(urls[0])
                      for _, urls in cfg.initial_cluster}
 
@@ -224,13 +239,10 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                     peers[m.ID] = peer_address(m.peerURLs[0])
         transport.set_peers(peers)
 
-    node.on_membership_change = refresh_peers
+    node.on_membership_change(refresh_peers)
     # As etcd: a removed member stops (the graceful stop a SIGTERM starts) and the process exits.
-    node.on_removed = lambda: asyncio.get_running_loop().call_later(REMOVED_STOP_DELAY, stop.set)
-
-    leases = LeaseKeeper(node)
-    maintenance.leases = leases
-    node.on_batch_results = leases.on_batch_results
+    node.on_removed(lambda: asyncio.get_running_loop().call_later(REMOVED_STOP_DELAY, stop.set))
+    node.on_batch_results(leases.on_batch_results)
 
     def leader_changed(leader: int, term: int) -> None:
         leases.on_leader_change(leader, term)
@@ -238,7 +250,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
         if leader == node.id:
             service.tokens.became_leader()
 
-    node.on_leader_change = leader_changed
+    node.on_leader_change(leader_changed)
     address = f"{cfg.listen_host}:{cfg.listen_port}"
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
     peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])

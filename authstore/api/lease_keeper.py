@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from authstore.raft.types import Entry
+from authstore.state.apply import Applier
 from authstore.state.lease.lessor import LeaseRecord, Lessor
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -71,9 +72,10 @@ def slack_ms(ttl: int) -> int:
 class LeaseKeeper:
     """Keep-alives, TimeToLive and expiry on the leader; idle on followers."""
 
-    def __init__(self, node: RaftNode, *, clock: Callable[[], int] = wall_ms,
+    def __init__(self, node: RaftNode, applier: Applier, *, clock: Callable[[], int] = wall_ms,
                  extend_ms: int | None = None, interval: float = EXPIRY_INTERVAL) -> None:
         self.node = node
+        self.applier = applier
         self.clock = clock
         self.extend_ms = int(node.election_seconds * 1000) if extend_ms is None else extend_ms
         self.interval = interval
@@ -87,7 +89,7 @@ class LeaseKeeper:
 
     @property
     def lessor(self) -> Lessor:
-        return self.node.applier.lessor  # the applier re-opens it after a snapshot install
+        return self.applier.lessor  # the applier re-opens it after a snapshot install
 
     # ---- leadership ----
     def on_leader_change(self, leader: int, _term: int) -> None:
@@ -97,7 +99,7 @@ class LeaseKeeper:
         self._leading = leader == self.node.id
         if self._leading:
             # our own first (empty) entry: once applied, every entry of earlier terms is applied
-            self._promote_index = self.node.rn.raft.log.last_index()
+            self._promote_index = self.node.last_index
 
     def on_batch_results(self, entries: list[Entry], results: list[tuple[int, Any]]) -> None:
         """Called by the driver after each applied batch, before anything else runs: the batch
@@ -110,7 +112,7 @@ class LeaseKeeper:
 
     def _promote(self, granted_by_us: set[int]) -> None:
         now = self.clock()
-        with self.node.applier.env.begin() as txn:
+        with self.applier.env.begin() as txn:
             records = self.lessor.all_records(txn)
         for lease_id, rec in records:
             if lease_id not in granted_by_us:  # those have exact deadlines: nobody renewed them elsewhere
@@ -136,7 +138,7 @@ class LeaseKeeper:
 
     # ---- requests ----
     def _record(self, lease_id: int) -> LeaseRecord | None:
-        with self.node.applier.env.begin() as txn:
+        with self.applier.env.begin() as txn:
             return self.lessor.get(txn, lease_id)
 
     def deadline(self, lease_id: int, rec: LeaseRecord) -> int:
@@ -197,7 +199,7 @@ class LeaseKeeper:
         """LeaseTimeToLive on the leader, with the deadline the leader enforces."""
         await self._lead()
         now = self.clock()
-        with self.node.applier.env.begin() as txn:
+        with self.applier.env.begin() as txn:
             resp = self.lessor.time_to_live(txn, body, now)
             rec = self.lessor.get(txn, body.ID)
         if rec is not None:
@@ -219,7 +221,7 @@ class LeaseKeeper:
         if not self._ready.is_set() or not self.node.is_leader:
             return 0
         now = self.clock()
-        with self.node.applier.env.begin() as txn:
+        with self.applier.env.begin() as txn:
             due = self.lessor.due(txn, now)  # the leader's deadline is never before the logged one
             self._rounds += 1
             if self._rounds % SWEEP_ROUNDS == 0:

@@ -51,14 +51,14 @@ class MemberInfo:
 
 class Maintenance:
     def __init__(self, applier: Applier, node: RaftNode, me: MemberInfo, quota_bytes: int,
-                 cluster_token: str) -> None:
+                 cluster_token: str, leases: LeaseKeeper | None = None) -> None:
         self.applier = applier
         self.node = node
         self.me = me
         self.quota_bytes = quota_bytes
         self.cluster_token = cluster_token
-        #: the leader's lease keeper (keep-alive, TimeToLive); set by the node's main
-        self.leases: LeaseKeeper | None = None
+        #: the leader's lease keeper (keep-alive, TimeToLive)
+        self.leases = leases
 
     def handles(self, kind: str) -> bool:
         """The method table routes it here; its handler is ``_<kind>`` (tests/unit/test_method_table.py)."""

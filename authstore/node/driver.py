@@ -1,7 +1,11 @@
 """The driver: one asyncio task per store node moving the Raft core's output to the WAL, the
 transport and the apply stage.
 
-The core (``authstore/raft``) is a value that is stepped; everything with a side effect is here.
+The core (``authstore/raft``) is a value that is stepped; everything with a side effect is here,
+and reaches the world only through what the constructor is given: the state machine
+(``fsm.StateMachine``), the log, the peers, the clock and the worker threads (``ports``). The
+store passes the real ones (authstore/main.py); the simulation in tests/raft passes in-memory
+ones, so what it proves is this code.
 For each ``Ready``: make the snapshot, hard state and entries durable (one fsync), then send the
 messages (they may promise what was just made durable), then hand the committed entries to the
 apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
@@ -23,17 +27,16 @@ import logging
 import os
 import random
 import secrets
-import shutil
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from authstore import failpoints, metrics
-from authstore.node.transport import Transport
-from authstore.node.wal import WAL
+from authstore.node.fsm import StateMachine
+from authstore.node.ports import Clock, Log, Peers, SystemClock, ThreadWorker, Worker
+from authstore.node.reads import ReadBatcher
+from authstore.node.snapshots import IncomingSnapshots, SnapshotSender, clear_snapshot_dir
+from authstore.node.waiters import Waiters
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.raft import Config, ProposalDroppedError
 from authstore.raft.rawnode import RawNode, Ready
@@ -48,7 +51,6 @@ from authstore.raft.types import (
     MessageType,
     StateType,
 )
-from authstore.state.apply import Applier, ApplyFailed
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -70,72 +72,102 @@ def _expire(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
-def _clear_snapshot_dir(directory: Path) -> None:
-    """Removes what an earlier run left in the snapshot directory (a kill -9 runs no cleanup).
+def _exit_process() -> NoReturn:
+    os._exit(70)
 
-    Copies being sent to a follower or a client, and snapshots received but not yet installed:
-    none outlives the process that made it (received ones are named only in memory), and each is
-    the size of the database, so a node that crashes repeatedly would otherwise fill its disk.
-    """
-    if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+
+class ApplyError(Exception):
+    """The state machine refused a batch for a reason local to this node (nothing of it applied)."""
+
+
+class _DefaultExecutor:
+    """The loop's default executor (copies of the state for followers run beside apply)."""
+
+    def run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def shutdown(self) -> None:
+        pass
 
 
 class RaftNode:
-    def __init__(self, member_id: int, storage: MemoryStorage, wal: WAL, applier: Applier, *, applied: int,
-                 snapshot_dir: Path, tick_seconds: float = 0.1, election_ticks: int = 10,
-                 request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000) -> None:
+    def __init__(self, member_id: int, storage: MemoryStorage, wal: Log, fsm: StateMachine, peers: Peers, *,
+                 applied: int, snapshot_dir: Path, tick_seconds: float = 0.1, election_ticks: int = 10,
+                 request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000,
+                 clock: Clock | None = None, log_worker: Worker | None = None, apply_worker: Worker | None = None,
+                 copy_worker: Worker | None = None, rng: random.Random | None = None,
+                 fail_stop: Callable[[], NoReturn] = _exit_process) -> None:
+        """``clock``, the workers and ``rng`` default to the real ones (system time, one thread
+        each, a fresh seed); the simulation passes deterministic ones. ``fail_stop`` ends the
+        process when the node can no longer persist or apply."""
         self.id = member_id
         self.storage = storage
         self.wal = wal
-        self.applier = applier
+        self.fsm = fsm
+        self.peers = peers
         self.snapshot_dir = snapshot_dir
-        _clear_snapshot_dir(snapshot_dir)
+        clear_snapshot_dir(snapshot_dir)
         self.tick_seconds = tick_seconds
         self.request_timeout = request_timeout
         self.snapshot_count = snapshot_count
         self.catchup_entries = catchup_entries
+        self.clock: Clock = clock or SystemClock()
+        self._log_worker: Worker = log_worker or ThreadWorker("raft-io")
+        self._apply_worker: Worker = apply_worker or ThreadWorker("apply")
+        self._fail_stop = fail_stop
+        seeded = rng is not None
+        rng = rng or random.Random()
         self.rn = RawNode(Config(id=member_id, storage=storage, election_tick=election_ticks, heartbeat_tick=1,
-                                 applied=applied, check_quorum=True, pre_vote=True, rng=random.Random()))
-        self.transport: Transport | None = None
+                                 applied=applied, check_quorum=True, pre_vote=True, rng=rng))
         self.applied_index = applied
         self.leader_id = 0
         self.term = storage.hard_state.term
         self.conf_state: ConfState = storage.snapshot().metadata.conf_state
         self.removed = False
-        self.on_membership_change: Callable[[], None] = lambda: None
-        #: Called once, after the batch that removed this member is applied (the process stops).
-        self.on_removed: Callable[[], None] = lambda: None
-        self.on_leader_change: Callable[[int, int], None] = lambda leader, term: None
-        #: Called with each applied batch and its results before anything else runs (the lease keeper).
-        self.on_batch_results: Callable[[list[Entry], list[tuple[int, Any]]], None] = lambda entries, results: None
-        #: Called on the event loop after each applied batch (the watch hub delivers its events).
-        self.on_applied: Callable[[], None] = lambda: None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raft-io")
-        self._apply_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
+        self._membership_hooks: list[Callable[[], None]] = []
+        self._removed_hooks: list[Callable[[], None]] = []
+        self._leader_hooks: list[Callable[[int, int], None]] = []
+        self._batch_hooks: list[Callable[[list[Entry], list[tuple[int, Any]]], None]] = []
+        self._applied_hooks: list[Callable[[], None]] = []
         self._to_apply: asyncio.Queue[list[Entry]] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._ticks = 0
-        self._ids = itertools.count(secrets.randbits(40) << 20)
-        self._waiters: dict[int, asyncio.Future[Any]] = {}
-        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._pending_reads: list[asyncio.Future[int]] = []
-        self._reads_in_flight: dict[bytes, list[asyncio.Future[int]]] = {}
-        self._read_ctx = itertools.count(1)
-        self._incoming_snapshots: dict[int, Path] = {}
-        self._snapshots_out: set[int] = set()
+        self._ids = itertools.count((rng.getrandbits(40) if seeded else secrets.randbits(40)) << 20)
+        self._waiters = Waiters()
+        self._reads = ReadBatcher()
+        self._incoming = IncomingSnapshots(snapshot_dir)
+        self._snapshots = SnapshotSender(fsm, peers, snapshot_dir, copy_worker or _DefaultExecutor(),
+                                         self._snapshot_sent)
         self._tasks: list[asyncio.Task[None]] = []
         self._leader_waiters: list[asyncio.Future[None]] = []
         self.election_seconds = tick_seconds * election_ticks
+        peers.bind(self)
+
+    # ---- hooks (each registers one more callback; called in registration order) ----
+    def on_membership_change(self, fn: Callable[[], None]) -> None:
+        """After a batch that changed the membership is applied, and after a snapshot install."""
+        self._membership_hooks.append(fn)
+
+    def on_removed(self, fn: Callable[[], None]) -> None:
+        """Once, after the batch that removed this member is applied (the process stops)."""
+        self._removed_hooks.append(fn)
+
+    def on_leader_change(self, fn: Callable[[int, int], None]) -> None:
+        """With (leader, term) on every change of the known leader, before anything else runs."""
+        self._leader_hooks.append(fn)
+
+    def on_batch_results(self, fn: Callable[[list[Entry], list[tuple[int, Any]]], None]) -> None:
+        """With each applied batch and its results, once its proposals are answered (the lease keeper)."""
+        self._batch_hooks.append(fn)
+
+    def on_applied(self, fn: Callable[[], None]) -> None:
+        """On the event loop right after each applied batch (the watch hub delivers its events)."""
+        self._applied_hooks.append(fn)
 
     # ---- life cycle ----
     def start(self) -> None:
@@ -156,28 +188,28 @@ class RaftNode:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.transport is not None:
-            await self.transport.close()
-        await self._on_apply_thread(self.applier.backend.sync)
-        self._pool.shutdown(wait=True)
-        self._apply_pool.shutdown(wait=True)
+        self._snapshots.cancel()
+        await self.peers.close()
+        await self._on_apply_thread(self.fsm.sync)
+        self._log_worker.shutdown()
+        self._apply_worker.shutdown()
         self.wal.close()
 
-    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+    def _io(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """On the log thread: WAL writes."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return self._log_worker.run(fn, *args)
 
-    async def _on_apply_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """On the apply thread: everything that writes the store, in order."""
-        return await asyncio.get_running_loop().run_in_executor(self._apply_pool, fn, *args)
+    def _on_apply_thread(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """On the apply thread: everything that writes the state, in order."""
+        return self._apply_worker.run(fn, *args)
 
     async def _ticker(self) -> None:
         while True:
-            await asyncio.sleep(self.tick_seconds)
+            await self.clock.sleep(self.tick_seconds)
             self._ticks += 1
             self._wake.set()
 
-    # ---- inputs from the transport ----
+    # ---- inputs from the transport (ports.Receiver) ----
     def step(self, msg: Message) -> None:
         if self.removed:
             return
@@ -192,13 +224,9 @@ class RaftNode:
         self.rn.report_unreachable(peer_id)
 
     async def receive_snapshot(self, msg: Message, path: Path) -> None:
-        """A leader sent the store as of a snapshot: keep the file until the core asks to install it."""
-        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        """A leader sent the state as of a snapshot: keep the file until the core asks to install it."""
         assert msg.snapshot is not None
-        index = msg.snapshot.metadata.index
-        kept = self.snapshot_dir / f"{index:016x}.mdb"
-        path.replace(kept)
-        self._incoming_snapshots[index] = kept
+        self._incoming.keep(msg.snapshot.metadata.index, path)
         self.step(msg)
 
     # ---- the loop ----
@@ -207,15 +235,15 @@ class RaftNode:
             await body()
         except asyncio.CancelledError:
             raise
-        except ApplyFailed as exc:
+        except ApplyError as exc:
             # Fail-stop: the batch was not committed; a restart applies it again from the log.
             log.critical("apply failed at %s; the node stops (fail-stop), nothing of the batch was committed",
-                         exc, exc_info=True)
-            os._exit(70)
+                         exc.__cause__, exc_info=True)
+            self._fail_stop()
         except BaseException:
             # Fail-stop: a node that cannot persist or apply must not keep answering as if it could.
             log.critical("the Raft driver failed; the node stops", exc_info=True)
-            os._exit(70)
+            self._fail_stop()
 
     async def _loop(self) -> None:
         while True:
@@ -224,24 +252,29 @@ class RaftNode:
             ticks, self._ticks = self._ticks, 0
             for _ in range(ticks):
                 self.rn.tick()
-            self._issue_reads()
+            self._reads.issue(self.rn.read_index)
             while (rd := self.rn.ready()) is not None:
                 await self._handle(rd)
-                self._issue_reads()
+                self._reads.issue(self.rn.read_index)
             await self._maybe_snapshot()
+
+    def _sends_before_persisting(self) -> bool:
+        """A leader sends first and writes its own log meanwhile (Raft thesis 10.2.1): nothing it
+        sends depends on its own write. A follower's answers (votes, append acks) promise what it
+        wrote, so it sends only once that is durable."""
+        return self.rn.raft.state == StateType.LEADER
 
     async def _handle(self, rd: Ready) -> None:
         if rd.hard_state is not None:
             self.term = rd.hard_state.term
-            self.applier.term = self.term
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.lead, rd.soft_state.state)
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
         if rd.soft_state is not None or rd.hard_state is not None:
             metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
-        leading = self.rn.raft.state == StateType.LEADER
-        if leading:
+        send_first = self._sends_before_persisting()
+        if send_first:
             self._send(rd.messages)
         if rd.entries or rd.hard_state is not None:
             metrics.observe_batch(len(rd.entries))
@@ -251,26 +284,23 @@ class RaftNode:
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
             failpoints.hit("raftAfterFsync")
-        if not leading:
+        if not send_first:
             self._send(rd.messages)
         if rd.committed_entries:
             self._to_apply.put_nowait(rd.committed_entries)
             if self._to_apply.qsize() >= MAX_APPLY_BACKLOG or any(
                     e.type == EntryType.CONF_CHANGE for e in rd.committed_entries):
                 await self._to_apply.join()
-        for rs in rd.read_states:
-            for fut in self._reads_in_flight.pop(rs.ctx, []):
-                if not fut.done():
-                    fut.set_result(rs.index)
-        self.rn.advance(rd)
+        self._reads.answer(rd.read_states)
+        self.rn.advance(rd)  # only now, with everything of this Ready durable
         metrics.observe_indexes(committed=self.storage.hard_state.commit, applied=self.applied_index)
 
     def _send(self, messages: list[Message]) -> None:
         for msg in messages:
             if msg.type == MessageType.MsgSnap:
-                self._send_snapshot(msg)
-            elif self.transport is not None:
-                self.transport.send(msg)
+                self._snapshots.send(msg)
+            else:
+                self.peers.send(msg)
 
     async def _apply_loop(self) -> None:
         """Applies committed batches in log order; merges batches that queued meanwhile."""
@@ -287,8 +317,12 @@ class RaftNode:
                     self._to_apply.task_done()
 
     async def _apply(self, entries: list[Entry]) -> None:
-        results = await self._on_apply_thread(self.applier.apply_batch, entries)
-        self.on_applied()
+        try:
+            results = await self._on_apply_thread(self.fsm.apply, entries, self.term)
+        except Exception as exc:
+            raise ApplyError(exc) from exc
+        for hook in self._applied_hooks:
+            hook()
         membership_changed = removed_now = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
             if entry.type == EntryType.CONF_CHANGE:
@@ -301,45 +335,38 @@ class RaftNode:
             elif isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
                 membership_changed = True
             if request_id:
-                fut = self._waiters.pop(request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(result)
+                self._waiters.answer(request_id, result)
         self.applied_index = max(self.applied_index, entries[-1].index)
-        self.on_batch_results(entries, results)
+        for batch_hook in self._batch_hooks:
+            batch_hook(entries, results)
         if membership_changed:
-            self.on_membership_change()
-        self._wake_applied()
+            for hook in self._membership_hooks:
+                hook()
+        self._waiters.applied(self.applied_index)
         if removed_now:
-            self.on_removed()
+            for hook in self._removed_hooks:
+                hook()
 
     def _on_soft_state(self, lead: int, state: StateType) -> None:
         if lead != self.leader_id:
             log.info("leader is now %x (term %d)", lead, self.term)
             self.leader_id = lead
-            # etcd: a read-index request that spans a leader change fails with "leader changed".
-            for futures in self._reads_in_flight.values():
-                for fut in futures:
-                    if not fut.done():
-                        fut.set_exception(EtcdError(Err.LEADER_CHANGED))
-            self._reads_in_flight.clear()
+            self._reads.fail_in_flight(EtcdError(Err.LEADER_CHANGED))
             if lead:
                 for fut in self._leader_waiters:
                     if not fut.done():
                         fut.set_result(None)
                 self._leader_waiters.clear()
-            self.on_leader_change(lead, self.term)
+            for hook in self._leader_hooks:
+                hook(lead, self.term)
 
     # ---- snapshots ----
     async def _install_snapshot(self, rd: Ready) -> None:
         assert rd.snapshot is not None
         meta = rd.snapshot.metadata
-        path = self._incoming_snapshots.pop(meta.index, None)
-        if path is None:
-            raise RuntimeError(f"raft asked to install snapshot {meta.index}, which never arrived")
-        for stale in [i for i in self._incoming_snapshots if i < meta.index]:
-            self._incoming_snapshots.pop(stale).unlink(missing_ok=True)
+        path = self._incoming.take(meta.index)
         await self._to_apply.join()
-        store_index = await self._on_apply_thread(self.applier.restore, path)
+        store_index = await self._on_apply_thread(self.fsm.restore, path)
         failpoints.hit("raftMidSnapshotInstall")
         self.storage.apply_snapshot(rd.snapshot)
         hard_state = rd.hard_state or self.storage.hard_state
@@ -347,42 +374,21 @@ class RaftNode:
         self.conf_state = meta.conf_state
         self.applied_index = max(meta.index, self.applied_index)
         log.info("installed a snapshot at index %d (store at %d) from the leader", meta.index, store_index)
-        self.on_membership_change()
-        self._wake_applied()
+        for hook in self._membership_hooks:
+            hook()
+        self._waiters.applied(self.applied_index)
 
-    def _send_snapshot(self, msg: Message) -> None:
-        if msg.to in self._snapshots_out or self.transport is None:
-            return
-        self._snapshots_out.add(msg.to)
-        asyncio.get_running_loop().create_task(self._stream_snapshot(msg))
-
-    async def _stream_snapshot(self, msg: Message) -> None:
-        """Sends a consistent copy of the store; it may be newer than the snapshot index the core
-        names, which is safe because apply skips entries the store already holds."""
-        ok = False
-        tmp: Path | None = None
-        try:
-            self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix="snap-out-", dir=self.snapshot_dir))
-            path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
-            assert self.transport is not None
-            ok = await self.transport.send_snapshot(msg, path)
-        except Exception:
-            log.exception("could not send a snapshot to %x", msg.to)
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            self._snapshots_out.discard(msg.to)
-            self.rn.report_snapshot(msg.to, failed=not ok)
-            self._wake.set()
+    def _snapshot_sent(self, peer_id: int, failed: bool) -> None:
+        self.rn.report_snapshot(peer_id, failed=failed)
+        self._wake.set()
 
     async def _maybe_snapshot(self) -> None:
-        """Compacts the log once enough is applied: the store (synced) is the snapshot."""
+        """Compacts the log once enough is applied: the state (synced) is the snapshot."""
         snap_index = self.storage.snapshot().metadata.index
         if self.applied_index - snap_index < self.snapshot_count:
             return
         index = self.applied_index
-        await self._on_apply_thread(self.applier.backend.sync)
+        await self._on_apply_thread(self.fsm.sync)
         snap = self.storage.create_snapshot(index, self.conf_state, b"")
         keep = self.storage.entries(index + 1, self.storage.last_index() + 1, 1 << 62)
         await self._io(self.wal.checkpoint, snap.metadata, self.storage.hard_state, keep)
@@ -398,7 +404,7 @@ class RaftNode:
         if self.storage.hard_state.commit - self.applied_index > MAX_APPLY_LAG:
             raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
-        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now_ms())
+        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, self.clock.wall_ms())
         return await self._propose(request_id, lambda: self.rn.propose(payload))
 
     async def propose_conf_change(self, cc: ConfChange, request_id: int) -> Any:
@@ -409,12 +415,12 @@ class RaftNode:
 
     async def _propose(self, request_id: int, put: Callable[[], None]) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = fut
+        self._waiters.add(request_id, fut)
         leader = self.leader_id
         try:
             put()
         except ProposalDroppedError:
-            self._waiters.pop(request_id, None)
+            self._waiters.discard(request_id)
             raise EtcdError(Err.NO_LEADER) from None
         metrics.observe_proposal()
         self._wake.set()
@@ -423,7 +429,7 @@ class RaftNode:
         except TimeoutError:
             raise EtcdError(Err.TIMEOUT_DUE_TO_LEADER_FAIL if self.leader_id != leader else Err.TIMEOUT) from None
         finally:
-            self._waiters.pop(request_id, None)  # answered, timed out, or its caller went away
+            self._waiters.discard(request_id)  # answered, timed out, or its caller went away
         if isinstance(result, BaseException):
             raise result
         return result
@@ -431,7 +437,7 @@ class RaftNode:
     async def _within_request_timeout(self, fut: asyncio.Future[T]) -> T:
         """Awaits ``fut`` for at most the request timeout (then TimeoutError). A timer, not
         ``wait_for``: this is on the path of every request, and a timer costs a fraction."""
-        timer = asyncio.get_running_loop().call_later(self.request_timeout, _expire, fut)
+        timer = self.clock.call_later(self.request_timeout, _expire, fut)
         try:
             return await fut
         finally:
@@ -445,7 +451,7 @@ class RaftNode:
         """A linearizable read point confirmed by a quorum (ReadIndex); many readers share one."""
         await self._await_leader()
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_reads.append(fut)
+        self._reads.add(fut)
         self._wake.set()
         try:
             return await self._within_request_timeout(fut)
@@ -471,42 +477,28 @@ class RaftNode:
             raise EtcdError(Err.STOPPED)
         if self.leader_id:
             return
-        deadline = time.monotonic() + 2 * self.election_seconds
+        deadline = self.clock.monotonic() + 2 * self.election_seconds
         while not self.leader_id:
-            if time.monotonic() >= deadline:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
                 raise EtcdError(Err.NO_LEADER)
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leader_waiters.append(fut)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(fut, max(deadline - time.monotonic(), 0.001))
-
-    def _issue_reads(self) -> None:
-        if not self._pending_reads:
-            return
-        ctx = next(self._read_ctx).to_bytes(8, "big")
-        self._reads_in_flight[ctx] = self._pending_reads
-        self._pending_reads = []
-        self.rn.read_index(ctx)
+            timer = self.clock.call_later(max(remaining, 0.001), _wake, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
 
     async def wait_applied(self, index: int) -> None:
         if self.applied_index >= index:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._applied_waiters.append((index, fut))
+        self._waiters.add_index(index, fut)
         try:
             await self._within_request_timeout(fut)
         except TimeoutError:
             raise EtcdError(Err.TIMEOUT) from None
-
-    def _wake_applied(self) -> None:
-        keep = []
-        for index, fut in self._applied_waiters:
-            if index <= self.applied_index:
-                if not fut.done():
-                    fut.set_result(None)
-            elif not fut.done():
-                keep.append((index, fut))
-        self._applied_waiters = keep
 
     @property
     def last_index(self) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from authstore.node.ports import Receiver
 from authstore.raft.codec import decode_message, encode_message, message_from_pb
 from authstore.raft.types import Message
 from protos import wire
@@ -91,17 +92,28 @@ class _Peer:
         self.task: asyncio.Task[None] | None = None
 
 
+def _unbound(*_args: object) -> None:
+    raise RuntimeError("the transport received a message before a node was bound to it")
+
+
 class Transport:
-    def __init__(self, self_id: int, security: PeerSecurity, on_message: OnMessage, on_snapshot: OnSnapshot,
-                 on_unreachable: OnUnreachable, snapshot_dir: Path) -> None:
+    """The real peer transport (authstore/node/ports.py: Peers)."""
+
+    def __init__(self, self_id: int, security: PeerSecurity, snapshot_dir: Path) -> None:
         self.id = self_id
         self.security = security
-        self.on_message = on_message
-        self.on_snapshot = on_snapshot
-        self.on_unreachable = on_unreachable
+        self.on_message: OnMessage = _unbound
+        self.on_snapshot: OnSnapshot = _unbound  # type: ignore[assignment]
+        self.on_unreachable: OnUnreachable = _unbound
         self.snapshot_dir = snapshot_dir
         self._peers: dict[int, _Peer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # stream tasks, until they have finished
+
+    def bind(self, receiver: Receiver) -> None:
+        """Names the node that incoming messages, snapshots and unreachable peers are reported to."""
+        self.on_message = receiver.step
+        self.on_snapshot = receiver.receive_snapshot
+        self.on_unreachable = receiver.report_unreachable
 
     # ---- peers ----
     def set_peers(self, peers: dict[int, str]) -> None:

@@ -97,9 +97,7 @@ class Applier:
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
         self.term = 1
-        #: Called on the apply thread after each applied request entry, inside the batch's
-        #: transaction (authstore/api/watch/hub.py); it must only read and never wait.
-        self.after_entry: Callable[[lmdb.Transaction], None] | None = None
+        self._entry_subscribers: list[Callable[[lmdb.Transaction], None]] = []
         self._open()
         # One per request the method table routes to the log or to the read path; Authenticate is
         # answered by execute() itself (it needs the entry's index).
@@ -148,6 +146,24 @@ class Applier:
             metrics.AUTH_REVISION.set(self.auth.revision(txn))
             metrics.observe_alarms(self._alarm_names(txn))
 
+    def subscribe_entries(self, fn: Callable[[lmdb.Transaction], None]) -> None:
+        """``fn`` is called on the apply thread after each applied request entry, inside the
+        batch's transaction (authstore/api/watch/hub.py); it must only read and never wait."""
+        self._entry_subscribers.append(fn)
+
+    # ---- the node's contract (authstore/node/fsm.py: StateMachine) ----
+    def apply(self, entries: Sequence[Entry], term: int) -> list[tuple[int, Any]]:
+        """Applies a committed batch; ``term`` is the node's Raft term, stamped into headers."""
+        self.term = term
+        return self.apply_batch(entries)
+
+    def snapshot(self, directory: Path) -> Path:
+        """A consistent copy of the whole store in ``directory`` (a client's Snapshot, a follower's catch-up)."""
+        return self.backend.copy_to(directory)
+
+    def sync(self) -> None:
+        self.backend.sync()
+
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
         set_member_id(snapshot_file, self.member_id)
@@ -181,8 +197,8 @@ class Applier:
                     results.append((0, None))  # a new leader's empty entry
                 else:
                     results.append(self._apply_entry(batch, entry))
-                    if self.after_entry is not None:
-                        self.after_entry(batch)  # the watch hub's tap: events and auth changes
+                    for subscriber in self._entry_subscribers:
+                        subscriber(batch)  # the watch hub's tap: events and auth changes
             last = entries[-1]
             if last.index > applied:
                 self.backend.set_applied(batch, last.index, last.term)

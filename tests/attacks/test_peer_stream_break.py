@@ -15,6 +15,7 @@ import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -44,6 +45,15 @@ async def _no_snapshot(_msg: Message, _path: Path) -> None:
     raise AssertionError("no snapshot is sent in this test")
 
 
+def _transport(me: int, security: PeerSecurity, on_message: Callable[[Message], None],
+               on_unreachable: Callable[[int], None], snapshot_dir: Path) -> Transport:
+    """A transport bound to callbacks instead of a node."""
+    transport = Transport(me, security, snapshot_dir)
+    transport.bind(SimpleNamespace(step=on_message, receive_snapshot=_no_snapshot,  # type: ignore[arg-type]
+                                   report_unreachable=on_unreachable))
+    return transport
+
+
 def _msg(index: int) -> Message:
     return Message(MessageType.MsgApp, to=2, frm=1, term=1, index=index)
 
@@ -54,8 +64,8 @@ class _Receiver:
     def __init__(self, security: PeerSecurity, snapshot_dir: Path) -> None:
         self.port = free_port()
         self.got: list[int] = []
-        self.transport = Transport(2, security, lambda m: self.got.append(m.index), _no_snapshot,
-                                   lambda _peer: None, snapshot_dir)
+        self.transport = _transport(2, security, lambda m: self.got.append(m.index), lambda _peer: None,
+                                    snapshot_dir)
         self.server: grpc.aio.Server | None = None
 
     @property
@@ -82,7 +92,7 @@ def test_a_broken_peer_stream_loses_no_message_taken_from_the_queue(tmp_path: Pa
         security = PeerSecurity(secret=b"s" * 32)
         receiver = _Receiver(security, tmp_path / "r")
         unreachable: list[int] = []
-        sender = Transport(1, security, lambda _m: None, _no_snapshot, unreachable.append, tmp_path / "s")
+        sender = _transport(1, security, lambda _m: None, unreachable.append, tmp_path / "s")
         await receiver.start()
         try:
             sender.set_peers({2: receiver.address})
@@ -117,8 +127,7 @@ def test_a_peer_that_never_comes_up_leaves_no_task_or_error_behind(tmp_path: Pat
 
     async def main() -> None:
         unreachable: list[int] = []
-        sender = Transport(1, PeerSecurity(secret=b"s" * 32), lambda _m: None, _no_snapshot, unreachable.append,
-                           tmp_path)
+        sender = _transport(1, PeerSecurity(secret=b"s" * 32), lambda _m: None, unreachable.append, tmp_path)
         sender.set_peers({2: f"127.0.0.1:{free_port()}"})  # nothing listens there
         sender.send(_msg(1))
         await _until(lambda: len(unreachable) >= 3, "three failed attempts")

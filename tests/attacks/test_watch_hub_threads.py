@@ -39,7 +39,7 @@ class _ThreadedNode:
     def __init__(self, applier: Applier) -> None:
         self.applier = applier
         self.apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
-        self.on_applied: Any = lambda: None
+        self._applied: list[Any] = []
         self.index = itertools.count(1)
 
     async def between_batches(self, fn: Any, *args: Any) -> Any:
@@ -50,7 +50,11 @@ class _ThreadedNode:
         req = ipb.InternalRaftRequest(ID=idx, header=ipb.RequestHeader(), put=pb.PutRequest(key=key, value=b"v"))
         entries = [Entry(term=1, index=idx, data=req.SerializeToString())]
         await asyncio.get_running_loop().run_in_executor(self.apply_thread, self.applier.apply_batch, entries)
-        self.on_applied()
+        for fn in self._applied:
+            fn()
+
+    def on_applied(self, fn: Any) -> None:
+        self._applied.append(fn)
 
 
 @pytest.fixture
@@ -71,7 +75,7 @@ def test_creates_on_the_apply_thread_while_the_loop_delivers(tmp_path: Path, fas
     applier = Applier(Backend(tmp_path / "store"), member_id=1)
     node = _ThreadedNode(applier)
     hub = WatchHub(applier, node, progress_interval=0)
-    hub.attach()
+    applier.subscribe_entries(hub.tap)
     errors: list[BaseException] = []
 
     def applied() -> None:
@@ -80,7 +84,7 @@ def test_creates_on_the_apply_thread_while_the_loop_delivers(tmp_path: Path, fas
         except BaseException as exc:  # noqa: BLE001 - what the driver would die of
             errors.append(exc)
 
-    node.on_applied = applied
+    node.on_applied(applied)
 
     async def scenario() -> Stream:
         stream = Stream(asyncio.Queue())

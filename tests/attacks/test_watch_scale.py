@@ -41,7 +41,7 @@ class World:
     def __init__(self, path: Path, **hub_kw: Any) -> None:
         self.applier = Applier(Backend(path), member_id=1)
         self.hub = WatchHub(self.applier, _Node(), progress_interval=0, **hub_kw)
-        self.applier.after_entry = self.hub.tap
+        self.applier.subscribe_entries(self.hub.tap)
         self.index = itertools.count(1)
 
     def put(self, *keys: bytes, value: bytes = b"v") -> None:

@@ -21,8 +21,6 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from support.linearizability import CAS, DELETE, GET, PUT, History, Op, check
-
 from authstore.raft import (
     CompactedError,
     ConfChange,
@@ -41,6 +39,7 @@ from authstore.raft import (
     bootstrap,
 )
 from authstore.raft.codec import decode_conf_change
+from tests.support.linearizability import CAS, DELETE, GET, PUT, History, Op, check
 
 LEADER = StateType.LEADER
 MsgSnap = MessageType.MsgSnap

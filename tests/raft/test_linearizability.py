@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.linearizability import CAS, DELETE, GET, PUT, History, check
+from tests.support.linearizability import CAS, DELETE, GET, PUT, History, check
 
 from .sim import SimConfig, Simulation
 

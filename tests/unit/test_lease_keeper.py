@@ -38,7 +38,7 @@ class FakeNode:
         self.is_leader = True
         self.election_seconds = EXTEND_MS / 1000
         self.request_timeout = 1.0
-        self.rn = SimpleNamespace(raft=SimpleNamespace(log=SimpleNamespace(last_index=lambda: self.index)))
+        self.last_index = self.index
         self.kinds: list[str] = []
         self.keepers: list[LeaseKeeper] = []
 
@@ -83,9 +83,9 @@ class World:
         """This node becomes leader (again): a new keeper, then its first, empty entry."""
         for old in self.node.keepers:
             old.on_leader_change(2, 1)
-        keeper = LeaseKeeper(self.node, clock=self.node.clock)  # type: ignore[arg-type]
+        keeper = LeaseKeeper(self.node, self.applier, clock=self.node.clock)  # type: ignore[arg-type]
         self.node.keepers = [keeper]
-        self.node.rn.raft.log.last_index = lambda: self.node.index + 1  # type: ignore[attr-defined]
+        self.node.last_index = self.node.index + 1
         keeper.on_leader_change(self.node.id, 1)
         if apply_first_entry:
             self.node.apply(b"")

@@ -167,7 +167,7 @@ class World:
     def __init__(self, path: Path) -> None:
         self.applier = Applier(Backend(path), member_id=1)
         self.hub = WatchHub(self.applier, _Node(), progress_interval=0)
-        self.applier.after_entry = self.hub.tap
+        self.applier.subscribe_entries(self.hub.tap)
         self.index = itertools.count(1)
         self.streams: list[Stream] = []
 

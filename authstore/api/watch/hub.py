@@ -233,8 +233,10 @@ class WatchHub:
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
 
     def attach(self) -> None:
-        self.applier.after_entry = self.tap
-        self.node.on_applied = self.applied
+        """Subscribes to the applier's entries (inside each batch's transaction) and to the node's
+        applied batches (on the event loop)."""
+        self.applier.subscribe_entries(self.tap)
+        self.node.on_applied(self.applied)
 
     # ---- apply thread ---------------------------------------------------------------------------
     def _prune(self) -> None:
