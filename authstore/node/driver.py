@@ -10,7 +10,9 @@ For each ``Ready``: make the snapshot, hard state and entries durable (one fsync
 messages (they may promise what was just made durable), then hand the committed entries to the
 apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
 its own log meanwhile, as etcd does (Raft thesis 10.2.1): nothing it sends depends on its own
-write, and nothing is applied, so no client hears of an entry, before that write is durable.
+write, and nothing is applied, so no client hears of an entry, before that write is durable. The
+exception: acknowledgements and votes it made in the same Ready before it led (AFTER_WRITE) still
+wait for the write.
 
 Apply runs on its own thread, in log order, while the next Ready is already being written and
 sent; only a batch with a membership change is applied before ``advance`` (the core must see it
@@ -63,6 +65,9 @@ MAX_APPLY_LAG = 5000
 #: Committed batches waiting for the apply thread before the Raft loop waits for it (a follower's
 #: apply must not fall behind its log without bound).
 MAX_APPLY_BACKLOG = 64
+#: Messages that promise what the Ready writes (entries, term and vote): sent only after the write,
+#: by a leader too (etcd-raft's msgsAfterAppend).
+AFTER_WRITE = frozenset({MessageType.MsgAppResp, MessageType.MsgVoteResp})
 ID_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["ID"].number
 TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 
@@ -258,11 +263,14 @@ class RaftNode:
                 self._reads.issue(self.rn.read_index)
             await self._maybe_snapshot()
 
-    def _sends_before_persisting(self) -> bool:
-        """A leader sends first and writes its own log meanwhile (Raft thesis 10.2.1): nothing it
-        sends depends on its own write. A follower's answers (votes, append acks) promise what it
-        wrote, so it sends only once that is durable."""
-        return self.rn.raft.state == StateType.LEADER
+    def _split_sends(self, messages: list[Message]) -> tuple[list[Message], list[Message]]:
+        """(sent before the write, sent after it). A leader sends first and writes its own log
+        meanwhile (Raft thesis 10.2.1): nothing it sends depends on its own write - except what
+        promises that write (``AFTER_WRITE``: acks, votes), which its Ready may hold from before it
+        led. A follower's answers promise what it wrote, so it sends only once that is durable."""
+        if self.rn.raft.state != StateType.LEADER:
+            return [], messages
+        return [m for m in messages if m.type not in AFTER_WRITE], [m for m in messages if m.type in AFTER_WRITE]
 
     async def _handle(self, rd: Ready) -> None:
         if rd.hard_state is not None:
@@ -273,9 +281,8 @@ class RaftNode:
             await self._install_snapshot(rd)
         if rd.soft_state is not None or rd.hard_state is not None:
             metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
-        send_first = self._sends_before_persisting()
-        if send_first:
-            self._send(rd.messages)
+        early, late = self._split_sends(rd.messages)
+        self._send(early)
         if rd.entries or rd.hard_state is not None:
             metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
@@ -284,8 +291,7 @@ class RaftNode:
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
             failpoints.hit("raftAfterFsync")
-        if not send_first:
-            self._send(rd.messages)
+        self._send(late)
         if rd.committed_entries:
             self._to_apply.put_nowait(rd.committed_entries)
             if self._to_apply.qsize() >= MAX_APPLY_BACKLOG or any(

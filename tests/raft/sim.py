@@ -6,7 +6,8 @@ fault (partition, heal, crash, restart, compaction, membership change, leadershi
 
 Persistence is modelled the way the real driver does it: a node takes a Ready, and only when its
 "fsync" completes (at once or several steps later) are the entries / hard state / snapshot written
-to its MemoryStorage, its messages sent and its committed entries applied. A crash discards the
+to its MemoryStorage, its messages sent and its committed entries applied; a leader sends its
+messages when it takes the Ready, but for acknowledgements and votes (driver.AFTER_WRITE). A crash discards the
 RawNode, the pending Ready and the state machine; a restart rebuilds from storage alone.
 
 After every step the Raft safety properties are checked incrementally (election safety, log
@@ -21,6 +22,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from authstore.node.driver import AFTER_WRITE
 from authstore.raft import (
     CompactedError,
     ConfChange,
@@ -264,6 +266,10 @@ class Simulation:
                 return
             if rd.entries:
                 self._check_ready_entries(node, rd)
+            if rn.raft.state == LEADER:
+                # as the driver: a leader sends before its fsync, all but what promises that fsync
+                self._send(rn, [m for m in rd.messages if m.type not in AFTER_WRITE])
+                rd.messages = [m for m in rd.messages if m.type in AFTER_WRITE]
             node.pending = rd
             if self.rng.random() >= self.cfg.immediate_sync:
                 return
@@ -281,19 +287,7 @@ class Simulation:
             st.set_hard_state(rd.hard_state)
         if rd.entries:
             st.append(rd.entries)
-        rng = self.rng
-        net = self.net
-        drop, dup = self.cfg.drop, self.cfg.duplicate
-        for m in rd.messages:
-            r = rng.random()
-            if r < drop:
-                self.stats["dropped"] += 1
-                if m.type == MsgSnap:
-                    rn.report_snapshot(m.to, True)
-                continue
-            net.append(m)
-            if r < drop + dup:
-                net.append(m)
+        self._send(rn, rd.messages)
         if rd.snapshot is not None:
             md = rd.snapshot.metadata
             kv, seen = pickle.loads(rd.snapshot.data)
@@ -310,6 +304,22 @@ class Simulation:
         if node.waiting_reads:
             self._serve_reads(node)
         rn.advance(rd)
+
+    def _send(self, rn: RawNode, messages: list[Message]) -> None:
+        """Puts messages on the network, some dropped or duplicated."""
+        rng = self.rng
+        net = self.net
+        drop, dup = self.cfg.drop, self.cfg.duplicate
+        for m in messages:
+            r = rng.random()
+            if r < drop:
+                self.stats["dropped"] += 1
+                if m.type == MsgSnap:
+                    rn.report_snapshot(m.to, True)
+                continue
+            net.append(m)
+            if r < drop + dup:
+                net.append(m)
 
     def _apply(self, node: SimNode, rn: RawNode, e: Entry) -> None:
         if e.index != node.applied + 1:

@@ -69,7 +69,7 @@ def follower_answers_before_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken driver: every node sends its Ready's messages before the WAL write (only a
     leader may, for its MsgApp), so a follower grants votes and acknowledges entries that a crash
     can take back."""
-    monkeypatch.setattr(RaftNode, "_sends_before_persisting", lambda self: True)
+    monkeypatch.setattr(RaftNode, "_split_sends", lambda self, messages: (messages, []))
 
 
 def test_node_sim_catches_an_answer_before_fsync_at_once(follower_answers_before_fsync: None) -> None:
