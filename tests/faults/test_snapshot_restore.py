@@ -189,6 +189,16 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
     assert rc == 0, err
     assert saved.read_bytes() == saved_bytes  # the snapshot itself is never changed
 
+    # a damaged copy (one byte changed) is refused by its sha256, and nothing is written
+    damaged = tmp_path / "damaged.db"
+    broken = bytearray(saved_bytes)
+    broken[len(broken) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(broken))
+    elsewhere = tmp_path / "elsewhere"
+    rc, out, err = raftgate("snapshot", "restore", str(damaged), *flags[2:], "--data-dir", str(elsewhere))
+    assert rc != 0 and err.startswith("Error: expected sha256 "), err
+    assert not elsewhere.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
     # restoring again into the now non-empty data dir is refused and changes nothing
     restored_files = _tree(data_dir)
     rc, out, err = raftgate("snapshot", "restore", str(saved), *flags)
