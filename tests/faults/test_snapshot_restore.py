@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,22 +115,31 @@ def _state(endpoint: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _restored_cluster(workdir: Path, data_dir: Path, name: str, peer_port: int) -> Iterator[Cluster]:
-    """`raftgate store` on the restored data dir (flags as the restore was given), and a proxy."""
+def _restored_cluster(workdir: Path, members: list[tuple[str, Path, int]]) -> Iterator[Cluster]:
+    """`raftgate store` on each restored data dir (flags as the restore was given), and a proxy."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "internal-secret"
     secret.write_text(os.urandom(32).hex())
     os.chmod(secret, 0o600)
     client_url = f"http://127.0.0.1:{free_port()}"
-    internal = free_port()
-    argv = store_argv(name, data_dir, internal, peer_port, secret, f"{name}=http://127.0.0.1:{peer_port}",
-                      client_url, [])
-    node = Node(name=name, argv=argv, data_dir=data_dir, internal=f"127.0.0.1:{internal}")
-    cluster = Cluster(workdir, sys.executable, secret.read_text(), [node], client_url.removeprefix("http://"))
+    initial = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, _, peer in members)
+    nodes = []
+    for name, data_dir, peer_port in members:
+        internal = free_port()
+        argv = store_argv(name, data_dir, internal, peer_port, secret, initial, client_url, [])
+        nodes.append(Node(name=name, argv=argv, data_dir=data_dir, internal=f"127.0.0.1:{internal}"))
+    cluster = Cluster(workdir, sys.executable, secret.read_text(), nodes, client_url.removeprefix("http://"))
     try:
-        cluster.restart(node)
+        # all at once, as program_cluster does: a member may wait for the others to come up
+        threads = [threading.Thread(target=cluster.restart, args=(node,)) for node in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(node.running for node in nodes), [node.output()[-2000:] for node in nodes]
         proxy = Program(workdir / "proxy", sys.executable,
-                        ["proxy", "--listen-client-urls", client_url, "--store-endpoints", node.internal,
+                        ["proxy", "--listen-client-urls", client_url,
+                         "--store-endpoints", ",".join(n.internal for n in nodes),
                          "--internal-secret-file", str(secret), "--bcrypt-cost", "4"], "raftgate proxy:", "proxy")
         cluster.extra_programs.append(proxy)
         proxy.start()
@@ -205,7 +215,7 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
     assert rc != 0 and "Error:" in err and str(data_dir) in err, err
     assert _tree(data_dir) == restored_files
 
-    with _restored_cluster(tmp_path / "new", data_dir, "solo", peer_port) as new:
+    with _restored_cluster(tmp_path / "new", [("solo", data_dir, peer_port)]) as new:
         after = retry_ok(lambda: _state(new.endpoint), 30, "the restored cluster to answer")
         members = new.do(new.nodes[0], _member_list()).members
         client = Client(new.endpoint)
@@ -228,6 +238,21 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
     # the old membership is gone: one new member with the new URL
     assert [(m.name, list(m.peerURLs)) for m in members] == [("solo", [peer_url])]
     assert not {m.ID for m in members} & old_members
+
+    # the same snapshot restored into each member of a new 3-member cluster (once per member)
+    trio = [(f"m{i}", tmp_path / f"m{i}", free_port()) for i in range(3)]
+    initial = ",".join(f"{name}=http://127.0.0.1:{port}" for name, _, port in trio)
+    for name, member_dir, port in trio:
+        rc, out, err = raftgate("snapshot", "restore", str(saved), "--data-dir", str(member_dir), "--name", name,
+                                "--initial-cluster", initial, "--initial-advertise-peer-urls",
+                                f"http://127.0.0.1:{port}", "--initial-cluster-token", "trio")
+        assert rc == 0, err
+    with _restored_cluster(tmp_path / "trio", trio) as new:
+        after = retry_ok(lambda: _state(new.endpoint), 30, "the restored 3-member cluster to answer")
+        members = new.do(new.nodes[0], _member_list()).members
+    assert after["kv"] == before["kv"] and after["auth"] == before["auth"]
+    assert after["etcdctl"] == before["etcdctl"]
+    assert sorted(m.name for m in members) == ["m0", "m1", "m2"]
 
 
 def _member_list() -> ipb.InternalRaftRequest:
