@@ -73,12 +73,15 @@ class Status:
 def _check_file(path: Path) -> int:
     """The file's size; a missing or unreadable file is refused."""
     try:
+        if not path.exists():
+            raise SnapshotError(f"stat {path}: no such file or directory")
         if not path.is_file():
-            raise SnapshotError(f"{path} is not a file") if path.exists() else \
-                SnapshotError(f"stat {path}: no such file or directory")
+            raise SnapshotError(f"{path} is not a file")
+        with open(path, "rb"):
+            pass  # readable
         return path.stat().st_size
     except OSError as exc:
-        raise SnapshotError(f"stat {path}: {exc.strerror}") from None
+        raise SnapshotError(f"{path}: {exc.strerror}") from None
 
 
 def _sha256(path: Path, length: int) -> bytes:
