@@ -74,6 +74,9 @@ DEFAULT_DEADLINE = 10.0
 # etcd answers a request it cannot serve after about its request timeout (7 s by default).
 RETRY_WINDOW = 7.0
 ANSWER_MARGIN = 0.2
+#: A live store answers at its own request timeout (it started the clock a little after the
+#: proxy did); only a node silent past that is answered for.
+SILENCE_GRACE = 0.25
 PROBE_TIMEOUT = 1.0
 REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
@@ -265,16 +268,22 @@ class StoreClient:
         Retries stop early enough to answer with etcd's own error before the client's deadline:
         `no leader` when no node leads (or none can be reached), and, for a write cut off by a
         broken connection, `request timed out, possibly due to connection lost` (it may or may
-        not have been applied, so it is never sent twice).
+        not have been applied, so it is never sent twice). A node silent for etcd's whole request
+        timeout (a paused leader keeps its connections open) is answered for as etcd would:
+        `request timed out` (`…, possibly due to previous leader failure` once another node leads).
         """
         now = time.monotonic()
         client_deadline = now + (timeout if timeout is not None else DEFAULT_DEADLINE)
         retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
+        # etcd answers by its request timeout whatever became of its leader. A node that stops
+        # answering without closing its connections (paused, frozen) would otherwise hold the
+        # call until the client's own deadline.
+        answer_deadline = now + RETRY_WINDOW + SILENCE_GRACE
         while True:
             endpoint = self._leader
             answer: grpc.aio.AioRpcError | None = None  # the store's answer, raised if time runs out
             try:
-                return await invoke(endpoint, max(client_deadline - time.monotonic(), 0.001))
+                return await invoke(endpoint, max(min(client_deadline, answer_deadline) - time.monotonic(), 0.001))
             except NotSent:
                 pass  # the store never saw it: send it again
             except OutcomeUnknown:
@@ -284,6 +293,8 @@ class StoreClient:
             except grpc.aio.AioRpcError as error:
                 # The store's answer (or the client's deadline): retried only when it is etcd's
                 # proof that the request never entered the log, or, for a read, leader trouble.
+                if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answer_deadline < client_deadline:
+                    raise EtcdError(await self._silent(endpoint, client_deadline, read=read)) from None
                 err = _etcd_error(error)
                 if err is None or (err not in NOT_TAKEN and not (read and err in READ_RETRY)):
                     raise
@@ -295,6 +306,17 @@ class StoreClient:
             await self._rediscover()
             if self._leader is endpoint:
                 await asyncio.sleep(BACKOFF)
+
+    async def _silent(self, endpoint: _Endpoint, client_deadline: float, *, read: bool) -> Err:
+        """etcd's answer to a request its node held for the whole request timeout: the leader
+        changed meanwhile (the silent node was a paused leader) or it did not."""
+        if self._leader is endpoint:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rediscover(),
+                                       max(min(PROBE_TIMEOUT, client_deadline - ANSWER_MARGIN - time.monotonic()), 0))
+        if self._leader is endpoint:
+            return Err.TIMEOUT
+        return Err.LEADER_CHANGED if read else Err.TIMEOUT_DUE_TO_LEADER_FAIL
 
     # ---- the calls ----
     async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:

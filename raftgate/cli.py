@@ -8,12 +8,13 @@ from __future__ import annotations
 import signal
 import sys
 
-USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth,bench} [flags]
+USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth,snapshot,bench} [flags]
 
   store           run one authstore node (the replicated key-value and auth store)
   proxy           run the authproxy: the etcd v3 API in front of the store
   local           run 1, 3 or 5 store nodes and a proxy in the foreground (development)
   bootstrap-auth  create the root user and role and enable authentication, once (Helm hook)
+  snapshot        status and restore of a snapshot file (`etcdctl snapshot save` of raftgate)
   bench           measure raftgate and a real etcd side by side on the same load
 
 Run `raftgate <command> --help` for the flags of each."""
@@ -58,6 +59,8 @@ def _run(command: str, rest: list[str]) -> int:
         return local(rest, check_store)  # checks the stores' values with the store's own parser
     elif command == "bootstrap-auth":
         from proxy.bootstrap import main as run
+    elif command == "snapshot":
+        from authstore.snapshot_tool import main as run
     elif command == "bench":
         from bench.cli import main as run
     else:

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -37,12 +37,35 @@ SERVICE = "raftgate.storepb.Peer"
 QUEUE_LIMIT = 4096
 CHUNK = 256 << 10
 MAX_MESSAGE = 64 << 20
-BACKOFF = (0.05, 1.0)
+#: Longest wait between attempts to reach a peer: a quarter of the default election timeout, so
+#: a restarted node hears the leader soon after it listens again (a refused connection costs
+#: next to nothing). gRPC's own connection back-off (1 s at first, then up to 120 s) is bounded
+#: the same way, or it would hold a new channel to a peer that was down for a while.
+RECONNECT_FIRST = 0.05
+RECONNECT_MAX = 0.25
 BATCH_FIELD = peer_pb2.MessageBatch.DESCRIPTOR.fields_by_name["messages"].number
 
 OnMessage = Callable[[Message], None]
 OnSnapshot = Callable[[Message, Path], Awaitable[None]]
 OnUnreachable = Callable[[int], None]
+
+
+def reconnect_delays() -> Iterator[float]:
+    """The waits between attempts to open a peer's stream: doubling from RECONNECT_FIRST, then
+    RECONNECT_MAX for as long as the peer stays away."""
+    delay = RECONNECT_FIRST
+    while True:
+        yield delay
+        delay = min(delay * 2, RECONNECT_MAX)
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Options of every channel to a peer: message bounds, and gRPC's reconnect back-off."""
+    bound_ms = int(RECONNECT_MAX * 1000)
+    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_FIRST * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(RECONNECT_FIRST * 1000)),
+            ("grpc.max_reconnect_backoff_ms", bound_ms)]
 
 
 class PeerSecurity:
@@ -65,7 +88,7 @@ class PeerSecurity:
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+        options = channel_options()
         if self.tls:
             creds = grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
                                                  certificate_chain=self.cert)
@@ -158,7 +181,7 @@ class Transport:
             self.on_unreachable(msg.to)
 
     async def _stream(self, peer: _Peer) -> None:
-        delay = BACKOFF[0]
+        delays = reconnect_delays()
         while True:
             channel = self.security.channel(peer.address)
             try:
@@ -170,7 +193,7 @@ class Transport:
                 # but not a forwarded read).
                 await call.initial_metadata()
                 if not call.done():
-                    delay = BACKOFF[0]
+                    delays = reconnect_delays()
                     await self._send_batches(peer, call)
                 await call
             except grpc.aio.AioRpcError as exc:
@@ -180,8 +203,7 @@ class Transport:
                 # outlives it, and closing the channel ends the call if it still runs.
                 await channel.close()
             self.on_unreachable(peer.id)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, BACKOFF[1])
+            await asyncio.sleep(next(delays))
 
     @staticmethod
     async def _send_batches(peer: _Peer, call: grpc.aio.StreamUnaryCall) -> None:

@@ -53,6 +53,12 @@ class Membership:
     def set_cluster_id(self, txn: lmdb.Transaction, cid: int) -> None:
         txn.put(b"cluster_id", _ID.pack(cid), db=self._meta)
 
+    def clear(self, txn: lmdb.Transaction) -> None:
+        """Forgets every member and the cluster ID: a snapshot restored into a new cluster, whose
+        first log entries add its own members (``raftgate snapshot restore``)."""
+        txn.drop(self._db, delete=False)
+        txn.drop(self._meta, delete=False)
+
     def check_add(self, txn: lmdb.Transaction, member: pb.Member) -> None:
         """etcd's refusals for a MemberAdd, decided before anything enters the log."""
         if not member.peerURLs or any("://" not in u for u in member.peerURLs):

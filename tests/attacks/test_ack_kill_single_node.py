@@ -14,8 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults.cluster import Client, program_cluster
-from harness import wait_for
+
+from tests.faults.cluster import Client, program_cluster
+from tests.support.processes import wait_for
 
 ROUNDS = 20
 WRITERS = 3

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from faults.cluster import Cluster, Recorder, Workload, program_cluster, verify_after_faults
-from harness import wait_for
+
+from tests.faults.cluster import Cluster, Recorder, Workload, program_cluster, verify_after_faults
+from tests.support.processes import wait_for
 
 ROUNDS = 9
 

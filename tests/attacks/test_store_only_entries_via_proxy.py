@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from harness import RaftgateLocal
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.methods import INTERNAL, SERVICES
+from tests.support.processes import RaftgateLocal
 
 CAMEL = {"lease_checkpoint": "LeaseCheckpoint", "lease_renew": "LeaseRenew", "lease_expire": "LeaseExpire",
          "expire_tokens": "ExpireTokens", "member_attr_set": "MemberAttrSet", "store_alarm": "StoreAlarm"}
