@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -84,7 +85,8 @@ async def _reconnect_after(down_seconds: float, tmp_path: Path) -> None:
     security = PeerSecurity(secret=b"test-secret")
     port = free_port()
     arrived = asyncio.Event()
-    sender = Transport(1, security, lambda _m: None, _no_snapshot, lambda _id: None, tmp_path)
+    sender = Transport(1, security, tmp_path)
+    sender.bind(_Receiver(lambda _m: None))
     sender.set_peers({2: f"127.0.0.1:{port}"})
 
     async def heartbeats() -> None:
@@ -96,7 +98,8 @@ async def _reconnect_after(down_seconds: float, tmp_path: Path) -> None:
     server = grpc.aio.server()
     try:
         await asyncio.sleep(down_seconds)
-        receiver = Transport(2, security, lambda _m: arrived.set(), _no_snapshot, lambda _id: None, tmp_path)
+        receiver = Transport(2, security, tmp_path)
+        receiver.bind(_Receiver(lambda _m: arrived.set()))
         server.add_generic_rpc_handlers((receiver.handler(lambda: b""),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -110,5 +113,14 @@ async def _reconnect_after(down_seconds: float, tmp_path: Path) -> None:
         await server.stop(0)
 
 
-async def _no_snapshot(_msg: Message, _path: Path) -> None:
-    raise AssertionError("no snapshot expected")
+class _Receiver:
+    """The node's side of the transport (``Receiver``): messages go to ``step``; no snapshots."""
+
+    def __init__(self, step: Callable[[Message], None]) -> None:
+        self.step = step
+
+    async def receive_snapshot(self, _msg: Message, _path: Path) -> None:
+        raise AssertionError("no snapshot expected")
+
+    def report_unreachable(self, _peer_id: int) -> None:
+        pass

@@ -136,10 +136,10 @@ def _restored_cluster(workdir: Path, members: list[tuple[str, Path, int]]) -> It
         for t in threads:
             t.join()
         assert all(node.running for node in nodes), [node.output()[-2000:] for node in nodes]
-        proxy = Program(workdir / "proxy", sys.executable,
+        proxy = Program(workdir / "proxy",
                         ["proxy", "--listen-client-urls", client_url,
                          "--store-endpoints", ",".join(n.internal for n in nodes),
-                         "--internal-secret-file", str(secret), "--bcrypt-cost", "4"], "raftgate proxy:", "proxy")
+                         "--internal-secret-file", str(secret), "--bcrypt-cost", "4"], "raftgate proxy:", name="proxy")
         cluster.extra_programs.append(proxy)
         proxy.start()
         yield cluster
