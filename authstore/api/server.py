@@ -237,7 +237,7 @@ class StoreService:
                 # a small memory-backed volume); what a crash leaves there goes when the node starts.
                 self.node.snapshot_dir.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
-                path = await asyncio.get_running_loop().run_in_executor(None, self.applier.backend.copy_to, tmp)
+                path = await asyncio.get_running_loop().run_in_executor(None, self.applier.snapshot, tmp)
             except (OSError, lmdb.Error) as exc:
                 # that call's failure (e.g. a full disk), never the node's
                 log.warning("a client's snapshot failed: %s", exc.__class__.__name__)
