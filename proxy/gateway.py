@@ -120,7 +120,7 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
     C.UNIMPLEMENTED: 501, C.INTERNAL: 500, C.UNAVAILABLE: 503, C.DATA_LOSS: 500,
 }
 JSON_TYPE = "application/json"
-#: what Maintenance.Status reports (authstore/api/maintenance.py; a test keeps the two equal)
+#: what the store's Maintenance.Status reports (a test keeps the two equal)
 ETCD_VERSION = "3.7.1"
 ETCD_CLUSTER_VERSION = "3.7.0"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut

@@ -34,7 +34,7 @@ from raftgate.config_support import ConfigError, FlagParser, integer, parse_flag
 from raftgate.observe import ListenAddr, parse_listen_addr
 
 #: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
-#: raftgate.cli (proxy never imports authstore), so local can check a store's values without starting it.
+#: raftgate.cli (the proxy never imports the store's code), so local can check a store's values without starting it.
 CheckStore = Callable[[Sequence[str], Mapping[str, str]], object]
 
 READY_TIMEOUT = 60.0
