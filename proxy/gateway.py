@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import string
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,67 @@ class _NotHttp(logging.Filter):
 logging.getLogger("aiohttp.server").addFilter(_NotHttp())
 
 C = grpc.StatusCode
-_DECODER = json.JSONDecoder()
+
+
+class _Number(float):
+    """A JSON number that is not an integer Python holds exactly (a fraction, an exponent, or more
+    digits than ``int()`` takes): its text is kept, for Go's refusal that quotes it."""
+
+    text: str
+
+    def __new__(cls, text: str) -> _Number:
+        try:
+            value = float(text)
+        except (ValueError, OverflowError):
+            value = float("inf")
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+
+def _parse_int(text: str) -> int | _Number:
+    return int(text) if len(text) <= _INT_DIGITS else _Number(text)
+
+
+_INT_DIGITS = 1000  # far above any int64 and below int()'s own limit (4300 digits)
+_DECODER = json.JSONDecoder(parse_float=_Number, parse_int=_parse_int)
+#: encoding/json's maxNestingDepth: one more level is refused as "exceeded max depth"
+GO_MAX_DEPTH = 10000
+_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _raw_decode(text: str) -> tuple[Any, int]:
+    """The first JSON value of ``text`` and where it ends. Nesting deeper than Python's recursion
+    allows is decoded anyway up to Go's depth, and refused past it in Go's words (never a
+    RecursionError, which would be an internal error)."""
+    try:
+        return _DECODER.raw_decode(text)
+    except RecursionError:
+        pass
+    depth = 0
+    for match in _NESTING.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > GO_MAX_DEPTH:
+                raise Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(token)} exceeded max depth")
+        elif token in "]}":
+            depth -= 1
+            if depth <= 0:
+                break
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + 2 * GO_MAX_DEPTH)  # the C decoder takes one level per nesting level
+    try:
+        return _DECODER.raw_decode(text)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _quote_char(ch: str) -> str:
+    """Go's quoteChar: a character as encoding/json's syntax errors quote it."""
+    if ch == "'":
+        return "'\\''"
+    return "'\"'" if ch == '"' else "'" + json.dumps(ch)[1:-1] + "'"
 
 #: etcd 3.5's gateway routes (rpc.proto's google.api.http options): every one is POST.
 PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -131,7 +192,6 @@ CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Method
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
 #: grpc-gateway passes the gRPC answer's header metadata on, prefixed
 GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
-_NUMBER = re.compile(r"-?[0-9]+")
 _BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
 
 
@@ -224,12 +284,15 @@ def parse_request(route: Route, value: Any) -> bytes:
         json_format.ParseDict(_checked(value, message.DESCRIPTOR), message)
     except (json_format.ParseError, ValueError, TypeError) as e:
         raise Abort(C.INVALID_ARGUMENT, str(e)) from None
+    except RecursionError:  # json_format stops at 100 levels; this is a safety net
+        raise Abort(C.INVALID_ARGUMENT, "Message too deep") from None
     return message.SerializeToString()
 
 
-def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
+def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str, Any]:
     """``value`` without the keys the message does not have (grpc-gateway ignores them), with its
-    bytes, bool and enum fields checked as Go decodes them: json_format would take bad base64 silently."""
+    bytes, bool, integer and enum fields checked as Go decodes them: json_format would take bad
+    base64 silently. Past json_format's own depth limit the rest is left to its refusal."""
     fields: dict[str, Any] = {}
     for f in descriptor.fields:
         fields[f.name] = f
@@ -248,33 +311,97 @@ def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
             elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
                 raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
             elif one is not None and f.type in _GO_INT:
-                _check_int(one, _GO_INT[f.type])
+                one = _check_int(one, _GO_INT[f.type])
+                if one is None:  # a quoted null: the field keeps its zero value, as in Go
+                    continue
             elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
                 raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
                                                 f"{f.enum_type.full_name}")
-            elif isinstance(one, dict) and f.type == FieldDescriptor.TYPE_MESSAGE:
-                one = _checked(one, f.message_type)
+            elif isinstance(one, dict) and f.type == FieldDescriptor.TYPE_MESSAGE and depth < _CHECK_DEPTH:
+                one = _checked(one, f.message_type, depth + 1)
             checked.append(one)
-        out[key] = checked if repeated and isinstance(item, list) else checked[0]
+        if repeated and isinstance(item, list):
+            out[key] = checked
+        elif checked:
+            out[key] = checked[0]
     return out
+
+
+_CHECK_DEPTH = 100  # json_format.ParseDict's max_recursion_depth
 
 
 _GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
            FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
+_GO_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "uint64": (0, (1 << 64) - 1),
+             "int32": (-(1 << 31), (1 << 31) - 1), "uint32": (0, (1 << 32) - 1)}
+_INTEGER = re.compile(r"-?[0-9]+")
+_DIGITS = frozenset(string.digits)
+_SPACE = " \t\r\n"
 
 
-def _check_int(value: Any, go_type: str) -> None:
-    """An integer field takes a number or a quoted number (Go reads the quoted text as JSON)."""
+def _check_int(value: Any, go_type: str) -> int | None:
+    """An integer field as Go's jsonpb reads it: a number, or a string whose text is read as JSON
+    (``" 5"`` is 5, ``"null"`` leaves the field unset). The value for json_format, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}")
     if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
-        if not _NUMBER.fullmatch(text):
-            ch = text[0] if not _NUMBER.match(text) else text[len(_NUMBER.match(text)[0])]  # type: ignore[index]
-            char = "'\\''" if ch == "'" else f"'{ch}'"
-            raise Abort(C.INVALID_ARGUMENT, f"invalid character {char} looking for beginning of value")
+        token = _go_number(json.dumps(value, ensure_ascii=False)[1:-1], go_type)
+        if token is None:
+            return None
+    else:
+        token = value.text if isinstance(value, _Number) else repr(value) if isinstance(value, float) else str(value)
+    low, high = _GO_RANGE[go_type]
+    if not _INTEGER.fullmatch(token) or len(token) > 21 or not low <= int(token) <= high:
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal number {token} into Go value of type {go_type}")
+    return int(token)
+
+
+def _go_number(raw: str, go_type: str) -> str | None:
+    """The number token in a quoted integer's text, scanned as Go scans it (the closing quote
+    read as a space), or None for ``null``; Go's syntax error otherwise."""
+    text = raw + " "
+    i = len(text) - len(text.lstrip(_SPACE))
+    if i == len(text):
+        raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
+
+    def bad(at: int, context: str) -> Abort:
+        return Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(text[at])} {context}")
+
+    def digits(at: int) -> int:
+        while text[at] in _DIGITS:
+            at += 1
+        return at
+
+    start = i
+    if text[i] != "-" and text[i] not in _DIGITS:
+        word = text[i:].rstrip(_SPACE)
+        if word == "null":
+            return None
+        if word in ("true", "false"):
+            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal bool into Go value of type {go_type}")
+        raise bad(i, "looking for beginning of value")
+    if text[i] == "-":
+        i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "in numeric literal")
+    i = i + 1 if text[i] == "0" else digits(i)
+    if text[i] == ".":
+        i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "after decimal point in numeric literal")
+        i = digits(i)
+    if text[i] in "eE":
+        i += 1
+        if text[i] in "+-":
+            i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "in exponent of numeric literal")
+        i = digits(i)
+    token = text[start:i]
+    rest = text[i:].lstrip(_SPACE)
+    if rest:
+        raise bad(len(text) - len(rest), "after top-level value")
+    return token
 
 
 def _json_kind(value: Any) -> str:
@@ -320,8 +447,9 @@ def go_json_error(error: json.JSONDecodeError) -> str:
     """A JSON syntax error as Go's encoding/json words it (``invalid character 'x' ...``)."""
     if error.pos >= len(error.doc):
         return "unexpected EOF"
-    ch = error.doc[error.pos]
-    char = "'\\''" if ch == "'" else f"'{ch}'"
+    if error.msg == "Invalid \\escape" and error.pos + 1 < len(error.doc):
+        return f"invalid character {_quote_char(error.doc[error.pos + 1])} in string escape code"
+    char = _quote_char(error.doc[error.pos])
     context = _GO_SYNTAX.get(error.msg, "looking for beginning of value")
     if error.msg == "Expecting ',' delimiter" and error.doc.lstrip().startswith("["):
         context = "after array element"
@@ -506,7 +634,7 @@ class Gateway:
         if not text:
             return {}
         try:
-            return _DECODER.raw_decode(text)[0]
+            return _raw_decode(text)[0]
         except json.JSONDecodeError as e:
             raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
 
@@ -591,7 +719,7 @@ class _Values:
             text = self.buffer.lstrip(" \t\r\n")
             if text:
                 try:
-                    value, end = _DECODER.raw_decode(text)
+                    value, end = _raw_decode(text)
                     self.buffer = text[end:]
                     return True, value
                 except json.JSONDecodeError as e:
