@@ -23,8 +23,10 @@ import base64
 import binascii
 import codecs
 import contextlib
+import html
 import json
 import logging
+import posixpath
 import re
 import string
 import sys
@@ -33,6 +35,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 from aiohttp import web
@@ -486,6 +489,30 @@ def _text(status: int) -> web.Response:
 # --- the HTTP side ----------------------------------------------------------------------------------
 
 
+def clean_path(path: str) -> str:
+    """Go's ServeMux cleanPath: ``.``, ``..`` and repeated slashes resolved, a final slash kept."""
+    if not path.startswith("/"):
+        path = "/" + path
+    clean = "/" + posixpath.normpath(path).lstrip("/")  # POSIX keeps a leading "//"; Go does not
+    if path.endswith("/") and clean != "/":
+        clean += "/"
+    return clean
+
+
+def _redirect(request: web.Request, path: str) -> web.Response:
+    """Go's ServeMux redirect to the clean path (301, the query kept); http.Redirect writes its small
+    HTML body for GET and HEAD only."""
+    location = quote(path, safe="/$&+,:;=@-_.~")
+    if request.rel_url.raw_query_string:
+        location += "?" + request.rel_url.raw_query_string
+    response = web.Response(status=301)
+    response.headers["Location"] = location
+    if request.method in ("GET", "HEAD"):
+        response.content_type, response.charset = "text/html", "utf-8"
+        response.text = f'<a href="{html.escape(location)}">Moved Permanently</a>.\n\n'
+    return response
+
+
 def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
     """Headers as grpc-gateway passes them on: Authorization as ``authorization``, and every
     ``Grpc-Metadata-K`` as ``k``."""
@@ -577,7 +604,14 @@ class Gateway:
         path = request.path
         if request.method == "OPTIONS":
             return web.Response()  # a CORS preflight, as etcd answers it
-        if path == "/version" and request.method == "GET":
+        clean = clean_path(path)
+        if clean != path:
+            return _redirect(request, clean)
+        if path == "/version":
+            if request.method != "GET":
+                response = _text(405)
+                response.headers["Allow"] = "GET"
+                return response
             return self.version()
         route = self.routes.get(path)
         if route is None:
