@@ -128,3 +128,19 @@ def test_a_deeply_nested_txn_is_no_500() -> None:
     text = '{"success": [{"request_txn": ' * 3000 + '{"success": []}' + "}]}" * 3000
     status, body = post("/v3/kv/txn", text.encode())
     assert status == 400 and body["code"] == 3, (status, str(body)[:300])
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("1.5", "json: cannot unmarshal number 1.5 into Go value of type protoreflect.EnumNumber"),
+    ("1e2", "json: cannot unmarshal number 1e2 into Go value of type protoreflect.EnumNumber"),
+    ("99999999999", "json: cannot unmarshal number 99999999999 into Go value of type protoreflect.EnumNumber"),
+    ("true", "json: cannot unmarshal bool into Go value of type protoreflect.EnumNumber"),
+    ("[1]", "json: cannot unmarshal array into Go value of type protoreflect.EnumNumber"),
+])
+def test_enum_fields_given_what_is_not_an_int32_refused_in_go_s_words(value: str, expected: str) -> None:
+    assert post("/v3/kv/range", range_with('"sort_order": ' + value)) == (400, error(expected))
+
+
+@pytest.mark.parametrize("value", ["1", "-1", "null", '"DESCEND"'])
+def test_enum_fields_go_accepts(value: str) -> None:
+    assert post("/v3/kv/range", range_with('"sort_order": ' + value)) == (200, {})
