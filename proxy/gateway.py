@@ -317,6 +317,8 @@ def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str
                 one = _check_int(one, _GO_INT[f.type])
                 if one is None:  # a quoted null: the field keeps its zero value, as in Go
                     continue
+            elif one is not None and not isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM:
+                one = _check_int(one, "protoreflect.EnumNumber")  # a number: any int32, as in Go
             elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
                 raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
                                                 f"{f.enum_type.full_name}")
@@ -336,7 +338,8 @@ _CHECK_DEPTH = 100  # json_format.ParseDict's max_recursion_depth
 _GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
            FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
 _GO_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "uint64": (0, (1 << 64) - 1),
-             "int32": (-(1 << 31), (1 << 31) - 1), "uint32": (0, (1 << 32) - 1)}
+             "int32": (-(1 << 31), (1 << 31) - 1), "uint32": (0, (1 << 32) - 1),
+             "protoreflect.EnumNumber": (-(1 << 31), (1 << 31) - 1)}
 _INTEGER = re.compile(r"-?[0-9]+")
 _DIGITS = frozenset(string.digits)
 _SPACE = " \t\r\n"
