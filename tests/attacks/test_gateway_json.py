@@ -144,3 +144,19 @@ def test_enum_fields_given_what_is_not_an_int32_refused_in_go_s_words(value: str
 @pytest.mark.parametrize("value", ["1", "-1", "null", '"DESCEND"'])
 def test_enum_fields_go_accepts(value: str) -> None:
     assert post("/v3/kv/range", range_with('"sort_order": ' + value)) == (200, {})
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ('{"compare": {}}', "json: cannot unmarshal object into Go value of type []json.RawMessage"),
+    ('{"success": "x"}', "json: cannot unmarshal string into Go value of type []json.RawMessage"),
+    ('{"success": [1]}', "json: cannot unmarshal number into Go value of type map[string]json.RawMessage"),
+    ('{"success": [{"request_range": 5}]}',
+     "json: cannot unmarshal number into Go value of type map[string]json.RawMessage"),
+])
+def test_lists_and_messages_of_the_wrong_kind_refused_in_go_s_words(body: str, expected: str) -> None:
+    assert post("/v3/kv/txn", body.encode()) == (400, error(expected))
+
+
+def test_a_null_in_a_list_of_messages_is_an_empty_message_as_in_go() -> None:
+    """etcd reads ``[null]`` as one empty RequestOp (its store then answers ``key not found``)."""
+    assert post("/v3/kv/txn", b'{"success": [null]}') == (200, {})
