@@ -306,9 +306,18 @@ def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str
         if f is None:
             continue
         repeated = f.is_repeated
+        message = f.type == FieldDescriptor.TYPE_MESSAGE
+        if repeated and item is not None and not isinstance(item, list):
+            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(item)} into Go value of type "
+                                            f"[]json.RawMessage")
         items = item if repeated and isinstance(item, list) else [item]
         checked = []
         for one in items:
+            if message and one is None and repeated:
+                one = {}  # Go: a null in a list of messages is an empty message
+            if message and one is not None and not isinstance(one, dict):
+                raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type "
+                                                f"map[string]json.RawMessage")
             if one is not None and f.type == FieldDescriptor.TYPE_BYTES:
                 _check_base64(one)
             elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
@@ -322,7 +331,7 @@ def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str
             elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
                 raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
                                                 f"{f.enum_type.full_name}")
-            elif isinstance(one, dict) and f.type == FieldDescriptor.TYPE_MESSAGE and depth < _CHECK_DEPTH:
+            elif isinstance(one, dict) and message and depth < _CHECK_DEPTH:
                 one = _checked(one, f.message_type, depth + 1)
             checked.append(one)
         if repeated and isinstance(item, list):
