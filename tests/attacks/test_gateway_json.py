@@ -160,3 +160,14 @@ def test_lists_and_messages_of_the_wrong_kind_refused_in_go_s_words(body: str, e
 def test_a_null_in_a_list_of_messages_is_an_empty_message_as_in_go() -> None:
     """etcd reads ``[null]`` as one empty RequestOp (its store then answers ``key not found``)."""
     assert post("/v3/kv/txn", b'{"success": [null]}') == (200, {})
+
+
+@pytest.mark.parametrize(("value", "kind"), [("5", "number"), ("true", "bool"), ('["a"]', "array"), ("{}", "object")])
+def test_string_fields_of_another_kind_refused_in_go_s_words(value: str, kind: str) -> None:
+    assert post("/v3/auth/role/add", ('{"name": ' + value + "}").encode()) == (
+        400, error(f"json: cannot unmarshal {kind} into Go value of type string"))
+
+
+def test_a_lone_surrogate_escape_is_read_as_go_reads_it() -> None:
+    """Go decodes ``\\ud800`` alone as U+FFFD; protobuf refuses the lone surrogate Python keeps."""
+    assert post("/v3/auth/role/add", b'{"name": "a\\ud800"}') == (200, {})
