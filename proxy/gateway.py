@@ -320,6 +320,11 @@ def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str
                                                 f"map[string]json.RawMessage")
             if one is not None and f.type == FieldDescriptor.TYPE_BYTES:
                 _check_base64(one)
+            elif one is not None and f.type == FieldDescriptor.TYPE_STRING:
+                if not isinstance(one, str):
+                    raise Abort(C.INVALID_ARGUMENT,
+                                f"json: cannot unmarshal {_json_kind(one)} into Go value of type string")
+                one = _SURROGATE.sub("\ufffd", one)  # Go reads a lone surrogate escape as U+FFFD
             elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
                 raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
             elif one is not None and f.type in _GO_INT:
@@ -342,6 +347,7 @@ def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str
 
 
 _CHECK_DEPTH = 100  # json_format.ParseDict's max_recursion_depth
+_SURROGATE = re.compile("[\ud800-\udfff]")  # alone: the decoder joins a pair into one character
 
 
 _GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
