@@ -126,10 +126,22 @@ def _raw_decode(text: str) -> tuple[Any, int]:
 
 
 def _quote_char(ch: str) -> str:
-    """Go's quoteChar: a character as encoding/json's syntax errors quote it."""
+    """Go's quoteChar: a character as encoding/json's syntax errors quote it (strconv.Quote's escapes)."""
     if ch == "'":
         return "'\\''"
-    return "'\"'" if ch == '"' else "'" + json.dumps(ch)[1:-1] + "'"
+    if ch == '"':
+        return "'\"'"
+    if ch in _GO_CHAR_ESCAPES:
+        return "'" + _GO_CHAR_ESCAPES[ch] + "'"
+    if ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return f"'\\x{ord(ch):02x}'"
+    if not ch.isprintable():
+        return f"'\\u{ord(ch):04x}'" if ord(ch) <= 0xFFFF else f"'\\U{ord(ch):08x}'"
+    return f"'{ch}'"
+
+
+_GO_CHAR_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+                    "\v": "\\v", "\\": "\\\\"}
 
 #: etcd 3.5's gateway routes (rpc.proto's google.api.http options): every one is POST.
 PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -592,8 +604,10 @@ class Gateway:
     async def start(self) -> list[str]:
         # handler_cancellation: a client that hangs up ends its handler (and a watch's store stream).
         # shutdown_timeout: open streams (watches) get this long to end when the proxy stops.
+        # auto_decompress off: Go's server inflates no request body (Content-Encoding is not read),
+        # and a small gzip body must not become hundreds of MB here.
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=STOP_GRACE)
+                                     shutdown_timeout=STOP_GRACE, auto_decompress=False)
         await self._runner.setup()
         for address in self.listen:
             if address.startswith("unix:"):
