@@ -98,16 +98,16 @@ GO_MAX_DEPTH = 10000
 _NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
-def _raw_decode(text: str) -> tuple[Any, int]:
-    """The first JSON value of ``text`` and where it ends. Nesting deeper than Python's recursion
+def _raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
+    """The JSON value at ``text[start]`` and where it ends. Nesting deeper than Python's recursion
     allows is decoded anyway up to Go's depth, and refused past it in Go's words (never a
     RecursionError, which would be an internal error)."""
     try:
-        return _DECODER.raw_decode(text)
+        return _DECODER.raw_decode(text, start)
     except RecursionError:
         pass
     depth = 0
-    for match in _NESTING.finditer(text):
+    for match in _NESTING.finditer(text, start):
         token = match.group()
         if token in "[{":
             depth += 1
@@ -120,7 +120,7 @@ def _raw_decode(text: str) -> tuple[Any, int]:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(limit + 2 * GO_MAX_DEPTH)  # the C decoder takes one level per nesting level
     try:
-        return _DECODER.raw_decode(text)
+        return _DECODER.raw_decode(text, start)
     finally:
         sys.setrecursionlimit(limit)
 
@@ -769,35 +769,126 @@ class _Values:
     """The request body as a stream of JSON values, each handed on as soon as it is complete.
 
     A syntax error raises Abort (Go's wording) as soon as it is certain; one value may be at most
-    the body bound.
+    the body bound. The body may come a few bytes at a time: a value is decoded when it starts,
+    when a scan of the new text alone finds its end, and when it has doubled since the last try
+    (so a syntax error is still found early), never whole again on every chunk (that was O(n^2)).
     """
 
     def __init__(self, request: web.Request, limit: int) -> None:
         self.request = request
         self.limit = limit
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.buffer = ""
+        self.pieces: list[str] = []  # the text; the current value starts at ``offset`` in the first
+        self.offset = 0
+        self.size = 0  # characters from ``offset`` on
         self.eof = False
+        self.scan = _EndScan()
+        self.tried: int | None = None  # the size at the last try for this value (None: not tried)
 
     async def next(self) -> tuple[bool, Any]:
         """(True, value), or (False, None) at the end of the body."""
         while True:
-            text = self.buffer.lstrip(" \t\r\n")
-            if text:
-                try:
-                    value, end = _raw_decode(text)
-                    self.buffer = text[end:]
-                    return True, value
-                except json.JSONDecodeError as e:
-                    if self.eof or not _incomplete(e, text):
-                        raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
-                    if len(text) > self.limit:
-                        raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes") from None
-            elif self.eof:
-                return False, None
+            if self.eof or self.tried is None or self.scan.ended or self.size >= 2 * self.tried:
+                text = self.pieces[0] if len(self.pieces) == 1 else "".join(self.pieces)
+                self.pieces = [text]
+                begin = _NOT_WS.search(text, self.offset)
+                if begin is not None:
+                    self.offset = begin.start()
+                    self.size = len(text) - self.offset
+                    try:
+                        value, end = _raw_decode(text, self.offset)
+                    except json.JSONDecodeError as e:
+                        if self.eof or not _incomplete(e, text):
+                            raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+                        self.tried, self.scan.ended = self.size, False
+                    else:
+                        self._start(text, end)
+                        return True, value
+                elif self.eof:
+                    return False, None
+                else:
+                    self.pieces, self.offset, self.size = [], 0, 0
+            if self.size > self.limit:
+                raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes")
             chunk = await self.request.content.read(READ_CHUNK)
             self.eof = not chunk
-            self.buffer = text + self.utf8.decode(chunk, final=self.eof)
+            piece = self.utf8.decode(chunk, final=self.eof)
+            if piece:
+                self.pieces.append(piece)
+                self.size += len(piece)
+                self.scan.feed(piece)
+
+    def _start(self, text: str, at: int) -> None:
+        """A new value begins at ``text[at]`` (what followed the last one, not copied)."""
+        self.pieces, self.offset, self.size = [text], at, len(text) - at
+        self.scan, self.tried = _EndScan(), None
+        self.scan.feed(text, at)
+
+
+_NOT_WS = re.compile(r"[^ \t\r\n]")
+_STRUCTURE = re.compile(r'["\[\]{}]')
+_IN_STRING = re.compile(r'["\\]')
+_DELIMITER = re.compile(r"[^0-9A-Za-z.+\-]")
+
+
+class _EndScan:
+    """Whether the JSON value fed so far may have ended: nesting and strings followed over each new
+    piece alone (regex searches, nothing rescanned). Only a hint: the decoder has the last word."""
+
+    def __init__(self) -> None:
+        self.kind = ""  # "" (nothing yet), "{" (object or array), '"' (string), "x" (number, literal)
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.ended = False
+
+    def feed(self, piece: str, i: int = 0) -> None:
+        if self.ended:
+            return
+        n = len(piece)
+        if not self.kind:
+            begin = _NOT_WS.search(piece, i)
+            if begin is None:
+                return
+            i = begin.start()
+            first = piece[i]
+            i += 1
+            self.kind = "{" if first in "{[" else first if first == '"' else "x"
+            self.depth, self.in_string = (1, False) if self.kind == "{" else (0, self.kind == '"')
+        if self.kind == "x":
+            self.ended = _DELIMITER.search(piece, i) is not None
+            return
+        while i < n:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped, i = False, i + 1
+                    continue
+                match = _IN_STRING.search(piece, i)
+                if match is None:
+                    return
+                i = match.end()
+                if match.group() == "\\":
+                    self.escaped = True
+                    continue
+                self.in_string = False
+                if self.kind == '"':
+                    self.ended = True
+                    return
+                continue
+            match = _STRUCTURE.search(piece, i)
+            if match is None:
+                return
+            i = match.end()
+            token = match.group()
+            if token == '"':
+                self.in_string = True
+            elif token in "[{":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.ended = True
+                    return
 
 
 def _incomplete(error: json.JSONDecodeError, text: str) -> bool:
