@@ -110,3 +110,16 @@ def test_a_compressed_body_is_not_inflated() -> None:
     message = "invalid character '\\x1f' looking for beginning of value"
     expected = json.dumps({"error": message, "code": 3, "message": message}, separators=(",", ":"))
     assert (status, answer) == ("HTTP/1.1 400 Bad Request", expected.encode())
+
+
+@pytest.mark.parametrize("path", ["/v3/watch", "/v3/lease/keepalive"])
+def test_an_http_1_0_stream_is_answered_until_close(path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """HTTP/1.0 has no chunked encoding: etcd answers a stream's lines with no length and closes;
+    it must not fail with an ERROR traceback and an empty reply."""
+    body = b'{"create_request": {"key": "Zm9v"}}' if path == "/v3/watch" else b'{"ID": 1}'
+    with caplog.at_level("DEBUG"):
+        status, headers, answer = exchange(b"POST %s HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s"
+                                           % (path.encode(), len(body), body))
+    assert status == "HTTP/1.0 200 OK" and "transfer-encoding" not in headers, (status, headers)
+    assert answer.startswith(b'{"result":{'), answer
+    assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records]
