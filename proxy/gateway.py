@@ -729,9 +729,9 @@ class Gateway:
                     async for answer in answers:
                         line = dumps({"result": to_json(route.response.FromString(answer))}) + b"\n"
                         if response is None:
+                            # no length: chunked on HTTP/1.1, until close on HTTP/1.0 (as etcd answers)
                             response = web.StreamResponse(status=200,
                                                           headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
-                            response.enable_chunked_encoding()
                             await response.prepare(request)
                         await response.write(line)  # waits while the client is behind: nothing more is pulled
             except TimeoutError:
@@ -752,7 +752,6 @@ class Gateway:
                 await answers.aclose()  # type: ignore[attr-defined]
         if response is None:
             response = web.StreamResponse(status=200, headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
-            response.enable_chunked_encoding()
             await response.prepare(request)
         await response.write_eof()
         return response
