@@ -123,3 +123,18 @@ def test_an_http_1_0_stream_is_answered_until_close(path: str, caplog: pytest.Lo
     assert status == "HTTP/1.0 200 OK" and "transfer-encoding" not in headers, (status, headers)
     assert answer.startswith(b'{"result":{'), answer
     assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(("timeout", "status"), [
+    ("9999999999999999999H", "HTTP/1.1 400 Bad Request"),  # not an int64: Go's ParseInt refuses it
+    ("9223372036854775808n", "HTTP/1.1 400 Bad Request"),
+    ("9223372036854775807H", "HTTP/1.1 504 Gateway Timeout"),  # Go's int64 product wraps negative
+    ("2562048H", "HTTP/1.1 504 Gateway Timeout"),
+    ("2562047H", "HTTP/1.1 200 OK"),
+    ("9223372036854775807n", "HTTP/1.1 200 OK"),
+])
+def test_grpc_timeout_overflow_as_grpc_gateway_reads_it(timeout: str, status: str) -> None:
+    body = b'{"key": "Zm9v"}'
+    answer = exchange(f"POST /v3/kv/range HTTP/1.1\r\nHost: x\r\nConnection: close\r\nGrpc-Timeout: {timeout}\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert answer[0] == status, answer
