@@ -561,19 +561,23 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault(key, value)
 
 
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_TIMEOUT_UNITS = {"H": 3600 * 10**9, "M": 60 * 10**9, "S": 10**9, "m": 10**6, "u": 10**3, "n": 1}  # in ns
 DEADLINE_EXCEEDED = "context deadline exceeded"
+_INT64 = 1 << 63
 
 
 def _deadline(header: str | None) -> float | None:
-    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline."""
+    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline.
+    Go parses the amount as an int64 and multiplies it by the unit in int64 nanoseconds, which
+    wraps: a product past int64 is a negative timeout (the deadline has passed), as in etcd."""
     if header is None or header == "":
         return None
     unit = _TIMEOUT_UNITS.get(header[-1])
-    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]):
+    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]) \
+            or not -_INT64 <= int(header[:-1]) < _INT64:
         raise Abort(C.INVALID_ARGUMENT, f"invalid grpc-timeout: {header}")
-    amount = int(header[:-1])
-    return None if amount == 0 else time.monotonic() + amount * unit  # 0: none, as in grpc-gateway
+    nanoseconds = (int(header[:-1]) * unit + _INT64) % (2 * _INT64) - _INT64
+    return None if nanoseconds == 0 else time.monotonic() + nanoseconds / 1e9  # 0: none, as in grpc-gateway
 
 
 def _peer(request: web.Request) -> str:
