@@ -23,15 +23,19 @@ import base64
 import binascii
 import codecs
 import contextlib
+import html
 import json
 import logging
+import posixpath
 import re
 import string
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 from aiohttp import web
@@ -65,7 +69,79 @@ class _NotHttp(logging.Filter):
 logging.getLogger("aiohttp.server").addFilter(_NotHttp())
 
 C = grpc.StatusCode
-_DECODER = json.JSONDecoder()
+
+
+class _Number(float):
+    """A JSON number that is not an integer Python holds exactly (a fraction, an exponent, or more
+    digits than ``int()`` takes): its text is kept, for Go's refusal that quotes it."""
+
+    text: str
+
+    def __new__(cls, text: str) -> _Number:
+        try:
+            value = float(text)
+        except (ValueError, OverflowError):
+            value = float("inf")
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+
+def _parse_int(text: str) -> int | _Number:
+    return int(text) if len(text) <= _INT_DIGITS else _Number(text)
+
+
+_INT_DIGITS = 1000  # far above any int64 and below int()'s own limit (4300 digits)
+_DECODER = json.JSONDecoder(parse_float=_Number, parse_int=_parse_int)
+#: encoding/json's maxNestingDepth: one more level is refused as "exceeded max depth"
+GO_MAX_DEPTH = 10000
+_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
+    """The JSON value at ``text[start]`` and where it ends. Nesting deeper than Python's recursion
+    allows is decoded anyway up to Go's depth, and refused past it in Go's words (never a
+    RecursionError, which would be an internal error)."""
+    try:
+        return _DECODER.raw_decode(text, start)
+    except RecursionError:
+        pass
+    depth = 0
+    for match in _NESTING.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > GO_MAX_DEPTH:
+                raise Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(token)} exceeded max depth")
+        elif token in "]}":
+            depth -= 1
+            if depth <= 0:
+                break
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + 2 * GO_MAX_DEPTH)  # the C decoder takes one level per nesting level
+    try:
+        return _DECODER.raw_decode(text, start)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _quote_char(ch: str) -> str:
+    """Go's quoteChar: a character as encoding/json's syntax errors quote it (strconv.Quote's escapes)."""
+    if ch == "'":
+        return "'\\''"
+    if ch == '"':
+        return "'\"'"
+    if ch in _GO_CHAR_ESCAPES:
+        return "'" + _GO_CHAR_ESCAPES[ch] + "'"
+    if ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return f"'\\x{ord(ch):02x}'"
+    if not ch.isprintable():
+        return f"'\\u{ord(ch):04x}'" if ord(ch) <= 0xFFFF else f"'\\U{ord(ch):08x}'"
+    return f"'{ch}'"
+
+
+_GO_CHAR_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+                    "\v": "\\v", "\\": "\\\\"}
 
 #: etcd 3.5's gateway routes (rpc.proto's google.api.http options): every one is POST.
 PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -131,7 +207,6 @@ CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Method
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
 #: grpc-gateway passes the gRPC answer's header metadata on, prefixed
 GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
-_NUMBER = re.compile(r"-?[0-9]+")
 _BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
 
 
@@ -224,12 +299,15 @@ def parse_request(route: Route, value: Any) -> bytes:
         json_format.ParseDict(_checked(value, message.DESCRIPTOR), message)
     except (json_format.ParseError, ValueError, TypeError) as e:
         raise Abort(C.INVALID_ARGUMENT, str(e)) from None
+    except RecursionError:  # json_format stops at 100 levels; this is a safety net
+        raise Abort(C.INVALID_ARGUMENT, "Message too deep") from None
     return message.SerializeToString()
 
 
-def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
+def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str, Any]:
     """``value`` without the keys the message does not have (grpc-gateway ignores them), with its
-    bytes, bool and enum fields checked as Go decodes them: json_format would take bad base64 silently."""
+    bytes, bool, integer and enum fields checked as Go decodes them: json_format would take bad
+    base64 silently. Past json_format's own depth limit the rest is left to its refusal."""
     fields: dict[str, Any] = {}
     for f in descriptor.fields:
         fields[f.name] = f
@@ -240,41 +318,123 @@ def _checked(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
         if f is None:
             continue
         repeated = f.is_repeated
+        message = f.type == FieldDescriptor.TYPE_MESSAGE
+        if repeated and item is not None and not isinstance(item, list):
+            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(item)} into Go value of type "
+                                            f"[]json.RawMessage")
         items = item if repeated and isinstance(item, list) else [item]
         checked = []
         for one in items:
+            if message and one is None and repeated:
+                one = {}  # Go: a null in a list of messages is an empty message
+            if message and one is not None and not isinstance(one, dict):
+                raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type "
+                                                f"map[string]json.RawMessage")
             if one is not None and f.type == FieldDescriptor.TYPE_BYTES:
                 _check_base64(one)
+            elif one is not None and f.type == FieldDescriptor.TYPE_STRING:
+                if not isinstance(one, str):
+                    raise Abort(C.INVALID_ARGUMENT,
+                                f"json: cannot unmarshal {_json_kind(one)} into Go value of type string")
+                one = _SURROGATE.sub("\ufffd", one)  # Go reads a lone surrogate escape as U+FFFD
             elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
                 raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
             elif one is not None and f.type in _GO_INT:
-                _check_int(one, _GO_INT[f.type])
+                one = _check_int(one, _GO_INT[f.type])
+                if one is None:  # a quoted null: the field keeps its zero value, as in Go
+                    continue
+            elif one is not None and not isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM:
+                one = _check_int(one, "protoreflect.EnumNumber")  # a number: any int32, as in Go
             elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
                 raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
                                                 f"{f.enum_type.full_name}")
-            elif isinstance(one, dict) and f.type == FieldDescriptor.TYPE_MESSAGE:
-                one = _checked(one, f.message_type)
+            elif isinstance(one, dict) and message and depth < _CHECK_DEPTH:
+                one = _checked(one, f.message_type, depth + 1)
             checked.append(one)
-        out[key] = checked if repeated and isinstance(item, list) else checked[0]
+        if repeated and isinstance(item, list):
+            out[key] = checked
+        elif checked:
+            out[key] = checked[0]
     return out
+
+
+_CHECK_DEPTH = 100  # json_format.ParseDict's max_recursion_depth
+_SURROGATE = re.compile("[\ud800-\udfff]")  # alone: the decoder joins a pair into one character
 
 
 _GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
            FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
+_GO_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "uint64": (0, (1 << 64) - 1),
+             "int32": (-(1 << 31), (1 << 31) - 1), "uint32": (0, (1 << 32) - 1),
+             "protoreflect.EnumNumber": (-(1 << 31), (1 << 31) - 1)}
+_INTEGER = re.compile(r"-?[0-9]+")
+_DIGITS = frozenset(string.digits)
+_SPACE = " \t\r\n"
 
 
-def _check_int(value: Any, go_type: str) -> None:
-    """An integer field takes a number or a quoted number (Go reads the quoted text as JSON)."""
+def _check_int(value: Any, go_type: str) -> int | None:
+    """An integer field as Go's jsonpb reads it: a number, or a string whose text is read as JSON
+    (``" 5"`` is 5, ``"null"`` leaves the field unset). The value for json_format, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}")
     if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
-        if not _NUMBER.fullmatch(text):
-            ch = text[0] if not _NUMBER.match(text) else text[len(_NUMBER.match(text)[0])]  # type: ignore[index]
-            char = "'\\''" if ch == "'" else f"'{ch}'"
-            raise Abort(C.INVALID_ARGUMENT, f"invalid character {char} looking for beginning of value")
+        token = _go_number(json.dumps(value, ensure_ascii=False)[1:-1], go_type)
+        if token is None:
+            return None
+    else:
+        token = value.text if isinstance(value, _Number) else repr(value) if isinstance(value, float) else str(value)
+    low, high = _GO_RANGE[go_type]
+    if not _INTEGER.fullmatch(token) or len(token) > 21 or not low <= int(token) <= high:
+        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal number {token} into Go value of type {go_type}")
+    return int(token)
+
+
+def _go_number(raw: str, go_type: str) -> str | None:
+    """The number token in a quoted integer's text, scanned as Go scans it (the closing quote
+    read as a space), or None for ``null``; Go's syntax error otherwise."""
+    text = raw + " "
+    i = len(text) - len(text.lstrip(_SPACE))
+    if i == len(text):
+        raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
+
+    def bad(at: int, context: str) -> Abort:
+        return Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(text[at])} {context}")
+
+    def digits(at: int) -> int:
+        while text[at] in _DIGITS:
+            at += 1
+        return at
+
+    start = i
+    if text[i] != "-" and text[i] not in _DIGITS:
+        word = text[i:].rstrip(_SPACE)
+        if word == "null":
+            return None
+        if word in ("true", "false"):
+            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal bool into Go value of type {go_type}")
+        raise bad(i, "looking for beginning of value")
+    if text[i] == "-":
+        i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "in numeric literal")
+    i = i + 1 if text[i] == "0" else digits(i)
+    if text[i] == ".":
+        i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "after decimal point in numeric literal")
+        i = digits(i)
+    if text[i] in "eE":
+        i += 1
+        if text[i] in "+-":
+            i += 1
+        if text[i] not in _DIGITS:
+            raise bad(i, "in exponent of numeric literal")
+        i = digits(i)
+    token = text[start:i]
+    rest = text[i:].lstrip(_SPACE)
+    if rest:
+        raise bad(len(text) - len(rest), "after top-level value")
+    return token
 
 
 def _json_kind(value: Any) -> str:
@@ -320,8 +480,9 @@ def go_json_error(error: json.JSONDecodeError) -> str:
     """A JSON syntax error as Go's encoding/json words it (``invalid character 'x' ...``)."""
     if error.pos >= len(error.doc):
         return "unexpected EOF"
-    ch = error.doc[error.pos]
-    char = "'\\''" if ch == "'" else f"'{ch}'"
+    if error.msg == "Invalid \\escape" and error.pos + 1 < len(error.doc):
+        return f"invalid character {_quote_char(error.doc[error.pos + 1])} in string escape code"
+    char = _quote_char(error.doc[error.pos])
     context = _GO_SYNTAX.get(error.msg, "looking for beginning of value")
     if error.msg == "Expecting ',' delimiter" and error.doc.lstrip().startswith("["):
         context = "after array element"
@@ -358,6 +519,30 @@ def _text(status: int) -> web.Response:
 # --- the HTTP side ----------------------------------------------------------------------------------
 
 
+def clean_path(path: str) -> str:
+    """Go's ServeMux cleanPath: ``.``, ``..`` and repeated slashes resolved, a final slash kept."""
+    if not path.startswith("/"):
+        path = "/" + path
+    clean = "/" + posixpath.normpath(path).lstrip("/")  # POSIX keeps a leading "//"; Go does not
+    if path.endswith("/") and clean != "/":
+        clean += "/"
+    return clean
+
+
+def _redirect(request: web.Request, path: str) -> web.Response:
+    """Go's ServeMux redirect to the clean path (301, the query kept); http.Redirect writes its small
+    HTML body for GET and HEAD only."""
+    location = quote(path, safe="/$&+,:;=@-_.~")
+    if request.rel_url.raw_query_string:
+        location += "?" + request.rel_url.raw_query_string
+    response = web.Response(status=301)
+    response.headers["Location"] = location
+    if request.method in ("GET", "HEAD"):
+        response.content_type, response.charset = "text/html", "utf-8"
+        response.text = f'<a href="{html.escape(location)}">Moved Permanently</a>.\n\n'
+    return response
+
+
 def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
     """Headers as grpc-gateway passes them on: Authorization as ``authorization``, and every
     ``Grpc-Metadata-K`` as ``k``."""
@@ -376,19 +561,23 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault(key, value)
 
 
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_TIMEOUT_UNITS = {"H": 3600 * 10**9, "M": 60 * 10**9, "S": 10**9, "m": 10**6, "u": 10**3, "n": 1}  # in ns
 DEADLINE_EXCEEDED = "context deadline exceeded"
+_INT64 = 1 << 63
 
 
 def _deadline(header: str | None) -> float | None:
-    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline."""
+    """The ``Grpc-Timeout`` header (``10S``, ``500m``) as grpc-gateway reads it: the call's deadline.
+    Go parses the amount as an int64 and multiplies it by the unit in int64 nanoseconds, which
+    wraps: a product past int64 is a negative timeout (the deadline has passed), as in etcd."""
     if header is None or header == "":
         return None
     unit = _TIMEOUT_UNITS.get(header[-1])
-    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]):
+    if len(header) < 2 or unit is None or not re.fullmatch(r"[+-]?[0-9]{1,19}", header[:-1]) \
+            or not -_INT64 <= int(header[:-1]) < _INT64:
         raise Abort(C.INVALID_ARGUMENT, f"invalid grpc-timeout: {header}")
-    amount = int(header[:-1])
-    return None if amount == 0 else time.monotonic() + amount * unit  # 0: none, as in grpc-gateway
+    nanoseconds = (int(header[:-1]) * unit + _INT64) % (2 * _INT64) - _INT64
+    return None if nanoseconds == 0 else time.monotonic() + nanoseconds / 1e9  # 0: none, as in grpc-gateway
 
 
 def _peer(request: web.Request) -> str:
@@ -419,8 +608,10 @@ class Gateway:
     async def start(self) -> list[str]:
         # handler_cancellation: a client that hangs up ends its handler (and a watch's store stream).
         # shutdown_timeout: open streams (watches) get this long to end when the proxy stops.
+        # auto_decompress off: Go's server inflates no request body (Content-Encoding is not read),
+        # and a small gzip body must not become hundreds of MB here.
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=STOP_GRACE)
+                                     shutdown_timeout=STOP_GRACE, auto_decompress=False)
         await self._runner.setup()
         for address in self.listen:
             if address.startswith("unix:"):
@@ -449,7 +640,14 @@ class Gateway:
         path = request.path
         if request.method == "OPTIONS":
             return web.Response()  # a CORS preflight, as etcd answers it
-        if path == "/version" and request.method == "GET":
+        clean = clean_path(path)
+        if clean != path:
+            return _redirect(request, clean)
+        if path == "/version":
+            if request.method != "GET":
+                response = _text(405)
+                response.headers["Allow"] = "GET"
+                return response
             return self.version()
         route = self.routes.get(path)
         if route is None:
@@ -506,7 +704,7 @@ class Gateway:
         if not text:
             return {}
         try:
-            return _DECODER.raw_decode(text)[0]
+            return _raw_decode(text)[0]
         except json.JSONDecodeError as e:
             raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
 
@@ -535,9 +733,9 @@ class Gateway:
                     async for answer in answers:
                         line = dumps({"result": to_json(route.response.FromString(answer))}) + b"\n"
                         if response is None:
+                            # no length: chunked on HTTP/1.1, until close on HTTP/1.0 (as etcd answers)
                             response = web.StreamResponse(status=200,
                                                           headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
-                            response.enable_chunked_encoding()
                             await response.prepare(request)
                         await response.write(line)  # waits while the client is behind: nothing more is pulled
             except TimeoutError:
@@ -558,7 +756,6 @@ class Gateway:
                 await answers.aclose()  # type: ignore[attr-defined]
         if response is None:
             response = web.StreamResponse(status=200, headers={"Content-Type": JSON_TYPE, **GRPC_HEADERS})
-            response.enable_chunked_encoding()
             await response.prepare(request)
         await response.write_eof()
         return response
@@ -575,35 +772,126 @@ class _Values:
     """The request body as a stream of JSON values, each handed on as soon as it is complete.
 
     A syntax error raises Abort (Go's wording) as soon as it is certain; one value may be at most
-    the body bound.
+    the body bound. The body may come a few bytes at a time: a value is decoded when it starts,
+    when a scan of the new text alone finds its end, and when it has doubled since the last try
+    (so a syntax error is still found early), never whole again on every chunk (that was O(n^2)).
     """
 
     def __init__(self, request: web.Request, limit: int) -> None:
         self.request = request
         self.limit = limit
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.buffer = ""
+        self.pieces: list[str] = []  # the text; the current value starts at ``offset`` in the first
+        self.offset = 0
+        self.size = 0  # characters from ``offset`` on
         self.eof = False
+        self.scan = _EndScan()
+        self.tried: int | None = None  # the size at the last try for this value (None: not tried)
 
     async def next(self) -> tuple[bool, Any]:
         """(True, value), or (False, None) at the end of the body."""
         while True:
-            text = self.buffer.lstrip(" \t\r\n")
-            if text:
-                try:
-                    value, end = _DECODER.raw_decode(text)
-                    self.buffer = text[end:]
-                    return True, value
-                except json.JSONDecodeError as e:
-                    if self.eof or not _incomplete(e, text):
-                        raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
-                    if len(text) > self.limit:
-                        raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes") from None
-            elif self.eof:
-                return False, None
+            if self.eof or self.tried is None or self.scan.ended or self.size >= 2 * self.tried:
+                text = self.pieces[0] if len(self.pieces) == 1 else "".join(self.pieces)
+                self.pieces = [text]
+                begin = _NOT_WS.search(text, self.offset)
+                if begin is not None:
+                    self.offset = begin.start()
+                    self.size = len(text) - self.offset
+                    try:
+                        value, end = _raw_decode(text, self.offset)
+                    except json.JSONDecodeError as e:
+                        if self.eof or not _incomplete(e, text):
+                            raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+                        self.tried, self.scan.ended = self.size, False
+                    else:
+                        self._start(text, end)
+                        return True, value
+                elif self.eof:
+                    return False, None
+                else:
+                    self.pieces, self.offset, self.size = [], 0, 0
+            if self.size > self.limit:
+                raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes")
             chunk = await self.request.content.read(READ_CHUNK)
             self.eof = not chunk
-            self.buffer = text + self.utf8.decode(chunk, final=self.eof)
+            piece = self.utf8.decode(chunk, final=self.eof)
+            if piece:
+                self.pieces.append(piece)
+                self.size += len(piece)
+                self.scan.feed(piece)
+
+    def _start(self, text: str, at: int) -> None:
+        """A new value begins at ``text[at]`` (what followed the last one, not copied)."""
+        self.pieces, self.offset, self.size = [text], at, len(text) - at
+        self.scan, self.tried = _EndScan(), None
+        self.scan.feed(text, at)
+
+
+_NOT_WS = re.compile(r"[^ \t\r\n]")
+_STRUCTURE = re.compile(r'["\[\]{}]')
+_IN_STRING = re.compile(r'["\\]')
+_DELIMITER = re.compile(r"[^0-9A-Za-z.+\-]")
+
+
+class _EndScan:
+    """Whether the JSON value fed so far may have ended: nesting and strings followed over each new
+    piece alone (regex searches, nothing rescanned). Only a hint: the decoder has the last word."""
+
+    def __init__(self) -> None:
+        self.kind = ""  # "" (nothing yet), "{" (object or array), '"' (string), "x" (number, literal)
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.ended = False
+
+    def feed(self, piece: str, i: int = 0) -> None:
+        if self.ended:
+            return
+        n = len(piece)
+        if not self.kind:
+            begin = _NOT_WS.search(piece, i)
+            if begin is None:
+                return
+            i = begin.start()
+            first = piece[i]
+            i += 1
+            self.kind = "{" if first in "{[" else first if first == '"' else "x"
+            self.depth, self.in_string = (1, False) if self.kind == "{" else (0, self.kind == '"')
+        if self.kind == "x":
+            self.ended = _DELIMITER.search(piece, i) is not None
+            return
+        while i < n:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped, i = False, i + 1
+                    continue
+                match = _IN_STRING.search(piece, i)
+                if match is None:
+                    return
+                i = match.end()
+                if match.group() == "\\":
+                    self.escaped = True
+                    continue
+                self.in_string = False
+                if self.kind == '"':
+                    self.ended = True
+                    return
+                continue
+            match = _STRUCTURE.search(piece, i)
+            if match is None:
+                return
+            i = match.end()
+            token = match.group()
+            if token == '"':
+                self.in_string = True
+            elif token in "[{":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.ended = True
+                    return
 
 
 def _incomplete(error: json.JSONDecodeError, text: str) -> bool:
