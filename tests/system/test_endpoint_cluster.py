@@ -102,3 +102,14 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         assert rc != 0 and f"Failed to get the status of endpoint {follower['Endpoint']}" in err, err
         alive = json.loads(out)
         assert sorted(r["Endpoint"] for r in alive) == sorted(u for u in url_of if u != follower["Endpoint"])
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_every_member_has_published_its_client_urls_once_local_is_ready(tmp_path: Path, round_: int) -> None:
+    """As etcd says "ready" only once its member attributes are published, a member list asked
+    right after ``raftgate local`` is ready names every member with its client URL."""
+    with RaftgateLocal(tmp_path) as local:
+        code, out, err = etcdctl(local.endpoint, "member", "list", "-w", "json")
+        assert code == 0, err
+        members = json.loads(out)["members"]
+        assert len(members) == 3 and all(m.get("clientURLs") and m.get("name") for m in members), members
