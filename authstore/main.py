@@ -274,9 +274,9 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     while node.applied_index < startup_commit:
         with contextlib.suppress(EtcdError):
             await node.wait_applied(startup_commit)
+    publishing = asyncio.get_running_loop().create_task(maintenance.publish_attributes())
     background = [asyncio.get_running_loop().create_task(service.tokens.sweep(lambda: node.is_leader)),
-                  asyncio.get_running_loop().create_task(maintenance.publish_attributes()),
-                  asyncio.get_running_loop().create_task(leases.run())]
+                  publishing, asyncio.get_running_loop().create_task(leases.run())]
     await server.start()
     try:
         observability = await start_observability(cfg.observe, health)
@@ -288,8 +288,12 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
         await node.stop()
         backend.close()
         raise
-    print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
-          flush=True)
+    # Ready as etcd is ready (ReadyNotify): serving, and this member's name and URLs in the member
+    # list, so a MemberList right after shows them. Without a leader that waits, as etcd's does.
+    await asyncio.wait([publishing, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if not stop.is_set():
+        print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
+              flush=True)
     await stop.wait()
     await observability.begin_shutdown()
     for task in background:
