@@ -16,9 +16,10 @@ gets etcd's error (`request timed out`, `leader changed`) and decides, as with e
 
 A proxy may stand for one member (``member``, ``--member-store-endpoint``): the member's advertised
 client URL, as each etcd member serves its own. Then the requests whose answer is that member's
-own (Maintenance.Status, Hash, HashKV) go to that node and no other, so ``etcdctl endpoint status
---cluster`` shows each member's own ID, term and indexes (and an error for a member that cannot
-answer). Everything else goes to the leader as usual.
+own (Maintenance.Status, Hash, HashKV) and reads (Range) go to that node and no other, so
+``etcdctl endpoint status --cluster`` shows each member's own ID, term and indexes, and
+``endpoint health --cluster`` that member's own health (an error for a member that cannot
+answer). Everything else (writes included) goes to the leader as usual.
 Watch streams are retried here too (``WatchStreams``): proxy/watch.py only resumes its
 watches on each new stream.
 
@@ -63,9 +64,12 @@ _CHANNEL_OPTIONS = [
 ]
 # Requests that only read: retrying them can never apply anything twice (the method table's column).
 READ_FIELDS = RETRY_FIELDS
-# Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own state).
+# Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own
+# state), and Range (served by that member as by an etcd member: a follower asks the leader for a
+# read index), so a member whose node is down fails `endpoint health` (its probe is a Get).
 MEMBER_FIELDS = frozenset(m.field for m in METHODS
-                          if m.service == "Maintenance" and m.name in ("Status", "Hash", "HashKV"))
+                          if (m.service == "Maintenance" and m.name in ("Status", "Hash", "HashKV"))
+                          or (m.service == "KV" and m.name == "Range"))
 # Answers proving the request never entered the log.
 NOT_TAKEN = frozenset({Err.NO_LEADER, Err.NOT_LEADER, Err.STOPPED})
 # Answers after which a read may be retried (the write's outcome is unknown).
@@ -330,10 +334,13 @@ class StoreClient:
     @staticmethod
     async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None) -> bytes:
         """A read answered by this proxy's own member and no other; retried there (all are reads)
-        while the member is unreachable, then etcd's `request timed out`."""
+        while the member is unreachable. As with an etcd member that is down or cut off, a client
+        whose deadline comes before etcd's request timeout meets its own deadline (etcdctl:
+        `context deadline exceeded`); any other gets etcd's `request timed out`."""
         now = time.monotonic()
         client_deadline = now + (timeout if timeout is not None else DEFAULT_DEADLINE)
-        retry_deadline = min(client_deadline - ANSWER_MARGIN, now + RETRY_WINDOW)
+        # a client that gives up first is never answered for
+        retry_deadline = min(client_deadline, now + RETRY_WINDOW)
         while True:
             answer: grpc.aio.AioRpcError | None = None
             try:
@@ -346,6 +353,9 @@ class StoreClient:
                     raise
                 answer = error
             if time.monotonic() + BACKOFF >= retry_deadline:
+                if retry_deadline == client_deadline:
+                    # past the client's deadline: what it sees is its own `deadline exceeded`
+                    await asyncio.sleep(max(client_deadline - time.monotonic(), 0) + SILENCE_GRACE)
                 if answer is not None:
                     raise answer
                 raise EtcdError(Err.TIMEOUT)

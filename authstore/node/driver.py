@@ -257,10 +257,13 @@ class RaftNode:
             ticks, self._ticks = self._ticks, 0
             for _ in range(ticks):
                 self.rn.tick()
-            self._reads.issue(self.rn.read_index)
+            now = self.clock.monotonic()
+            if ticks:
+                self._reads.retry(self.rn.read_index, now)  # a lost request or answer is asked for again
+            self._reads.issue(self.rn.read_index, now)
             while (rd := self.rn.ready()) is not None:
                 await self._handle(rd)
-                self._reads.issue(self.rn.read_index)
+                self._reads.issue(self.rn.read_index, self.clock.monotonic())
             await self._maybe_snapshot()
 
     def _split_sends(self, messages: list[Message]) -> tuple[list[Message], list[Message]]:

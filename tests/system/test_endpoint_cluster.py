@@ -49,6 +49,22 @@ def _check_rows(rows: list[dict[str, Any]], url_of: dict[str, int], etcd_row: di
     assert len({r["Status"]["header"]["cluster_id"] for r in rows}) == 1
 
 
+def _health_of_down(endpoints: str, down: str, user: str | None = None) -> tuple[dict[str, Any], str]:
+    """`endpoint health` where the member at `down` is down: its JSON row, and its line of the
+    plain output with its URL left out (the rest of `endpoints` must be healthy)."""
+    rc, out, err = etcdctl(endpoints, "endpoint", "health", "-w", "json", user=user)
+    assert rc != 0, out
+    rows = json.loads(out)
+    assert all(r["health"] for r in rows if r["endpoint"] != down), rows
+    row = next(r for r in rows if r["endpoint"] == down)
+    assert not row["health"], rows
+    rc, out, err = etcdctl(endpoints, "endpoint", "health", user=user)
+    assert rc != 0 and "Error: unhealthy cluster" in err, err
+    lines = [line for line in out.splitlines() + err.splitlines() if line.startswith(f"{down} ")]
+    assert len(lines) == 1, (out, err)
+    return row, lines[0].replace(down, "URL")
+
+
 def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -> None:
     if not EtcdServer.available():
         pytest.skip("etcd is not installed")
@@ -56,6 +72,8 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         etcd_status = _json(etcd.endpoint, "endpoint", "status", "--cluster")
         etcd_health = _json(etcd.endpoint, "endpoint", "health", "--cluster")
     assert len(etcd_status) == 1
+    # the member's process is stopped now: what etcdctl says of it
+    etcd_down = _health_of_down(etcd.endpoint, etcd.endpoint)
     with RaftgateLocal(tmp_path / "raftgate") as rg:
         members = _json(rg.endpoint, "member", "list")["members"]
         assert len(members) == 3
@@ -102,6 +120,10 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         assert rc != 0 and f"Failed to get the status of endpoint {follower['Endpoint']}" in err, err
         alive = json.loads(out)
         assert sorted(r["Endpoint"] for r in alive) == sorted(u for u in url_of if u != follower["Endpoint"])
+        # and `endpoint health` says that member is unhealthy, in etcd's words for a stopped member
+        row, line = _health_of_down(endpoints, follower["Endpoint"], user=ROOT)
+        assert row["error"] == etcd_down[0]["error"], (row, etcd_down)
+        assert line == etcd_down[1], (line, etcd_down)
 
 
 @pytest.mark.parametrize("round_", range(3))
