@@ -47,6 +47,11 @@ RAFTGATE_DB = b"mvcc_kv"
 _BBOLT_MAGIC = struct.pack("<I", 0xED0CDAED)
 _U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
+#: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
+#: address, mapsize, two MDB_db records of 48 bytes (the first one's pad holds the page size),
+#: then the last page number used
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_META = struct.Struct("<16xII16xI92xQ")
 
 USAGE = """usage: raftgate snapshot {status,restore} FILE [flags]
 
@@ -125,6 +130,26 @@ def _not_ours(path: Path, why: str) -> SnapshotError:
     return SnapshotError(f"{path} is not a raftgate snapshot: {why}")
 
 
+def _check_extent(path: Path, length: int) -> None:
+    """Refuses a file shorter than the pages its LMDB meta pages name. LMDB maps the file and
+    trusts them: reading a page past the end of a file cut short kills the process (SIGBUS)
+    instead of raising."""
+    with open(path, "rb") as f:
+        head = f.read(_LMDB_META.size)
+        if len(head) < _LMDB_META.size:
+            raise _not_ours(path, "too short for an LMDB store")
+        magic, _version, psize, _last = _LMDB_META.unpack(head)
+        if magic != _LMDB_MAGIC or psize < 512 or psize & (psize - 1) or psize > 1 << 16:
+            raise _not_ours(path, "not an LMDB store")
+        f.seek(psize)
+        second = f.read(_LMDB_META.size)
+    last = max(_LMDB_META.unpack(m)[3] for m in (head, second)
+               if len(m) == _LMDB_META.size and _LMDB_META.unpack(m)[0] == _LMDB_MAGIC)
+    if (last + 1) * psize > length:
+        raise SnapshotError(f"{path} is truncated: its store needs {(last + 1) * psize} bytes, the file "
+                            f"holds {length}")
+
+
 def _open_read_only(path: Path) -> lmdb.Environment:
     try:
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=64)
@@ -144,6 +169,7 @@ def status(path: Path) -> Status:
     space's revision, entries in every sub-database, and the store's size."""
     size = _check_file(path)
     length = store_length(path, size, verify=False)
+    _check_extent(path, length)
     env = _open_read_only(path)
     try:
         with env.begin() as txn:
@@ -213,6 +239,7 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     state; returns the member's ID."""
     _check_target(target)
     size = _check_file(path)
+    _check_extent(path, store_length(path, size, verify=False))  # before LMDB reads it (SIGBUS)
     _open_read_only(path).close()
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
