@@ -222,7 +222,7 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: i
     (a member's peer URL is part of its identity)."""
     path = data_dir / "layout.json"
     if path.exists():
-        layout: list[dict[str, Any]] = json.loads(path.read_text())
+        layout = _read_layout(path)
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
         _check_distinct(path, layout, client_port, gateway_port)
@@ -233,13 +233,49 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: i
                 used.add(gateway_port)
             for n, port in zip(missing, _free_ports(len(missing), used), strict=True):
                 n["client_port"] = port
-            path.write_text(json.dumps(layout, indent=2))
+            _write_layout(path, layout)
         return layout
     ports = _free_ports(3 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
     layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[3 * i],
                "internal_port": ports[3 * i + 1], "client_port": ports[3 * i + 2]} for i in range(nodes)]  # fmt: skip
-    path.write_text(json.dumps(layout, indent=2))
+    _write_layout(path, layout)
     return layout
+
+
+def _read_layout(path: Path) -> list[dict[str, Any]]:
+    """layout.json as local wrote it; anything else (cut short, edited by hand) is refused with
+    its name, not a traceback: guessing the ports again would give members new identities."""
+
+    def damaged(why: str) -> SystemExit:
+        return SystemExit(f"raftgate local: {path} is damaged ({why}); put it back as it was, or start from an "
+                          "empty --data-dir")
+
+    try:
+        layout = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise damaged(str(exc)) from None
+    if not isinstance(layout, list):
+        raise damaged("not a list of nodes")
+    for n in layout:
+        if not isinstance(n, dict) or not isinstance(n.get("name"), str) or not isinstance(n.get("data_dir"), str):
+            raise damaged("a node without its name or data_dir")
+        for key in _PORT_KEYS:
+            port = n.get(key)
+            if key == "client_port" and port is None:
+                continue  # a layout from before member proxies: chosen now
+            if type(port) is not int or not 0 < port <= 65535:
+                raise damaged(f"{n['name']} {key} is {port!r}, not a port")
+    return layout
+
+
+def _write_layout(path: Path, layout: list[dict[str, Any]]) -> None:
+    """Written whole or not at all (a crash mid-write must not leave half a file)."""
+    staged = path.with_name(path.name + ".tmp")
+    with open(staged, "w") as f:
+        f.write(json.dumps(layout, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, path)
 
 
 #: the ports a node of the layout uses: Raft peers, the internal service, its member proxy
