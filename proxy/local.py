@@ -23,7 +23,7 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,10 +216,11 @@ def _secret_file(data_dir: Path) -> Path:
     return path
 
 
-def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: int | None = None
-            ) -> list[dict[str, Any]]:
+def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: int | None = None,
+            reserved: Iterable[int] = ()) -> list[dict[str, Any]]:
     """Names, ports and directories of the store nodes, kept in the data dir across restarts
-    (a member's peer URL is part of its identity)."""
+    (a member's peer URL is part of its identity). New ports avoid ``reserved`` (the metrics
+    ports): a kept port that clashes with one would refuse every later start."""
     path = data_dir / "layout.json"
     if path.exists():
         layout = _read_layout(path)
@@ -228,14 +229,15 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: i
         _check_distinct(path, layout, client_port, gateway_port)
         missing = [n for n in layout if "client_port" not in n]  # a layout from before member proxies
         if missing:
-            used = {client_port} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
+            used = {client_port, *reserved} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
             if gateway_port is not None:
                 used.add(gateway_port)
             for n, port in zip(missing, _free_ports(len(missing), used), strict=True):
                 n["client_port"] = port
             _write_layout(path, layout)
         return layout
-    ports = _free_ports(3 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
+    avoid = {client_port, *reserved} | (set() if gateway_port is None else {gateway_port})
+    ports = _free_ports(3 * nodes, avoid)
     layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[3 * i],
                "internal_port": ports[3 * i + 1], "client_port": ports[3 * i + 2]} for i in range(nodes)]  # fmt: skip
     _write_layout(path, layout)
@@ -368,7 +370,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         return 1
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
-    layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port)
+    layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port,
+                     reserved=[addr.port for addr in a.metrics_addrs() if addr is not None])
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
     for n in layout:
         n["argv"] = [
