@@ -365,8 +365,13 @@ class Child:
 
 async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if _lock(data_dir) is None:  # kept open (and locked) until the process ends
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock(data_dir)
+    except OSError as exc:
+        print(f"raftgate local: --data-dir {str(data_dir)!r}: {exc.strerror}", file=sys.stderr, flush=True)
+        return 1
+    if lock is None:  # kept open (and locked) until the process ends
         return 1
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
