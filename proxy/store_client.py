@@ -233,17 +233,19 @@ class StoreClient:
             return False
         wanted = list(dict.fromkeys([*learned[:MAX_MEMBERS], *self._seeds]))
         now = time.monotonic()
-        for when, ep in [r for r in self._retired if now - r[0] > RETIRE_SECONDS]:
-            self._retired.remove((when, ep))
-            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
         have = {ep.target: ep for ep in self._endpoints}
         added = [t for t in wanted if t not in have]
         for ep in self._endpoints:
             if ep.target not in wanted and ep is not self._leader:
                 log.info("store node %s left the member list", ep.target)
                 self._retired.append((now, ep))
+        # Closed once their calls had time to end; and never more than MAX_MEMBERS waiting (the
+        # oldest first), so a list that keeps changing cannot pile up open channels.
+        while self._retired and (now - self._retired[0][0] > RETIRE_SECONDS or len(self._retired) > MAX_MEMBERS):
+            _, ep = self._retired.pop(0)
+            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         for t in added:
             log.info("store node %s joined the member list", t)
         kept = [ep for ep in self._endpoints if ep.target in wanted or ep is self._leader]
