@@ -86,3 +86,18 @@ def test_second_restore_after_a_killed_one_works(tmp_path: Path) -> None:
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 1 and "not empty" in proc.stderr, proc.stderr
     assert raftgate("snapshot", "status", str(snap)).returncode == 0
+
+
+def test_a_data_dir_the_system_refuses_gets_error_not_a_traceback(tmp_path: Path) -> None:
+    """A parent that is a file, a name too long, a symlink to an empty dir: `Error: ...`, exit 1,
+    no staging dir left."""
+    snap = make_snapshot(tmp_path, keys=10)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    for target in (tmp_path / "file" / "data", tmp_path / ("d" * 300), tmp_path / "link"):
+        proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
+        assert proc.returncode == 1 and proc.stderr.startswith("Error: "), (target.name[:20], proc.stderr[-400:])
+        assert "Traceback" not in proc.stderr
+        assert not [p for p in tmp_path.iterdir() if "restoring" in p.name]
+    assert not any((tmp_path / "empty").iterdir())
