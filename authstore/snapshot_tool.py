@@ -227,6 +227,8 @@ def _check_target(t: RestoreTarget) -> None:
         raise SnapshotError(f"--initial-cluster: {t.name}'s URLs {mine} differ from --initial-advertise-peer-urls "
                             f"{t.peer_urls}")
     d = t.data_dir
+    if d.is_symlink():  # the new dir is renamed into place, which replaces no link
+        raise SnapshotError(f"data-dir {str(d)!r} is a symbolic link; give the directory it points to")
     try:
         if d.exists() and (not d.is_dir() or any(d.iterdir())):
             raise SnapshotError(f"data-dir {str(d)!r} not empty or could not be read")
@@ -351,4 +353,7 @@ def main(argv: list[str]) -> int:
         return 0
     except SnapshotError as exc:
         print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the system refused a path (the staging dir is already removed)
+        print(f"Error: {exc.filename or a.file}: {exc.strerror or exc}", file=sys.stderr)
         return 1
