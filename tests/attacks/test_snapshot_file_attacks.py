@@ -83,6 +83,8 @@ def test_second_restore_after_a_killed_one_works(tmp_path: Path) -> None:
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    # the killed restore's copy (as large as the snapshot) does not stay behind for ever
+    assert not stale.exists()
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 1 and "not empty" in proc.stderr, proc.stderr
     assert raftgate("snapshot", "status", str(snap)).returncode == 0
