@@ -25,6 +25,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 
 import lmdb
@@ -246,6 +247,7 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
     staging = data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}"
+    _remove_dead_stagings(data_dir)
     if staging.exists():
         shutil.rmtree(staging)
     try:
@@ -277,6 +279,22 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return mid
+
+
+def _remove_dead_stagings(data_dir: Path) -> None:
+    """Removes what restores into the same data dir left when they were killed (a copy as large
+    as the snapshot): staging dirs whose process is gone. A running restore's is left alone."""
+    prefix = f".{data_dir.name}.restoring-"
+    for path in data_dir.parent.glob(glob_escape(prefix) + "*"):
+        pid = path.name[len(prefix):]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except (ProcessLookupError, OverflowError):  # gone, or no process could have it
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive (another user's): its restore may be under way
 
 
 def _rewrite_store(store: Path, mid: int) -> None:
