@@ -9,8 +9,10 @@ the tool checks the file's extent first.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from authstore.state.apply import Applier
@@ -103,3 +105,29 @@ def test_a_data_dir_the_system_refuses_gets_error_not_a_traceback(tmp_path: Path
         assert "Traceback" not in proc.stderr
         assert not [p for p in tmp_path.iterdir() if "restoring" in p.name]
     assert not any((tmp_path / "empty").iterdir())
+
+
+def test_a_restore_killed_mid_way_leaves_no_data_dir(tmp_path: Path) -> None:
+    """kill -9 while the staging copy is being built: the data dir is not there (never a half
+    one), and the next restore succeeds and removes the dead one's staging copy."""
+    snap = make_snapshot(tmp_path, keys=20000)
+    target = tmp_path / "target"
+    proc = subprocess.Popen([sys.executable, "-m", "raftgate.cli", "snapshot", "restore", str(snap), "--data-dir",
+                             str(target), *FLAGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(20000):  # bounded: until the staging copy appears or the restore ends
+            if proc.poll() is not None or [p for p in tmp_path.iterdir() if "restoring" in p.name]:
+                break
+            time.sleep(0.001)
+    finally:
+        proc.kill()
+        proc.wait()
+    if proc.returncode == -9:  # killed mid-way (else it had finished: nothing to check)
+        assert not target.exists()
+    else:
+        assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+        shutil.rmtree(target)
+    again = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    assert not [p for p in tmp_path.iterdir() if "restoring" in p.name]
