@@ -45,6 +45,9 @@ LOCK_FILE = "raftgate.lock"
 
 #: Per-process addresses a store reads from its environment: every node would get the same one.
 SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE_STORE_HEALTH_ADDR": None}
+#: The same for the proxies (the client proxy and each member proxy read the environment too).
+SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE_PROXY_HEALTH_ADDR": None,
+                      "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
 PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
 
@@ -132,6 +135,11 @@ def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: lis
         if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
             instead = "use raftgate local --metrics-addr (one port per process), or unset it" if flag else "unset it"
             raise ConfigError(f"{var}: every store node would listen on {environ[var]!r}; {instead}")
+    for var, flag in SHARED_PROXY_ADDRS.items():
+        if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
+            instead = f"use raftgate local {flag}, or unset it" if flag else "unset it"
+            raise ConfigError(f"{var}: every proxy (the client proxy and each member proxy) would listen on "
+                              f"{environ[var]!r}; {instead}")
     if check_store is not None:
         for argv in store_argvs:
             check_store(argv[1:], environ)
