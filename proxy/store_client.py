@@ -221,17 +221,23 @@ class StoreClient:
                 return
 
     def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
-        """Makes the endpoints the seeds plus the members' published internal addresses; True if
+        """Makes the endpoints the seeds plus the members' published internal addresses (every URL
+        of each; at most MAX_MEMBERS in all); True if
         any was added. A list without addresses (a store that does not publish them) changes
         nothing."""
         learned: list[str] = []
-        for m in members:
-            target = _target(m.internal_urls[0]) if m.internal_urls else None
-            if target is not None and target not in learned:
-                learned.append(target)
+        depth = 0  # every member's first URL, then every second one, ... (the first may be unreachable)
+        while len(learned) < MAX_MEMBERS:
+            row = [m.internal_urls[depth] for m in members if len(m.internal_urls) > depth]
+            if not row:
+                break
+            for target in map(_target, row):
+                if target is not None and target not in learned and len(learned) < MAX_MEMBERS:
+                    learned.append(target)
+            depth += 1
         if not learned:
             return False
-        wanted = list(dict.fromkeys([*learned[:MAX_MEMBERS], *self._seeds]))
+        wanted = list(dict.fromkeys([*learned, *self._seeds]))
         now = time.monotonic()
         have = {ep.target: ep for ep in self._endpoints}
         added = [t for t in wanted if t not in have]
