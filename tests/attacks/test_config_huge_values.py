@@ -49,3 +49,19 @@ def test_a_quota_the_store_cannot_map_is_refused(secret: Path, where: str) -> No
         with pytest.raises(ConfigError, match=r"^ETCD_QUOTA_BACKEND_BYTES \(--quota-backend-bytes\): must be at most"):
             _parse(secret, env={"ETCD_QUOTA_BACKEND_BYTES": huge})
     assert _parse(secret, "--quota-backend-bytes", str(8 << 30)).quota_backend_bytes == 8 << 30
+
+
+def test_two_members_with_the_same_peer_urls_are_refused(secret: Path, tmp_path: Path) -> None:
+    """A member's ID is derived from its peer URLs and the token: two names with the same URLs
+    would be one member twice in the new cluster's first entries. etcd refuses them (`member
+    exists with identical ID`); so do `raftgate store` and `raftgate snapshot restore`."""
+    with pytest.raises(ConfigError, match=r"^--initial-cluster: member exists with identical ID"):
+        _parse(secret, "--name", "a", "--initial-advertise-peer-urls", PEER,
+               "--initial-cluster", f"a={PEER},b={PEER}")
+    from tests.attacks.test_snapshot_file_attacks import make_snapshot, raftgate
+
+    snap = make_snapshot(tmp_path / "snap", keys=1)
+    proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(tmp_path / "target"), "--name", "a",
+                    "--initial-cluster", f"a={PEER},b={PEER}", "--initial-advertise-peer-urls", PEER)
+    assert proc.returncode == 1 and "member exists with identical ID" in proc.stderr, proc.stderr
+    assert not (tmp_path / "target").exists()
