@@ -193,6 +193,13 @@ def parse_initial_cluster(raw: str, source: str = "--initial-cluster") -> list[t
             raise ConfigError(f"{source}: {part.strip()!r} is not name=url")
         _host_port(source, url)
         members.setdefault(name, []).append(url)
+    # A member's ID comes from its sorted peer URLs (and the token): the same URLs, the same ID.
+    seen: dict[tuple[str, ...], str] = {}
+    for name, urls in members.items():
+        other = seen.setdefault(tuple(sorted(urls)), name)
+        if other != name:
+            raise ConfigError(f"{source}: member exists with identical ID ({other} and {name} have the same peer "
+                              f"URLs {sorted(urls)})")
     return list(members.items())
 
 
