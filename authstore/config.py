@@ -64,6 +64,12 @@ class StoreConfig:
     bcrypt_cost: int = DEFAULT_COST
 
 
+#: etcd's maxElectionMs: a longer election timeout is refused
+MAX_ELECTION_MS = 50_000
+#: the store maps 2 x quota of address space (main.py); 64-bit Linux gives a process 128 TiB
+MAX_QUOTA_BYTES = 16 << 40
+
+
 def _parser() -> argparse.ArgumentParser:
     p = FlagParser(prog="raftgate store", description="Run one authstore node.")
     p.add_argument("--name", default="default", help="human-readable name of this member")
@@ -187,6 +193,13 @@ def parse_initial_cluster(raw: str, source: str = "--initial-cluster") -> list[t
             raise ConfigError(f"{source}: {part.strip()!r} is not name=url")
         _host_port(source, url)
         members.setdefault(name, []).append(url)
+    # A member's ID comes from its sorted peer URLs (and the token): the same URLs, the same ID.
+    seen: dict[tuple[str, ...], str] = {}
+    for name, urls in members.items():
+        other = seen.setdefault(tuple(sorted(urls)), name)
+        if other != name:
+            raise ConfigError(f"{source}: member exists with identical ID ({other} and {name} have the same peer "
+                              f"URLs {sorted(urls)})")
     return list(members.items())
 
 
@@ -216,6 +229,9 @@ def _peer_config(f: Flags, name: str, peer_urls: list[str]) -> dict[str, object]
     if election < 5 * heartbeat:
         raise ConfigError(f"{f.source('election_timeout')} must be at least 5 times "
                           f"{f.source('heartbeat_interval')} (etcd's rule)")
+    if election > MAX_ELECTION_MS:  # etcd's bound and words
+        raise f.error("election_timeout", f"--election-timeout[{election}ms] is too long, and should be set less "
+                      f"than {MAX_ELECTION_MS}ms")
     out["heartbeat_interval_ms"], out["election_timeout_ms"] = heartbeat, election
     out["snapshot_count"] = integer(f, "snapshot_count", 1)
     out["snapshot_catchup_entries"] = integer(f, "snapshot_catchup_entries", 0)
@@ -267,4 +283,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
 def _quota(f: Flags) -> int:
     if f["quota_backend_bytes"] < 1 << 20:
         raise f.error("quota_backend_bytes", "must be at least 1 MiB")
+    if f["quota_backend_bytes"] > MAX_QUOTA_BYTES:
+        raise f.error("quota_backend_bytes", f"must be at most {MAX_QUOTA_BYTES} (16 TiB: the store maps twice "
+                      "its quota, and a larger map fails at start-up)")
     return int(f["quota_backend_bytes"])

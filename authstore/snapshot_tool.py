@@ -25,6 +25,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 
 import lmdb
@@ -47,6 +48,11 @@ RAFTGATE_DB = b"mvcc_kv"
 _BBOLT_MAGIC = struct.pack("<I", 0xED0CDAED)
 _U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
+#: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
+#: address, mapsize, two MDB_db records of 48 bytes (the first one's pad holds the page size),
+#: then the last page number used
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_META = struct.Struct("<16xII16xI92xQ")
 
 USAGE = """usage: raftgate snapshot {status,restore} FILE [flags]
 
@@ -125,6 +131,26 @@ def _not_ours(path: Path, why: str) -> SnapshotError:
     return SnapshotError(f"{path} is not a raftgate snapshot: {why}")
 
 
+def _check_extent(path: Path, length: int) -> None:
+    """Refuses a file shorter than the pages its LMDB meta pages name. LMDB maps the file and
+    trusts them: reading a page past the end of a file cut short kills the process (SIGBUS)
+    instead of raising."""
+    with open(path, "rb") as f:
+        head = f.read(_LMDB_META.size)
+        if len(head) < _LMDB_META.size:
+            raise _not_ours(path, "too short for an LMDB store")
+        magic, _version, psize, _last = _LMDB_META.unpack(head)
+        if magic != _LMDB_MAGIC or psize < 512 or psize & (psize - 1) or psize > 1 << 16:
+            raise _not_ours(path, "not an LMDB store")
+        f.seek(psize)
+        second = f.read(_LMDB_META.size)
+    last = max(_LMDB_META.unpack(m)[3] for m in (head, second)
+               if len(m) == _LMDB_META.size and _LMDB_META.unpack(m)[0] == _LMDB_MAGIC)
+    if (last + 1) * psize > length:
+        raise SnapshotError(f"{path} is truncated: its store needs {(last + 1) * psize} bytes, the file "
+                            f"holds {length}")
+
+
 def _open_read_only(path: Path) -> lmdb.Environment:
     try:
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=64)
@@ -144,6 +170,7 @@ def status(path: Path) -> Status:
     space's revision, entries in every sub-database, and the store's size."""
     size = _check_file(path)
     length = store_length(path, size, verify=False)
+    _check_extent(path, length)
     env = _open_read_only(path)
     try:
         with env.begin() as txn:
@@ -201,6 +228,8 @@ def _check_target(t: RestoreTarget) -> None:
         raise SnapshotError(f"--initial-cluster: {t.name}'s URLs {mine} differ from --initial-advertise-peer-urls "
                             f"{t.peer_urls}")
     d = t.data_dir
+    if d.is_symlink():  # the new dir is renamed into place, which replaces no link
+        raise SnapshotError(f"data-dir {str(d)!r} is a symbolic link; give the directory it points to")
     try:
         if d.exists() and (not d.is_dir() or any(d.iterdir())):
             raise SnapshotError(f"data-dir {str(d)!r} not empty or could not be read")
@@ -213,10 +242,12 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     state; returns the member's ID."""
     _check_target(target)
     size = _check_file(path)
+    _check_extent(path, store_length(path, size, verify=False))  # before LMDB reads it (SIGBUS)
     _open_read_only(path).close()
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
     staging = data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}"
+    _remove_dead_stagings(data_dir)
     if staging.exists():
         shutil.rmtree(staging)
     try:
@@ -248,6 +279,22 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return mid
+
+
+def _remove_dead_stagings(data_dir: Path) -> None:
+    """Removes what restores into the same data dir left when they were killed (a copy as large
+    as the snapshot): staging dirs whose process is gone. A running restore's is left alone."""
+    prefix = f".{data_dir.name}.restoring-"
+    for path in data_dir.parent.glob(glob_escape(prefix) + "*"):
+        pid = path.name[len(prefix):]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except (ProcessLookupError, OverflowError):  # gone, or no process could have it
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive (another user's): its restore may be under way
 
 
 def _rewrite_store(store: Path, mid: int) -> None:
@@ -324,4 +371,7 @@ def main(argv: list[str]) -> int:
         return 0
     except SnapshotError as exc:
         print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the system refused a path (the staging dir is already removed)
+        print(f"Error: {exc.filename or a.file}: {exc.strerror or exc}", file=sys.stderr)
         return 1

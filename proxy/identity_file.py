@@ -81,7 +81,11 @@ def _read_text(path: Path) -> str:
 
 def _files(kind: str, path: Path) -> list[Path]:
     """The files a credential is read from."""
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name too long, a loop: reading it says why
+        is_dir = False
+    if is_dir:
         return [path / USERNAME_FILE, path / PASSWORD_FILE] if kind == PASSWORD else [path / TOKEN_FILE]
     return [path]
 

@@ -23,7 +23,7 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,9 @@ LOCK_FILE = "raftgate.lock"
 
 #: Per-process addresses a store reads from its environment: every node would get the same one.
 SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE_STORE_HEALTH_ADDR": None}
+#: The same for the proxies (the client proxy and each member proxy read the environment too).
+SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE_PROXY_HEALTH_ADDR": None,
+                      "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
 PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
 
@@ -132,6 +135,11 @@ def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: lis
         if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
             instead = "use raftgate local --metrics-addr (one port per process), or unset it" if flag else "unset it"
             raise ConfigError(f"{var}: every store node would listen on {environ[var]!r}; {instead}")
+    for var, flag in SHARED_PROXY_ADDRS.items():
+        if environ.get(var, "").strip() and not (flag == "--metrics-addr" and a.metrics_addr is not None):
+            instead = f"use raftgate local {flag}, or unset it" if flag else "unset it"
+            raise ConfigError(f"{var}: every proxy (the client proxy and each member proxy) would listen on "
+                              f"{environ[var]!r}; {instead}")
     if check_store is not None:
         for argv in store_argvs:
             check_store(argv[1:], environ)
@@ -216,30 +224,68 @@ def _secret_file(data_dir: Path) -> Path:
     return path
 
 
-def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: int | None = None
-            ) -> list[dict[str, Any]]:
+def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: int | None = None,
+            reserved: Iterable[int] = ()) -> list[dict[str, Any]]:
     """Names, ports and directories of the store nodes, kept in the data dir across restarts
-    (a member's peer URL is part of its identity)."""
+    (a member's peer URL is part of its identity). New ports avoid ``reserved`` (the metrics
+    ports): a kept port that clashes with one would refuse every later start."""
     path = data_dir / "layout.json"
     if path.exists():
-        layout: list[dict[str, Any]] = json.loads(path.read_text())
+        layout = _read_layout(path)
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
         _check_distinct(path, layout, client_port, gateway_port)
         missing = [n for n in layout if "client_port" not in n]  # a layout from before member proxies
         if missing:
-            used = {client_port} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
+            used = {client_port, *reserved} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
             if gateway_port is not None:
                 used.add(gateway_port)
             for n, port in zip(missing, _free_ports(len(missing), used), strict=True):
                 n["client_port"] = port
-            path.write_text(json.dumps(layout, indent=2))
+            _write_layout(path, layout)
         return layout
-    ports = _free_ports(3 * nodes, {client_port} if gateway_port is None else {client_port, gateway_port})
+    avoid = {client_port, *reserved} | (set() if gateway_port is None else {gateway_port})
+    ports = _free_ports(3 * nodes, avoid)
     layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[3 * i],
                "internal_port": ports[3 * i + 1], "client_port": ports[3 * i + 2]} for i in range(nodes)]  # fmt: skip
-    path.write_text(json.dumps(layout, indent=2))
+    _write_layout(path, layout)
     return layout
+
+
+def _read_layout(path: Path) -> list[dict[str, Any]]:
+    """layout.json as local wrote it; anything else (cut short, edited by hand) is refused with
+    its name, not a traceback: guessing the ports again would give members new identities."""
+
+    def damaged(why: str) -> SystemExit:
+        return SystemExit(f"raftgate local: {path} is damaged ({why}); put it back as it was, or start from an "
+                          "empty --data-dir")
+
+    try:
+        layout = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise damaged(str(exc)) from None
+    if not isinstance(layout, list):
+        raise damaged("not a list of nodes")
+    for n in layout:
+        if not isinstance(n, dict) or not isinstance(n.get("name"), str) or not isinstance(n.get("data_dir"), str):
+            raise damaged("a node without its name or data_dir")
+        for key in _PORT_KEYS:
+            port = n.get(key)
+            if key == "client_port" and port is None:
+                continue  # a layout from before member proxies: chosen now
+            if type(port) is not int or not 0 < port <= 65535:
+                raise damaged(f"{n['name']} {key} is {port!r}, not a port")
+    return layout
+
+
+def _write_layout(path: Path, layout: list[dict[str, Any]]) -> None:
+    """Written whole or not at all (a crash mid-write must not leave half a file)."""
+    staged = path.with_name(path.name + ".tmp")
+    with open(staged, "w") as f:
+        f.write(json.dumps(layout, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, path)
 
 
 #: the ports a node of the layout uses: Raft peers, the internal service, its member proxy
@@ -327,12 +373,18 @@ class Child:
 
 async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if _lock(data_dir) is None:  # kept open (and locked) until the process ends
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock(data_dir)
+    except OSError as exc:
+        print(f"raftgate local: --data-dir {str(data_dir)!r}: {exc.strerror}", file=sys.stderr, flush=True)
+        return 1
+    if lock is None:  # kept open (and locked) until the process ends
         return 1
     secret = _secret_file(data_dir)
     client_url = f"http://127.0.0.1:{a.client_port}"
-    layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port)
+    layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port,
+                     reserved=[addr.port for addr in a.metrics_addrs() if addr is not None])
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
     for n in layout:
         n["argv"] = [

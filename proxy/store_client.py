@@ -225,29 +225,37 @@ class StoreClient:
                 return
 
     def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
-        """Makes the endpoints the seeds plus the members' published internal addresses; True if
+        """Makes the endpoints the seeds plus the members' published internal addresses (every URL
+        of each; at most MAX_MEMBERS in all); True if
         any was added. A list without addresses (a store that does not publish them) changes
         nothing."""
         learned: list[str] = []
-        for m in members:
-            target = _target(m.internal_urls[0]) if m.internal_urls else None
-            if target is not None and target not in learned:
-                learned.append(target)
+        depth = 0  # every member's first URL, then every second one, ... (the first may be unreachable)
+        while len(learned) < MAX_MEMBERS:
+            row = [m.internal_urls[depth] for m in members if len(m.internal_urls) > depth]
+            if not row:
+                break
+            for target in map(_target, row):
+                if target is not None and target not in learned and len(learned) < MAX_MEMBERS:
+                    learned.append(target)
+            depth += 1
         if not learned:
             return False
-        wanted = list(dict.fromkeys([*learned[:MAX_MEMBERS], *self._seeds]))
+        wanted = list(dict.fromkeys([*learned, *self._seeds]))
         now = time.monotonic()
-        for when, ep in [r for r in self._retired if now - r[0] > RETIRE_SECONDS]:
-            self._retired.remove((when, ep))
-            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
         have = {ep.target: ep for ep in self._endpoints}
         added = [t for t in wanted if t not in have]
         for ep in self._endpoints:
             if ep.target not in wanted and ep is not self._leader:
                 log.info("store node %s left the member list", ep.target)
                 self._retired.append((now, ep))
+        # Closed once their calls had time to end; and never more than MAX_MEMBERS waiting (the
+        # oldest first), so a list that keeps changing cannot pile up open channels.
+        while self._retired and (now - self._retired[0][0] > RETIRE_SECONDS or len(self._retired) > MAX_MEMBERS):
+            _, ep = self._retired.pop(0)
+            task = asyncio.get_running_loop().create_task(self._close_endpoint(ep))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         for t in added:
             log.info("store node %s joined the member list", t)
         kept = [ep for ep in self._endpoints if ep.target in wanted or ep is self._leader]

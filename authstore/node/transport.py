@@ -271,8 +271,18 @@ class Transport:
         if not self.security.admits(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
         await context.send_initial_metadata(())  # the sender starts taking from its queue now
+        warned = False
         async for data in requests:
             for message in peer_pb2.MessageBatch.FromString(data).messages:
+                if message.to != self.id:
+                    # For another member at this address: a node of an older cluster that still
+                    # sends to the member this address had (a member restored into a new cluster
+                    # has another ID). Taken, it would make this node follow that cluster's leader.
+                    if not warned:
+                        log.warning("peer messages for member %x dropped: this is member %x (a node of "
+                                    "another cluster sends here?)", message.to, self.id)
+                        warned = True
+                    continue
                 self.on_message(message_from_pb(message))
         return b""
 
@@ -295,6 +305,9 @@ class Transport:
             if last is None or not hmac.compare_digest(digest.digest(), last.sha256):
                 await context.abort(grpc.StatusCode.DATA_LOSS, "raftgate: snapshot incomplete or corrupt")
             assert last is not None
+            if last.message.to != self.id:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"raftgate: snapshot for member {last.message.to:x}, this is member {self.id:x}")
             await self.on_snapshot(decode_message(last.message.SerializeToString()), path)
         finally:
             path.unlink(missing_ok=True)

@@ -115,6 +115,17 @@ def test_raftgate_local_chooses_distinct_ports(tmp_path: Path, monkeypatch: pyte
     assert len(set(ports)) == len(ports) == 10, ports
 
 
+def test_raftgate_local_keeps_new_ports_off_its_metrics_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ports of a new layout are kept for good: one that is also a --metrics-addr port would
+    make every later start with the same flags refuse (check_ports names the clash)."""
+    monkeypatch.setattr(local.socket, "socket", _ReusingKernel())  # hands out 40000, 40001, ...
+    config = local.parse(["--nodes", "3", "--metrics-addr", "127.0.0.1:40000"], {})
+    metrics = {addr.port for addr in config.metrics_addrs() if addr is not None}
+    layout = local._layout(tmp_path, config.nodes, config.client_port, config.gateway_port, reserved=metrics)
+    ports = {n[k] for n in layout for k in ("peer_port", "internal_port", "client_port")}
+    assert len(ports) == 9 and not ports & metrics, (sorted(ports), sorted(metrics))
+
+
 def _run_local(data_dir: Path, client_port: int) -> tuple[int, str]:
     """`raftgate local` expected to refuse at once; its exit code and stderr (its group is always torn down)."""
     proc = subprocess.Popen([sys.executable, "-m", "raftgate.cli", "local", "--data-dir", str(data_dir), "--nodes", "3",

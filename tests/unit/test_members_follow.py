@@ -133,3 +133,18 @@ def test_raftgate_local_gives_an_older_layout_member_proxy_ports(tmp_path: Path)
     assert len(set(ports)) == len(ports) == 10
     assert json.loads((tmp_path / "layout.json").read_text()) == layout
     assert local._layout(tmp_path, 3, client_port=2379) == layout
+
+
+def test_follows_every_internal_url_a_member_publishes() -> None:
+    """--advertise-internal-urls is a list (two networks, IPv4 and IPv6): a proxy that cannot reach
+    a member's first URL still reaches it by another."""
+
+    async def run() -> None:
+        client = StoreClient(["a:1"], secret="s")
+        try:
+            assert client._follow([_member(1, "http://a:1"), _member(2, "http://10.0.0.2:2", "http://[fd00::2]:2")])
+            assert client.targets == ["a:1", "10.0.0.2:2", "[fd00::2]:2"]
+        finally:
+            await client.close()
+
+    asyncio.run(run())
