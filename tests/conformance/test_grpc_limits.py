@@ -55,3 +55,22 @@ def test_oversized_watch_request(channel: grpc.Channel) -> None:
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         _too_large(req.ByteSize()),
     )
+
+
+def test_oversized_keepalive_request(channel: grpc.Channel) -> None:
+    """A client stream the handler reads in its own task (LeaseKeepAlive); the message is padded
+    with an unknown field, which both servers skip after the size check."""
+    pad = b"x" * (LIMIT + 10)
+    length = len(pad)
+    varint = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    raw = b"\x08\x05\x12" + bytes(varint) + pad  # ID=5, then field 2 (unknown)
+    call = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive", request_serializer=lambda b: b,
+                                 response_deserializer=pb.LeaseKeepAliveResponse.FromString)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call(iter([raw]), timeout=30))
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, _too_large(len(raw)))
