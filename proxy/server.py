@@ -81,7 +81,9 @@ class ProxyServer:
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", self.config.grpc_max_receive_bytes),
+                # Above etcd's limit, so that the handlers refuse up to twice it with grpc-go's words
+                # (services._bounded); grpc-core's own (differently worded) refusal only beyond.
+                ("grpc.max_receive_message_length", 2 * self.config.grpc_max_receive_bytes),
                 ("grpc.max_send_message_length", MAX_ANSWER_BYTES),  # etcd's (math.MaxInt32)
                 # grpc-core refuses metadata between its soft limit (8 KiB) and hard limit at
                 # random; etcd accepts large tokens, so both limits sit well above any real token.
@@ -91,7 +93,7 @@ class ProxyServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        server.add_generic_rpc_handlers(etcd_handlers(pipeline))
+        server.add_generic_rpc_handlers(etcd_handlers(pipeline, self.config.grpc_max_receive_bytes))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],

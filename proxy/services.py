@@ -7,7 +7,9 @@ UserChangePassword).
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -17,12 +19,85 @@ from proxy.pipeline import Pipeline
 from raftgate.methods import METHODS, Kind, Method
 
 
-def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:
+def too_large(size: int, limit: int) -> str:
+    """grpc-go's words for a request over the receive limit (grpc-core words it differently)."""
+    return f"grpc: received message larger than max ({size} vs. {limit})"
+
+
+def _bounded(behaviour: Any, kind: Kind, limit: int) -> Any:
+    """Refuses a request over `limit` as etcd's grpc-go server does, before `behaviour` sees it.
+
+    gRPC's own receive limit sits above `limit` (see ProxyServer), so the refusal is ours.
+    """
+
+    async def refuse(size: int, context: Any) -> None:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, too_large(size, limit))
+
+    if kind in (Kind.UNARY, Kind.AUTHENTICATE, Kind.HASH_PASSWORD):
+
+        async def unary(method: Method, request: bytes, context: Any) -> bytes:
+            if len(request) > limit:
+                await refuse(len(request), context)
+            return await behaviour(method, request, context)
+
+        return unary
+    if kind in (Kind.RANGE_STREAM, Kind.SNAPSHOT):
+
+        async def unary_stream(method: Method, request: bytes, context: Any) -> AsyncIterator[bytes]:
+            if len(request) > limit:
+                await refuse(len(request), context)
+            async for answer in behaviour(method, request, context):
+                yield answer
+
+        return unary_stream
+
+    async def stream_stream(method: Method, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        # The handler may read the client in a task of its own (Watch) and go on serving after the
+        # client's side ends, so an oversized message interrupts the wait for its next answer;
+        # never a send in progress (the handler task is cancelled only while it waits here).
+        task = asyncio.current_task()
+        state = {"size": 0, "waiting": False}
+
+        async def checked() -> AsyncIterator[bytes]:
+            async for data in requests:
+                if len(data) > limit:
+                    state["size"] = len(data)
+                    if state["waiting"] and task is not None and task is not asyncio.current_task():
+                        task.cancel()
+                    return
+                yield data
+
+        answers = behaviour(method, checked(), context)
+        try:
+            while not state["size"]:
+                state["waiting"] = True
+                try:
+                    answer = await answers.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    state["waiting"] = False
+                yield answer
+        except asyncio.CancelledError:
+            if not state["size"]:
+                raise
+        finally:
+            await answers.aclose()
+        if state["size"]:
+            await refuse(state["size"], context)
+
+    return stream_stream
+
+
+def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+    def bound(behaviour: Any) -> Any:
+        return functools.partial(behaviour if limit is None else _bounded(behaviour, method.kind, limit), method)
+
     def unary(behaviour: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(instrument.unary(method, functools.partial(behaviour, method)))
+        return grpc.unary_unary_rpc_method_handler(instrument.unary(method, bound(behaviour)))
 
     def stream(behaviour: Any) -> Any:
-        return instrument.stream(method, functools.partial(behaviour, method))
+        return instrument.stream(method, bound(behaviour))
 
     if method.kind is Kind.UNARY:
         return unary(pipeline.unary)
@@ -43,9 +118,10 @@ def _handler(pipeline: Pipeline, method: Method) -> grpc.RpcMethodHandler:
     raise AssertionError(f"no handler for {method.kind}")
 
 
-def etcd_handlers(pipeline: Pipeline) -> list[grpc.GenericRpcHandler]:
-    """One generic handler per etcd service (KV, Watch, Lease, Cluster, Maintenance, Auth)."""
+def etcd_handlers(pipeline: Pipeline, max_receive_bytes: int | None = None) -> list[grpc.GenericRpcHandler]:
+    """One generic handler per etcd service (KV, Watch, Lease, Cluster, Maintenance, Auth);
+    requests over `max_receive_bytes` (if given) are refused with grpc-go's words."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in METHODS:
-        by_service.setdefault(method.full_service, {})[method.name] = _handler(pipeline, method)
+        by_service.setdefault(method.full_service, {})[method.name] = _handler(pipeline, method, max_receive_bytes)
     return [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]
