@@ -9,6 +9,7 @@ restarted; every Put acknowledged so far, in any round, must be there, with its 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import pytest
 from tests.faults.cluster import Client, program_cluster
 from tests.support.processes import wait_for
 
-ROUNDS = 20
+#: kill -9 rounds (each restarts the node: seconds); more with RAFTGATE_KILL_ROUNDS=N
+ROUNDS = int(os.environ.get("RAFTGATE_KILL_ROUNDS", "6"))
 WRITERS = 3
 
 
