@@ -43,6 +43,8 @@ _U64 = struct.Struct(">Q")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
 #: own removal, the answer to MemberRemove) still go out.
+#: how long the ready line waits for this member's attributes to be in the member list
+PUBLISH_WAIT = 10.0
 REMOVED_STOP_DELAY = 1.0
 #: In the data dir, locked (flock) by the process that uses it; holds that process's pid.
 LOCK_FILE = "raftgate.lock"
@@ -289,8 +291,14 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
         backend.close()
         raise
     # Ready as etcd is ready (ReadyNotify): serving, and this member's name and URLs in the member
-    # list, so a MemberList right after shows them. Without a leader that waits, as etcd's does.
-    await asyncio.wait([publishing, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    # list, so a MemberList right after shows them. A member that cannot publish yet (no leader
+    # takes it) says so and reports ready after PUBLISH_WAIT anyway; publishing goes on.
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([publishing, stopping], timeout=PUBLISH_WAIT, return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():
+        stopping.cancel()
+    if not publishing.done() and not stop.is_set():
+        log.info("member attributes not published yet (no leader has taken them); still trying")
     if not stop.is_set():
         print(f"raftgate store: {cfg.name} ready on {address} (member {node.id:x}, peers on {peer_listen})",
               flush=True)
