@@ -11,7 +11,7 @@ import os
 import signal
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -109,8 +109,10 @@ def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardS
     return entries, HardState(term=1, vote=0, commit=len(entries))
 
 
-async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) -> int:
-    """A node joining after MemberAdd asks the cluster which member its peer URLs belong to."""
+async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) -> tuple[int, dict[int, str]]:
+    """A node joining after MemberAdd asks the cluster which member its peer URLs belong to, and
+    where every member is: a member added later has an ID of its own, not the one --initial-cluster
+    would give it, so the joiner must learn the IDs to answer (the leader may be such a member)."""
     mine = set(cfg.peer_urls)
     for _name, urls in cfg.initial_cluster:
         if set(urls) == mine:
@@ -128,7 +130,7 @@ async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) ->
                 await channel.close()
             for m in resp.members:
                 if mine & set(m.peerURLs):
-                    return m.ID
+                    return m.ID, {p.ID: peer_address(p.peerURLs[0]) for p in resp.members if p.peerURLs}
             raise StartupError(f"no member of the cluster has peer URLs {sorted(mine)}: run MemberAdd first")
     raise StartupError("--initial-cluster-state existing: no other member could be reached")
 
@@ -159,6 +161,8 @@ class Recovered:
     wal: WAL
     storage: MemoryStorage
     applied: int
+    #: a joining node's view of where the members are (ID -> peer address), from the cluster itself
+    cluster_peers: dict[int, str] = field(default_factory=dict)
 
 
 async def recover(cfg: store_config.StoreConfig, backend: Backend, security: PeerSecurity) -> Recovered:
@@ -167,6 +171,7 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
     storage = MemoryStorage()
     mid = _stored_member_id(backend)
     fresh = not replayed.entries and replayed.snapshot.index == 0 and replayed.hard_state.is_empty()
+    cluster_peers: dict[int, str] = {}
     if fresh and not mid:
         if cfg.initial_cluster_state == "new":
             mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
@@ -175,14 +180,14 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
             storage.append(entries)
             storage.set_hard_state(hard_state)
         else:
-            mid = await _find_own_id(cfg, security)
+            mid, cluster_peers = await _find_own_id(cfg, security)
         _store_member_id(backend, mid)
     else:
         if replayed.snapshot.index:
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
         storage.set_hard_state(replayed.hard_state)
-    return Recovered(mid, wal, storage, replayed.snapshot.index)
+    return Recovered(mid, wal, storage, replayed.snapshot.index, cluster_peers)
 
 
 def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, peers: Transport) -> RaftNode:
@@ -230,8 +235,10 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
                            max_watches_per_user=cfg.max_watches_per_user)
     service.watch_hub.attach()
-    initial_peers = {member_id(urls, cfg.initial_cluster_token): peer_address(urls[0])
-                     for _, urls in cfg.initial_cluster}
+    # Until the node has applied the membership itself: the members a joiner was told of by the
+    # cluster, else --initial-cluster's (a new cluster's IDs come from its URLs and token).
+    initial_peers = rec.cluster_peers or {member_id(urls, cfg.initial_cluster_token): peer_address(urls[0])
+                                          for _, urls in cfg.initial_cluster}
 
     def refresh_peers() -> None:
         peers = dict(initial_peers) if not node.conf_state.voters else {}

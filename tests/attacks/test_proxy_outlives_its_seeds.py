@@ -16,10 +16,6 @@ from tests.support.processes import etcdctl, free_port, wait_for
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, not yet found: in some runs of the full suite the third voter added (new3, with the "
-    "first two seeds already removed) hears the leader's heartbeats but is never sent an entry (its WAL "
-    "holds only a hard state), so it never publishes its name; alone the test passes"))
 def test_writes_go_on_after_every_seed_left(tmp_path: Path) -> None:
     with program_cluster(tmp_path, nodes=3) as cluster:
         ep = cluster.endpoint
