@@ -20,7 +20,7 @@ from tests.faults.cluster import Client, program_cluster
 from tests.support.processes import wait_for
 
 #: kill -9 rounds (each restarts the node: seconds); more with RAFTGATE_KILL_ROUNDS=N
-ROUNDS = int(os.environ.get("RAFTGATE_KILL_ROUNDS", "6"))
+ROUNDS = int(os.environ.get("RAFTGATE_KILL_ROUNDS", "4"))
 WRITERS = 3
 
 

@@ -12,6 +12,7 @@ every acknowledged write on every node, a linearizable history.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import pytest
 from tests.faults.cluster import Cluster, Recorder, Workload, program_cluster, verify_after_faults
 from tests.support.processes import wait_for
 
-ROUNDS = 9
+#: two rounds of each of the three patterns; more with RAFTGATE_KILL_ROUNDS=N
+ROUNDS = int(os.environ.get("RAFTGATE_KILL_ROUNDS", "6"))
 
 
 def _writes_after(rec: Recorder, n: int, what: str) -> None:
