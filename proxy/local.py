@@ -472,8 +472,11 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
             code = 1
         stopped.cancel()
     except RuntimeError as exc:
-        print(f"raftgate local: {exc}", file=sys.stderr)
-        code = 1
+        if stop.is_set():  # SIGTERM/SIGINT while starting: the children stop as asked, a clean stop
+            print("raftgate local: stopped while starting", file=sys.stderr)
+        else:
+            print(f"raftgate local: {exc}", file=sys.stderr)
+            code = 1
     finally:
         # Each child's exit code is printed; one that does not stop cleanly fails the stop. The
         # proxies go first (no request meets a stopping store), then the store nodes together.
