@@ -436,6 +436,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop_on_signals(stop)
     code = 0
+    stopped_starting = False
     try:
         await asyncio.gather(*(store.start("raftgate store:") for store in stores))
         await asyncio.gather(proxy.start("raftgate proxy:"), *(m.start("raftgate proxy:") for m in members))
@@ -474,6 +475,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     except RuntimeError as exc:
         if stop.is_set():  # SIGTERM/SIGINT while starting: the children stop as asked, a clean stop
             print("raftgate local: stopped while starting", file=sys.stderr)
+            stopped_starting = True
         else:
             print(f"raftgate local: {exc}", file=sys.stderr)
             code = 1
@@ -484,7 +486,10 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         await asyncio.gather(*(store.stop() for store in stores))
         for child in children:
             child.report_exit()
-        if any(c.proc is not None and c.proc.returncode != 0 and not c.died_serving for c in children):
+        # a child the stop reached before its own signal handler was set ends by the signal itself
+        by_signal = {-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
+        if any(c.proc is not None and c.proc.returncode != 0 and not c.died_serving
+               and not (stopped_starting and c.proc.returncode in by_signal) for c in children):
             code = 1
         state_file.unlink(missing_ok=True)
     return code
