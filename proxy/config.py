@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from proxy.identity_file import JWT as IDENTITY_JWT
+from proxy.identity_file import OIDC as IDENTITY_OIDC
 from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
 from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
 from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST, QUEUE_PER_WORKER
@@ -38,6 +39,8 @@ from raftgate.config_support import (
     read_file,
 )
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
+from raftgate.workload_identity import WorkloadConfigError, WorkloadVerifier
+from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class ProxyConfig:
     listen_gateway: tuple[str, ...] = ()
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
+    #: --oidc-*: Kubernetes workload tokens are verified and mapped to users (None: off)
+    workload: WorkloadVerifier | None = None
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -126,6 +131,22 @@ def _parser() -> FlagParser:
         help="sidecar identity mode with an externally minted JWT (etcd claims username/revision; "
         "needs --auth-token jwt with the matching key): a file, or a directory holding 'token'",
     )
+    p.add_argument(
+        "--identity-oidc-token-file",
+        help="sidecar identity mode with the pod's projected ServiceAccount token (re-read when kubelet "
+        "rotates it; needs --oidc-issuer): a file, or a directory holding 'token'",
+    )
+    p.add_argument("--oidc-issuer",
+                   help="accept Kubernetes workload tokens (projected ServiceAccount tokens) of this issuer "
+                   "(its URL, exactly as in the tokens' iss)")
+    p.add_argument("--oidc-audience", help="the audience workload tokens must name (required with --oidc-issuer)")
+    p.add_argument("--oidc-jwks-file",
+                   help="the issuer's keys (JWKS file, re-read when it changes); default: OIDC discovery at "
+                   "the issuer's /.well-known/openid-configuration")
+    p.add_argument("--oidc-ca-file", help="CA bundle (PEM) for https to the issuer (discovery and jwks_uri)")
+    p.add_argument("--oidc-user-map",
+                   help='JSON file mapping a token\'s sub to a raftgate user: [{"match": "system:serviceaccount:'
+                   'NS:NAME or a glob", "user": "NAME"}, ...], first match wins (required with --oidc-issuer)')
     return p
 
 
@@ -162,7 +183,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         {dest: f.source(dest) for dest in ("metrics_addr", "health_addr")},
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
-    identity = _identity(f, listen, spec, jwt)
+    workload = _workload(f)
+    identity = _identity(f, listen, spec, jwt, workload)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -179,6 +201,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
         member_store_endpoint=member,
+        workload=workload,
     )
 
 
@@ -247,18 +270,38 @@ def _read_tls(f: Flags) -> InternalTLS | None:
     return InternalTLS(ca=ca, cert=cert, key=key)
 
 
-def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtProvider | None) -> IdentitySpec | None:
-    """Checks the sidecar identity can work with this configuration, and reads its files once."""
-    password_path, jwt_path = f["identity_file"], f["identity_jwt_file"]
-    if password_path and jwt_path:
-        raise ConfigError("--identity-file and --identity-jwt-file are mutually exclusive")
-    if not password_path and not jwt_path:
+def _workload(f: Flags) -> WorkloadVerifier | None:
+    """--oidc-*: the workload token verifier (a JWKS file and the user map are read now)."""
+    issuer = (f["oidc_issuer"] or "").strip()
+    others = [dest for dest in ("oidc_audience", "oidc_jwks_file", "oidc_ca_file", "oidc_user_map") if f[dest]]
+    if not issuer:
+        if others:
+            raise ConfigError(f"{f.source(others[0])} needs --oidc-issuer")
         return None
-    flag = f.source("identity_file" if password_path else "identity_jwt_file")
-    if password_path:
-        identity = IdentitySpec(IDENTITY_PASSWORD, password_path)
-    else:
-        identity = IdentitySpec(IDENTITY_JWT, jwt_path or "")
+    for dest in ("oidc_audience", "oidc_user_map"):
+        if not (f[dest] or "").strip():
+            raise ConfigError(f"{f.source('oidc_issuer')} needs {f.source(dest)}")
+    try:
+        return build_workload(issuer, f["oidc_audience"].strip(), jwks_file=f["oidc_jwks_file"] or None,
+                              ca_file=f["oidc_ca_file"] or None, user_map_file=f["oidc_user_map"])
+    except WorkloadConfigError as e:
+        raise ConfigError(f"{f.source('oidc_issuer')}: {e}") from None
+
+
+_IDENTITY_FLAGS = {"identity_file": IDENTITY_PASSWORD, "identity_jwt_file": IDENTITY_JWT,
+                   "identity_oidc_token_file": IDENTITY_OIDC}
+
+
+def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtProvider | None,
+              workload: WorkloadVerifier | None = None) -> IdentitySpec | None:
+    """Checks the sidecar identity can work with this configuration, and reads its files once."""
+    given = [dest for dest in _IDENTITY_FLAGS if f[dest]]
+    if len(given) > 1:
+        raise ConfigError(f"{f.source(given[0])} and {f.source(given[1])} are mutually exclusive")
+    if not given:
+        return None
+    flag = f.source(given[0])
+    identity = IdentitySpec(_IDENTITY_FLAGS[given[0]], f[given[0]])
     if not any(is_local_listener(address) for address in listen):
         raise ConfigError(
             f"{flag}: the identity is lent only on loopback or unix:// listeners, and "
@@ -270,6 +313,8 @@ def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtPr
         )
     if identity.kind == IDENTITY_JWT and jwt is None:
         raise ConfigError(f"{flag}: needs --auth-token jwt,... with the key that verifies the token")
+    if identity.kind == IDENTITY_OIDC and workload is None:
+        raise ConfigError(f"{flag}: needs --oidc-issuer (with --oidc-audience and --oidc-user-map) to verify the token")
     try:
         read_credential(identity.kind, Path(identity.path))
     except IdentityFileError as e:

@@ -6,12 +6,21 @@ on). A valid token -> (username, auth revision). An invalid or expired token ->
 the proxy asks the store whether auth is on before refusing. With ``defer_invalid`` the refusal
 is left to the store instead (the UNRESOLVED identity): etcd validates a request's shape before
 its token, and only the store decodes requests.
+
+A Kubernetes workload token (``--oidc-issuer``: a JWT whose ``iss`` is that issuer) is verified by
+:mod:`raftgate.workload_identity` (in a worker thread on a cache miss: it may fetch the issuer's
+keys), its ``sub`` mapped to a user; the proxy then asks the store (Credentials, cached for at
+most a second per user) whether the user exists and for the current auth revision, and stamps
+both, marked revocable like a simple token: after any auth change the store refuses the stale
+revision and the proxy resolves again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from protos import wire
@@ -24,6 +33,7 @@ from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
 from raftgate.simple_token import looks_like_simple_token
+from raftgate.workload_identity import WorkloadIdentity, WorkloadRefused, WorkloadVerifier
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +47,34 @@ class Identity:
     invalid_token: bool = False
     #: A JWT's ``exp`` (unix seconds): the token dies then, also for the watches made with it.
     expires_at: float | None = None
+    #: The workload token this identity came from; its (user, revision) may be re-resolved.
+    workload_token: str | None = None
+
+    @property
+    def reresolvable(self) -> bool:
+        """Stamped from a cached resolution the store may call old: resolve again and retry."""
+        return self.simple_token is not None or self.workload_token is not None
 
 
 ANONYMOUS = Identity("", 0)
 UNRESOLVED = Identity("", 0, invalid_token=True)
+#: A workload user's (exists, auth revision) is asked of the store again after this long.
+WORKLOAD_USER_FRESH_SECONDS = 1.0
+WORKLOAD_USERS_CACHED = 4096
 
 
 class Resolver:
     """Resolves tokens with the configured provider: simple (store-backed cache) or JWT (local)."""
 
-    def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None) -> None:
+    def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None,
+                 workload: WorkloadVerifier | None = None) -> None:
         self._store = store
         self._jwt = jwt
         self._simple = simple
+        self._workload = workload
         self._inflight: dict[str, asyncio.Task[Identity | None]] = {}
+        #: workload user -> (auth revision at which the store had it, when asked)
+        self._workload_users: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     async def resolve(self, token: str | None, timeout: float | None = None, *,
                       defer_invalid: bool = False, fresh: bool = False) -> Identity:
@@ -60,6 +84,15 @@ class Resolver:
         (for a check the store cannot repeat at its auth revision, e.g. a watch create)."""
         if token is None:
             return ANONYMOUS
+        if self._workload is not None:
+            found = self._workload.cached(token)
+            if found is not None or self._workload.is_workload_token(token):
+                identity = await self._resolve_workload(token, found, timeout, fresh=fresh)
+                if identity is not None:
+                    return identity
+                if defer_invalid:
+                    return UNRESOLVED
+                return await self._refuse(token, timeout)
         if self._jwt is not None:
             found = self._jwt.verify(token)
             if found is not None:
@@ -76,9 +109,47 @@ class Resolver:
         return await self._refuse(token, timeout)
 
     def invalidate(self, identity: Identity) -> None:
-        """Forget a cached simple-token resolution (the store said its revision is old)."""
+        """Forget a cached simple-token or workload resolution (the store said its revision is old)."""
         if self._simple is not None and identity.simple_token is not None:
             self._simple.invalidate(identity.simple_token)
+        if identity.workload_token is not None:
+            self._workload_users.pop(identity.username, None)
+
+    async def _resolve_workload(self, token: str, found: WorkloadIdentity | None,
+                                timeout: float | None, *, fresh: bool = False) -> Identity | None:
+        """A workload token -> (mapped user, current auth revision), or None (refused: the reason
+        is logged with the token's fingerprint only)."""
+        assert self._workload is not None
+        if found is not None:
+            metrics.token_validation("workload", "cache_hit")
+        else:
+            try:
+                found = await asyncio.to_thread(self._workload.verify, token)
+            except WorkloadRefused as e:
+                metrics.token_validation("workload", "expired" if str(e) == "expired" else "invalid")
+                log.info("workload token %s refused: %s", fingerprint(token), e)
+                return None
+            metrics.token_validation("workload", "valid")
+        user = found.user
+        now = time.monotonic()
+        known = self._workload_users.get(user)
+        if known is not None and not fresh and now - known[1] < WORKLOAD_USER_FRESH_SECONDS:
+            self._workload_users.move_to_end(user)
+            revision = known[0]
+        else:
+            answer = await self._store.credentials(user, timeout)
+            if not answer.auth_enabled:
+                return ANONYMOUS
+            if not answer.found:
+                self._workload_users.pop(user, None)
+                log.info("workload token %s refused: its user %r is not in the auth store", fingerprint(token), user)
+                return None
+            revision = answer.auth_revision
+            self._workload_users[user] = (revision, now)
+            self._workload_users.move_to_end(user)
+            if len(self._workload_users) > WORKLOAD_USERS_CACHED:
+                self._workload_users.popitem(last=False)
+        return Identity(user, revision, expires_at=found.expires_at, workload_token=token)
 
     async def _resolve_simple(self, token: str, timeout: float | None) -> Identity | None:
         assert self._simple is not None

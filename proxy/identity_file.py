@@ -7,7 +7,9 @@ Formats (``--identity-file PATH``):
 * a **file** of two lines: the user name, then the password.
 
 ``--identity-jwt-file PATH``: a file holding the token (or a directory holding the file ``token``,
-as a projected volume mounts it). Surrounding whitespace is ignored.
+as a projected volume mounts it). Surrounding whitespace is ignored. ``--identity-oidc-token-file
+PATH``: the same, for the pod's projected ServiceAccount token (kubelet rewrites it before it
+expires; the new one is picked up like any changed file).
 
 Trailing line ends are dropped (``echo`` adds one); every other character, spaces included, is
 part of the value. Files are bounded in size, must be UTF-8, and nothing read from them is ever
@@ -36,7 +38,9 @@ MAX_FILE_BYTES = 64 * 1024
 POLL_INTERVAL_SECONDS = 1.0
 USERNAME_FILE, PASSWORD_FILE, TOKEN_FILE = "username", "password", "token"
 
-PASSWORD, JWT = "password", "jwt"
+PASSWORD, JWT, OIDC = "password", "jwt", "oidc"
+#: The kinds whose file holds one token, lent as it is.
+TOKEN_KINDS = (JWT, OIDC)
 
 
 class IdentityFileError(ValueError):
@@ -59,7 +63,7 @@ Credential = PasswordCredential | JwtCredential
 
 @dataclass(frozen=True)
 class IdentitySpec:
-    """Which identity files the sidecar mode reads: ``kind`` is ``password`` or ``jwt``."""
+    """Which identity files the sidecar mode reads: ``kind`` is ``password``, ``jwt`` or ``oidc``."""
 
     kind: str
     path: str
@@ -91,9 +95,9 @@ def _files(kind: str, path: Path) -> list[Path]:
 
 
 def read_credential(kind: str, path: Path) -> Credential:
-    """Reads and checks a credential of ``kind`` (``password`` or ``jwt``); raises IdentityFileError."""
+    """Reads and checks a credential of ``kind`` (``password``, ``jwt`` or ``oidc``); raises IdentityFileError."""
     files = _files(kind, path)
-    if kind == JWT:
+    if kind in TOKEN_KINDS:
         token = _read_text(files[0]).strip()
         if not token or any(c.isspace() for c in token):
             raise IdentityFileError(f"{str(files[0])!r} does not hold one token")
@@ -139,7 +143,7 @@ class IdentityFiles:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Reads the credential now: a bad file is a start-up error, not a first-request surprise."""
-        if kind not in (PASSWORD, JWT):
+        if kind not in (PASSWORD, *TOKEN_KINDS):
             raise ValueError(f"unknown identity kind {kind!r}")
         self.kind = kind
         self.path = Path(path)

@@ -26,7 +26,7 @@ AuthResult = Literal[
 ]
 AUTH_RESULTS: tuple[AuthResult, ...] = AuthResult.__args__  # type: ignore[attr-defined]
 
-TokenKind = Literal["simple", "jwt"]
+TokenKind = Literal["simple", "jwt", "workload"]
 TokenResult = Literal["valid", "cache_hit", "invalid", "expired"]
 TOKEN_KINDS: tuple[TokenKind, ...] = TokenKind.__args__  # type: ignore[attr-defined]
 TOKEN_RESULTS: tuple[TokenResult, ...] = TokenResult.__args__  # type: ignore[attr-defined]

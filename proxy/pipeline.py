@@ -60,7 +60,7 @@ def check_size(data: bytes, limit: int) -> None:
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
     """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
     header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token,
-                                simple_token=identity.simple_token is not None)
+                                simple_token=identity.reresolvable)
     return wire.build_internal_request(header, method.field, request)
 
 
@@ -167,7 +167,7 @@ class Pipeline:
             answer = await self.store.do(data, timeout)
         except grpc.aio.AioRpcError as e:
             metrics.store_refusal(method.field, e.code(), e.details() or "")
-            if identity.simple_token is None or not is_old_revision(e):
+            if not identity.reresolvable or not is_old_revision(e):
                 raise
             # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
             self.resolver.invalidate(identity)
@@ -257,7 +257,7 @@ class Pipeline:
                         yield chunk
                     return
                 except grpc.aio.AioRpcError as e:
-                    if sent or attempt or identity.simple_token is None or not is_old_revision(e):
+                    if sent or attempt or not identity.reresolvable or not is_old_revision(e):
                         raise
                 self.resolver.invalidate(identity)
                 identity = await self.resolver.resolve(token, timeout)

@@ -46,7 +46,8 @@ class ProxyServer:
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(
-            self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None
+            self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None,
+            workload=config.workload,
         )
         self.authenticator = Authenticator(
             self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None

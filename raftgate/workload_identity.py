@@ -1,0 +1,470 @@
+"""Kubernetes workload identity: a pod's projected ServiceAccount token -> a raftgate user name.
+
+Shared by the proxy (and, later, the store): pure, no import of either program, no event loop.
+A :class:`WorkloadVerifier` is given the issuer, the audience, a :class:`KeySet` and a
+:class:`UserMap`, and turns a token into a :class:`WorkloadIdentity` or raises
+:class:`WorkloadRefused` (whose reason names no token). What is checked:
+
+* the signature, with the issuer's key named by the token's ``kid`` (one key and no ``kid``: that
+  key); the algorithm is the key's own (JWKS ``alg``, else what its ``kty``/``crv`` imply), never
+  the token header's alone: a header naming another algorithm is refused, and so are symmetric
+  (``oct``/HMAC) keys and ``none``;
+* ``iss`` equal to the issuer, ``aud`` containing the audience, ``exp`` (required, no leeway: a
+  token is never used after it), ``nbf`` and ``iat`` with NBF_LEEWAY_SECONDS of clock skew;
+* ``sub`` mapped to a user by the first matching rule.
+
+Keys come from a JWKS file or from the issuer's OIDC discovery document; they are fetched with
+bounded sizes and timeouts, by whichever thread verifies (callers on an event loop run
+:meth:`WorkloadVerifier.verify` in a worker thread and only :meth:`WorkloadVerifier.cached` on the
+loop). A token whose ``kid`` is unknown makes the key set fetched again, at most once per
+``refetch_interval``. Results are cached by the token's sha256 (bounded), never past ``exp``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import ipaddress
+import json
+import logging
+import math
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import jwt as pyjwt
+
+log = logging.getLogger(__name__)
+
+#: Clock skew allowed on ``nbf`` and ``iat`` (kubelet's clock vs ours); ``exp`` gets none.
+NBF_LEEWAY_SECONDS = 30
+MAX_TOKEN_BYTES = 16 * 1024
+#: A discovery document, a JWKS, a user map: bigger is refused.
+MAX_DOCUMENT_BYTES = 256 * 1024
+MAX_KEYS = 64
+MAX_RULES = 1024
+FETCH_TIMEOUT_SECONDS = 5.0
+#: Keys fetched over HTTP are fetched again after this long (a rotation needs no unknown kid).
+KEYS_MAX_AGE_SECONDS = 300.0
+#: An unknown ``kid`` fetches the keys again at most this often (a flood of made-up kids costs one).
+REFETCH_INTERVAL_SECONDS = 30.0
+CACHE_SIZE = 4096
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+
+#: Asymmetric algorithms only: an HMAC "key" from a JWKS is a public value, never a secret.
+ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
+_SYMMETRIC_KTY = frozenset({"oct"})
+
+
+class WorkloadRefused(Exception):
+    """A token that is not accepted; the message is the reason, never the token."""
+
+
+class WorkloadConfigError(ValueError):
+    """A bad issuer, audience, key file or user map (a start-up error)."""
+
+
+@dataclass(frozen=True)
+class WorkloadIdentity:
+    user: str
+    subject: str
+    #: the token's ``exp`` (unix seconds)
+    expires_at: float
+
+
+def fingerprint(token: str) -> str:
+    """A short hash naming a token in logs (the token itself never is)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+# --- claim mapping ------------------------------------------------------------------------------
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class Rule:
+    match: str
+    user: str
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in _GLOB_CHARS for c in self.match)
+
+    def matches(self, subject: str) -> bool:
+        if self.is_glob:
+            return fnmatch.fnmatchcase(subject, self.match)
+        return subject == self.match
+
+
+class UserMap:
+    """``sub`` -> raftgate user: the first rule whose ``match`` fits; none fits -> no user.
+
+    The file is JSON: a list of ``{"match": PATTERN, "user": NAME}``. A pattern with ``*``, ``?``
+    or ``[`` is a glob (Python's fnmatch, case-sensitive; ``*`` also matches ``:``), any other is
+    compared exactly.
+    """
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = tuple(rules)
+
+    @classmethod
+    def from_json(cls, data: bytes | str, where: str = "user map") -> UserMap:
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise WorkloadConfigError(f"{where}: not JSON ({e})") from None
+        if not isinstance(doc, list):
+            raise WorkloadConfigError(f'{where}: want a JSON list of {{"match": ..., "user": ...}}')
+        if len(doc) > MAX_RULES:
+            raise WorkloadConfigError(f"{where}: more than {MAX_RULES} rules")
+        rules = []
+        for i, item in enumerate(doc):
+            if not isinstance(item, dict) or set(item) != {"match", "user"}:
+                raise WorkloadConfigError(f'{where}: rule {i} must have exactly the keys "match" and "user"')
+            match, user = item["match"], item["user"]
+            if not isinstance(match, str) or not match or not isinstance(user, str) or not user:
+                raise WorkloadConfigError(f"{where}: rule {i}: match and user must be non-empty strings")
+            rules.append(Rule(match, user))
+        return cls(rules)
+
+    @classmethod
+    def from_file(cls, path: str) -> UserMap:
+        return cls.from_json(_read_bounded(path), f"user map {path!r}")
+
+    def user_for(self, subject: str) -> str | None:
+        for rule in self.rules:
+            if rule.matches(subject):
+                return rule.user
+        return None
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def _read_bounded(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as e:
+        raise WorkloadConfigError(f"cannot read {path!r}: {e.strerror}") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise WorkloadConfigError(f"{path!r} is larger than {MAX_DOCUMENT_BYTES} bytes")
+    return data
+
+
+def parse_jwks(data: bytes, where: str) -> dict[str | None, pyjwt.PyJWK]:
+    """kid -> key, asymmetric keys for signing only; raises WorkloadConfigError when none is usable."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WorkloadConfigError(f"{where}: not JSON ({e})") from None
+    raw = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        raise WorkloadConfigError(f'{where}: not a JWKS (no "keys" list)')
+    usable = [k for k in raw[:MAX_KEYS] if isinstance(k, dict) and k.get("kty") not in _SYMMETRIC_KTY
+              and k.get("use", "sig") == "sig"]
+    try:
+        keyset = pyjwt.PyJWKSet.from_dict({"keys": usable})
+    except pyjwt.PyJWTError as e:
+        raise WorkloadConfigError(f"{where}: no usable signing key ({e})") from None
+    keys: dict[str | None, pyjwt.PyJWK] = {}
+    for key in keyset.keys:
+        if key.algorithm_name in ALGORITHMS:
+            keys.setdefault(key.key_id, key)
+    if not keys:
+        raise WorkloadConfigError(f"{where}: no usable signing key (asymmetric keys only)")
+    return keys
+
+
+def _is_loopback_host(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str, what: str) -> None:
+    """https, or http to a loopback address only (a test issuer)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise WorkloadConfigError(f"{what} {url!r} is not a URL") from None
+    if parts.scheme == "https" and parts.hostname:
+        return
+    if parts.scheme == "http" and _is_loopback_host(parts.hostname):
+        return
+    raise WorkloadConfigError(f"{what} {url!r} must be https:// (http:// only to a loopback address)")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a redirect is an error: keys come from the URL named, nowhere else
+
+
+class Fetcher:
+    """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env)."""
+
+    def __init__(self, ca_file: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> None:
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        self.timeout = timeout
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), _NoRedirect(), urllib.request.HTTPSHandler(context=context)
+        )
+
+    def get(self, url: str) -> bytes:
+        check_url(url, "URL")
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                data = response.read(MAX_DOCUMENT_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            raise OSError(f"GET {url}: HTTP {e.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise OSError(f"GET {url}: {getattr(e, 'reason', e)}") from None
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise OSError(f"GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes")
+        return data
+
+
+class FileSource:
+    """A JWKS file (re-read when its content changes: a mounted ConfigMap or Secret)."""
+
+    max_age = 5.0
+    refetch_interval = 1.0
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fetch(self) -> bytes:
+        try:
+            return _read_bounded(self.path)
+        except WorkloadConfigError as e:
+            raise OSError(str(e)) from None
+
+    def __str__(self) -> str:
+        return f"JWKS file {self.path!r}"
+
+
+class DiscoverySource:
+    """The issuer's ``/.well-known/openid-configuration`` -> ``jwks_uri`` -> the JWKS."""
+
+    max_age = KEYS_MAX_AGE_SECONDS
+    refetch_interval = REFETCH_INTERVAL_SECONDS
+
+    def __init__(self, issuer: str, fetcher: Fetcher) -> None:
+        check_url(issuer, "--oidc-issuer")
+        self.issuer = issuer
+        self.fetcher = fetcher
+        self._jwks_uri: str | None = None
+
+    def fetch(self) -> bytes:
+        if self._jwks_uri is None:
+            url = self.issuer.rstrip("/") + DISCOVERY_PATH
+            try:
+                doc = json.loads(self.fetcher.get(url))
+            except ValueError:
+                raise OSError(f"{url}: not JSON") from None
+            if not isinstance(doc, dict) or doc.get("issuer") != self.issuer:
+                raise OSError(f"{url}: its issuer is not {self.issuer!r}")
+            jwks_uri = doc.get("jwks_uri")
+            if not isinstance(jwks_uri, str):
+                raise OSError(f"{url}: no jwks_uri")
+            try:
+                check_url(jwks_uri, "jwks_uri")
+            except WorkloadConfigError as e:
+                raise OSError(str(e)) from None
+            self._jwks_uri = jwks_uri
+        return self.fetcher.get(self._jwks_uri)
+
+    def __str__(self) -> str:
+        return f"OIDC discovery of {self.issuer}"
+
+
+class KeySet:
+    """The issuer's current keys; thread-safe. Fetches lazily: when older than the source's
+    ``max_age``, or for an unknown ``kid`` at most once per ``refetch_interval``. A failed fetch
+    keeps the keys it had."""
+
+    def __init__(self, source: FileSource | DiscoverySource, *, clock: Callable[[], float] = time.monotonic,
+                 max_age: float | None = None, refetch_interval: float | None = None) -> None:
+        self.source = source
+        self.max_age = source.max_age if max_age is None else max_age
+        self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._keys: dict[str | None, pyjwt.PyJWK] = {}
+        self._fetched_at: float | None = None  # last successful fetch
+        self._tried_at: float | None = None  # last attempt
+        self.fetches = 0
+
+    def load(self) -> None:
+        """Fetches now; raises WorkloadConfigError if that fails (used at start-up for a file)."""
+        with self._lock:
+            error = self._refresh()
+        if error is not None:
+            raise WorkloadConfigError(error)
+
+    def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
+        with self._lock:
+            now = self._clock()
+            stale = self._fetched_at is None or now - self._fetched_at >= self.max_age
+            if stale and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)):
+                self._refresh()
+            key = self._find(kid)
+            if key is None and (self._tried_at is None or self._clock() - self._tried_at >= self.refetch_interval):
+                self._refresh()
+                key = self._find(kid)
+            return key
+
+    def _find(self, kid: str | None) -> pyjwt.PyJWK | None:
+        if kid is None:
+            return next(iter(self._keys.values())) if len(self._keys) == 1 else None
+        return self._keys.get(kid)
+
+    def _refresh(self) -> str | None:
+        """Fetches the keys (the lock held); returns why it failed, or None."""
+        self._tried_at = self._clock()
+        self.fetches += 1
+        try:
+            keys = parse_jwks(self.source.fetch(), str(self.source))
+        except (OSError, WorkloadConfigError) as e:
+            log.warning("workload identity: cannot fetch keys from %s: %s", self.source, e)
+            return str(e)
+        self._keys = keys
+        self._fetched_at = self._clock()
+        return None
+
+
+# --- the verifier -------------------------------------------------------------------------------
+
+
+class WorkloadVerifier:
+    """Token -> WorkloadIdentity (or WorkloadRefused); thread-safe."""
+
+    def __init__(self, issuer: str, audience: str, keys: KeySet, user_map: UserMap, *,
+                 clock: Callable[[], float] = time.time, cache_size: int = CACHE_SIZE) -> None:
+        if not issuer:
+            raise WorkloadConfigError("the issuer is empty")
+        if not audience:
+            raise WorkloadConfigError("the audience is empty")
+        self.issuer = issuer
+        self.audience = audience
+        self.keys = keys
+        self.user_map = user_map
+        self._clock = clock
+        self._cache_size = cache_size
+        self._cache: OrderedDict[bytes, WorkloadIdentity] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    def is_workload_token(self, token: str) -> bool:
+        """Whether ``token`` claims to come from this issuer (unverified: it only routes the
+        token here, where it must then pass every check or be refused)."""
+        if len(token) > MAX_TOKEN_BYTES or token.count(".") != 2:
+            return False
+        try:
+            claims = pyjwt.decode(token, options={"verify_signature": False})
+        except (pyjwt.PyJWTError, ValueError, TypeError):
+            return False
+        return isinstance(claims, dict) and claims.get("iss") == self.issuer
+
+    def cached(self, token: str) -> WorkloadIdentity | None:
+        """A verified result still before its ``exp``, or None; cheap (no I/O, no signature)."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        with self._cache_lock:
+            hit = self._cache.get(digest)
+            if hit is None:
+                return None
+            if self._clock() < hit.expires_at:
+                self._cache.move_to_end(digest)
+                return hit
+            del self._cache[digest]
+            return None
+
+    def verify(self, token: str) -> WorkloadIdentity:
+        """May fetch keys (blocking I/O): call it off the event loop."""
+        hit = self.cached(token)
+        if hit is not None:
+            return hit
+        identity = self._verify(token)
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        with self._cache_lock:
+            self._cache[digest] = identity
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return identity
+
+    def _verify(self, token: str) -> WorkloadIdentity:
+        if len(token) > MAX_TOKEN_BYTES:
+            raise WorkloadRefused("token too large")
+        try:
+            header = pyjwt.get_unverified_header(token)
+        except pyjwt.PyJWTError:
+            raise WorkloadRefused("malformed token") from None
+        kid = header.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            raise WorkloadRefused("malformed kid")
+        key = self.keys.key_for(kid)
+        if key is None:
+            raise WorkloadRefused("unknown key id" if kid is not None else "no kid and not exactly one key")
+        algorithm = key.algorithm_name  # pinned to the key, never taken from the header
+        if header.get("alg") != algorithm:
+            raise WorkloadRefused(f"algorithm {str(header.get('alg'))[:16]!r} is not the key's ({algorithm})")
+        try:
+            claims = pyjwt.decode(
+                token, key=key.key, algorithms=[algorithm], audience=self.audience, issuer=self.issuer,
+                leeway=NBF_LEEWAY_SECONDS, options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except pyjwt.ExpiredSignatureError:
+            raise WorkloadRefused("expired") from None
+        except pyjwt.ImmatureSignatureError:
+            raise WorkloadRefused("not yet valid") from None
+        except pyjwt.InvalidAudienceError:
+            raise WorkloadRefused("wrong audience") from None
+        except pyjwt.InvalidIssuerError:
+            raise WorkloadRefused("wrong issuer") from None
+        except pyjwt.InvalidSignatureError:
+            raise WorkloadRefused("bad signature") from None
+        except pyjwt.PyJWTError as e:
+            raise WorkloadRefused(f"invalid token ({type(e).__name__})") from None
+        exp = claims["exp"]
+        if not isinstance(exp, int | float) or isinstance(exp, bool) or not math.isfinite(exp):
+            raise WorkloadRefused("bad exp")
+        if not self._clock() < exp:  # no leeway on exp: never used (or cached) past it
+            raise WorkloadRefused("expired")
+        subject = claims["sub"]
+        if not isinstance(subject, str) or not subject:
+            raise WorkloadRefused("bad sub")
+        user = self.user_map.user_for(subject)
+        if user is None:
+            raise WorkloadRefused(f"no rule maps subject {subject!r}")
+        return WorkloadIdentity(user, subject, float(exp))
+
+
+def build(issuer: str, audience: str, *, jwks_file: str | None, ca_file: str | None, user_map_file: str,
+          clock: Callable[[], float] = time.time) -> WorkloadVerifier:
+    """The verifier for the proxy's flags; a JWKS file is read now (a bad one fails start-up),
+    discovery is left for the first token (the issuer may not be reachable yet)."""
+    if ca_file and not os.path.isfile(ca_file):
+        raise WorkloadConfigError(f"CA file {ca_file!r} does not exist")
+    if jwks_file:
+        keys = KeySet(FileSource(jwks_file))
+        keys.load()
+    else:
+        try:
+            fetcher = Fetcher(ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise WorkloadConfigError(f"CA file {ca_file!r}: {e}") from None
+        keys = KeySet(DiscoverySource(issuer, fetcher))
+    return WorkloadVerifier(issuer, audience, keys, UserMap.from_file(user_map_file), clock=clock)
