@@ -398,7 +398,8 @@ def test_bootstrap_job_runs_its_own_proxy_as_a_native_sidecar() -> None:
 FILE_FLAGS = {
     "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file", "--peer-key-file", "--peer-trusted-ca-file",
     "--internal-secret-file", "--peer-secret-file", "--internal-cert", "--internal-key", "--internal-ca",
-    "--identity-file", "--identity-jwt-file", "--root-password-file", "--initial-root-password-file",
+    "--identity-file", "--identity-jwt-file", "--identity-oidc-token-file", "--root-password-file",
+    "--initial-root-password-file",
 }  # fmt: skip
 
 
@@ -765,7 +766,7 @@ def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
             "auth": {"token": {"type": "jwt"}},
             "sidecar": {
                 "store": {"fullname": "raftgate", "namespace": "raftgate"},
-                "identity": {"existingSecret": "app-identity", "serviceAccountToken": {"enabled": True}},
+                "identity": {"existingSecret": "app-identity"},
                 "listenClientUrls": "unix:///run/raftgate/etcd.sock",
             },
         }
@@ -783,14 +784,11 @@ def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
     assert f["--store-endpoints"] == "raftgate-store-headless.raftgate.svc.cluster.local:23790"
     assert f["--listen-client-urls"] == "unix:///run/raftgate/etcd.sock"
     assert f["--identity-file"] == "/etc/raftgate/identity"
-    assert f["--identity-jwt-file"] == "/var/run/secrets/raftgate/token"
     assert addr_port(f["--health-addr"]) == container_port(sidecar, "rg-health") == 9191
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["raftgate-proxy-tls"]["secret"]["secretName"] == "raftgate-proxy-tls"
     assert volumes["raftgate-jwt"]["secret"]["secretName"] == "raftgate-jwt"
     assert volumes["raftgate-identity"]["secret"]["secretName"] == "app-identity"
-    (sa,) = volumes["raftgate-sa-token"]["projected"]["sources"]
-    assert sa["serviceAccountToken"]["audience"] == "raftgate"
     for flag, path in file_args(sidecar).items():
         volume, key = source_of(pod, sidecar, path)
         assert volume["name"].startswith("raftgate-"), flag
@@ -836,7 +834,8 @@ def test_the_programs_accept_every_flag_the_chart_passes(tmp_path: Path) -> None
     app = make_app_chart(tmp_path)
     renders.append(
         render(
-            {"raftgate": {"sidecar": {"identity": {"existingSecret": "x", "serviceAccountToken": {"enabled": True}}}}},
+            {"raftgate": {"auth": {"workloadIdentity": {"enabled": True}},
+                          "sidecar": {"identity": {"serviceAccountToken": {"enabled": True}}}}},
             chart=app,
         )
     )

@@ -17,6 +17,8 @@ With sidecar.native (the default) the container belongs under initContainers (re
 {{- define "raftgate.path.shared" -}}/etc/raftgate/secret{{- end -}}
 {{- define "raftgate.path.identity" -}}/etc/raftgate/identity{{- end -}}
 {{- define "raftgate.path.saToken" -}}/var/run/secrets/raftgate{{- end -}}
+{{- define "raftgate.path.workload" -}}/etc/raftgate/workload{{- end -}}
+{{- define "raftgate.path.workloadKeys" -}}/etc/raftgate/workload-keys{{- end -}}
 
 {{/* Sidecar parameters from (dict "values" V "context" C), as YAML. */}}
 {{- define "raftgate.sidecar.params" -}}
@@ -51,6 +53,21 @@ identitySecret: {{ $v.sidecar.identity.existingSecret | quote }}
 saToken: {{ $v.sidecar.identity.serviceAccountToken.enabled }}
 saTokenAudience: {{ $v.sidecar.identity.serviceAccountToken.audience }}
 saTokenExpirationSeconds: {{ $v.sidecar.identity.serviceAccountToken.expirationSeconds }}
+{{- $wi := $v.auth.workloadIdentity }}
+oidc: {{ $wi.enabled }}
+oidcIssuer: {{ $wi.issuer | quote }}
+oidcAudience: {{ $wi.audience | quote }}
+oidcUserMap: {{ printf "%s-workload-identity" (include "raftgate.fullname" $root) }}
+oidcJwksConfigMap: {{ $wi.jwksConfigMap | quote }}
+{{- if and $v.sidecar.identity.serviceAccountToken.enabled (not $wi.enabled) }}
+{{- fail "sidecar.identity.serviceAccountToken needs auth.workloadIdentity.enabled (the sidecar verifies the token it lends)" }}
+{{- end }}
+{{- if and $v.sidecar.identity.serviceAccountToken.enabled $v.sidecar.identity.existingSecret }}
+{{- fail "sidecar.identity: existingSecret and serviceAccountToken.enabled are mutually exclusive" }}
+{{- end }}
+{{- if and $v.sidecar.identity.serviceAccountToken.enabled (ne $v.sidecar.identity.serviceAccountToken.audience $wi.audience) }}
+{{- fail "sidecar.identity.serviceAccountToken.audience must equal auth.workloadIdentity.audience" }}
+{{- end }}
 resources:
   {{- toYaml $v.sidecar.resources | nindent 2 }}
 securityContext:
@@ -133,8 +150,18 @@ localhost, which the internal certificate names; everything else goes to the lea
     {{- if .identitySecret }}
     - --identity-file={{ include "raftgate.path.identity" . }}
     {{- end }}
+    {{- if .oidc }}
+    - --oidc-issuer={{ .oidcIssuer }}
+    - --oidc-audience={{ .oidcAudience }}
+    - --oidc-user-map={{ include "raftgate.path.workload" . }}/user-map.json
+    {{- if .oidcJwksConfigMap }}
+    - --oidc-jwks-file={{ include "raftgate.path.workloadKeys" . }}/jwks.json
+    {{- else }}
+    - --oidc-ca-file={{ include "raftgate.path.workloadKeys" . }}/ca.crt
+    {{- end }}
+    {{- end }}
     {{- if .saToken }}
-    - --identity-jwt-file={{ include "raftgate.path.saToken" . }}/token
+    - --identity-oidc-token-file={{ include "raftgate.path.saToken" . }}/token
     {{- end }}
     {{- range .extraArgs }}
     - {{ . }}
@@ -206,6 +233,14 @@ localhost, which the internal certificate names; everything else goes to the lea
       mountPath: {{ include "raftgate.path.saToken" . }}
       readOnly: true
     {{- end }}
+    {{- if .oidc }}
+    - name: raftgate-workload
+      mountPath: {{ include "raftgate.path.workload" . }}
+      readOnly: true
+    - name: raftgate-workload-keys
+      mountPath: {{ include "raftgate.path.workloadKeys" . }}
+      readOnly: true
+    {{- end }}
     {{- if hasPrefix "unix://" .listen }}
     - name: raftgate-run
       mountPath: {{ dir (trimPrefix "unix://" .listen) }}
@@ -256,6 +291,27 @@ fsGroup, and these volumes are mounted only into the proxy container.
           audience: {{ .saTokenAudience }}
           expirationSeconds: {{ .saTokenExpirationSeconds }}
           path: token
+{{- end }}
+{{- if .oidc }}
+- name: raftgate-workload
+  configMap:
+    name: {{ .oidcUserMap }}
+    defaultMode: 0444
+- name: raftgate-workload-keys
+  configMap:
+    {{- if .oidcJwksConfigMap }}
+    name: {{ .oidcJwksConfigMap }}
+    items:
+      - key: jwks.json
+        path: jwks.json
+    {{- else }}
+    ## the cluster CA every namespace holds (kube-root-ca.crt), for https to the issuer
+    name: kube-root-ca.crt
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+    defaultMode: 0444
 {{- end }}
 {{- if hasPrefix "unix://" .listen }}
 - name: raftgate-run
