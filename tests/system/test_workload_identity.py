@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,19 @@ def test_a_workload_token_is_its_mapped_user_and_its_roles_decide(cluster: Clust
     assert refused(target, cart, put("/bank/a")) == DENIED
     assert call(target, reports, get("/shop/a")).kvs[0].value == b"v"  # type: ignore[attr-defined]
     assert refused(target, reports, put("/shop/a")) == DENIED
+    # a watch made with the token sees the user's writes
+    with grpc.insecure_channel(target) as channel:
+        requests: queue.Queue[rpc_pb2.WatchRequest | None] = queue.Queue()
+        create = rpc_pb2.WatchCreateRequest(key=b"/shop/", range_end=b"/shop0")
+        requests.put(rpc_pb2.WatchRequest(create_request=create))
+        stream = rpc_pb2_grpc.WatchStub(channel).Watch(iter(requests.get, None), metadata=(("token", reports),),
+                                                      timeout=30)
+        assert next(stream).created
+        call(target, cart, put("/shop/watched"))
+        events = next(stream).events
+        assert [e.kv.key for e in events] == [b"/shop/watched"]
+        requests.put(None)
+        stream.cancel()
     # every refusal of the token itself is etcd's invalid auth token
     for bad in (issuer.token("system:serviceaccount:bank:cart"),  # no rule
                 issuer.token("system:serviceaccount:ghost:x"),  # mapped to a user the store lacks
