@@ -11,7 +11,8 @@ A :class:`WorkloadVerifier` is given the issuer, the audience, a :class:`KeySet`
   (``oct``/HMAC) keys and ``none``;
 * ``iss`` equal to the issuer, ``aud`` containing the audience, ``exp`` (required, no leeway: a
   token is never used after it), ``nbf`` and ``iat`` with NBF_LEEWAY_SECONDS of clock skew;
-* ``sub`` mapped to a user by the first matching rule.
+* ``sub`` mapped to a user by the first matching rule (the map file is re-read when it changes,
+  e.g. a ConfigMap update, and the cached results are then forgotten).
 
 Keys come from a JWKS file or from the issuer's OIDC discovery document; they are fetched with
 bounded sizes and timeouts, by whichever thread verifies (callers on an event loop run
@@ -145,6 +146,51 @@ class UserMap:
             if rule.matches(subject):
                 return rule.user
         return None
+
+
+def _signature(path: str) -> tuple[int, int, int, int] | None:
+    """What changes when a file is replaced (a ConfigMap volume swaps a symlink) or rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class UserMapFile:
+    """A user map file, re-read when it changes (looked at no more than once per ``poll_interval``);
+    a change that does not parse keeps the rules that worked, with a warning."""
+
+    def __init__(self, path: str, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.poll_interval = poll_interval
+        self._clock = clock
+        self._signature = _signature(path)
+        self.current = UserMap.from_file(path)
+        self._checked_at = clock()
+        self._lock = threading.Lock()
+
+    def poll(self) -> bool:
+        """True when the rules changed."""
+        with self._lock:
+            now = self._clock()
+            if now - self._checked_at < self.poll_interval:
+                return False
+            self._checked_at = now
+            signature = _signature(self.path)
+            if signature is None or signature == self._signature:
+                return False
+            try:
+                rules = UserMap.from_file(self.path)
+            except WorkloadConfigError as e:
+                log.warning("workload identity: the changed user map cannot be used (keeping the last): %s", e)
+                return False
+            self._signature = signature
+            if rules.rules == self.current.rules:
+                return False
+            self.current = rules
+            log.info("workload identity: user map %s changed (%d rules)", self.path, len(rules.rules))
+            return True
 
 
 # --- keys ---------------------------------------------------------------------------------------
@@ -352,7 +398,7 @@ class KeySet:
 class WorkloadVerifier:
     """Token -> WorkloadIdentity (or WorkloadRefused); thread-safe."""
 
-    def __init__(self, issuer: str, audience: str, keys: KeySet, user_map: UserMap, *,
+    def __init__(self, issuer: str, audience: str, keys: KeySet, user_map: UserMap | UserMapFile, *,
                  clock: Callable[[], float] = time.time, cache_size: int = CACHE_SIZE) -> None:
         if not issuer:
             raise WorkloadConfigError("the issuer is empty")
@@ -366,6 +412,7 @@ class WorkloadVerifier:
         self._cache_size = cache_size
         self._cache: OrderedDict[bytes, WorkloadIdentity] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self._generation = 0  # bumped when the map changes: a result mapped by the old one is not cached
 
     def is_workload_token(self, token: str) -> bool:
         """Whether ``token`` claims to come from this issuer (unverified: it only routes the
@@ -378,8 +425,20 @@ class WorkloadVerifier:
             return False
         return isinstance(claims, dict) and claims.get("iss") == self.issuer
 
+    def _rules(self) -> UserMap:
+        """The current rules; a changed map file forgets every cached result (mapped by the old)."""
+        if isinstance(self.user_map, UserMap):
+            return self.user_map
+        if self.user_map.poll():
+            with self._cache_lock:
+                self._cache.clear()
+                self._generation += 1
+        return self.user_map.current
+
     def cached(self, token: str) -> WorkloadIdentity | None:
-        """A verified result still before its ``exp``, or None; cheap (no I/O, no signature)."""
+        """A verified result still before its ``exp``, or None; cheap (no signature; a stat of the
+        map file at most once a second)."""
+        self._rules()
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         with self._cache_lock:
             hit = self._cache.get(digest)
@@ -396,9 +455,12 @@ class WorkloadVerifier:
         hit = self.cached(token)
         if hit is not None:
             return hit
+        generation = self._generation
         identity = self._verify(token)
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         with self._cache_lock:
+            if generation != self._generation:
+                return identity
             self._cache[digest] = identity
             self._cache.move_to_end(digest)
             while len(self._cache) > self._cache_size:
@@ -446,7 +508,7 @@ class WorkloadVerifier:
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise WorkloadRefused("bad sub")
-        user = self.user_map.user_for(subject)
+        user = self._rules().user_for(subject)
         if user is None:
             raise WorkloadRefused(f"no rule maps subject {subject!r}")
         return WorkloadIdentity(user, subject, float(exp))
@@ -467,4 +529,4 @@ def build(issuer: str, audience: str, *, jwks_file: str | None, ca_file: str | N
         except (OSError, ssl.SSLError) as e:
             raise WorkloadConfigError(f"CA file {ca_file!r}: {e}") from None
         keys = KeySet(DiscoverySource(issuer, fetcher))
-    return WorkloadVerifier(issuer, audience, keys, UserMap.from_file(user_map_file), clock=clock)
+    return WorkloadVerifier(issuer, audience, keys, UserMapFile(user_map_file), clock=clock)

@@ -23,6 +23,7 @@ from raftgate.workload_identity import (
     FileSource,
     KeySet,
     UserMap,
+    UserMapFile,
     WorkloadConfigError,
     WorkloadRefused,
     WorkloadVerifier,
@@ -241,3 +242,22 @@ def test_jwks_file_is_reread_when_it_changes(tmp_path: Path, issuer: TestIssuer)
 def test_bad_user_maps_are_start_up_errors(text: str) -> None:
     with pytest.raises(WorkloadConfigError):
         UserMap.from_json(text)
+
+
+def test_a_changed_user_map_is_used_and_forgets_cached_results(tmp_path: Path, issuer: TestIssuer) -> None:
+    """A ConfigMap update takes effect without a restart; a broken update keeps the last good map."""
+    jwks, rules = tmp_path / "jwks.json", tmp_path / "map.json"
+    jwks.write_text(json.dumps(issuer.jwks()))
+    rules.write_text(json.dumps(RULES))
+    v = build(issuer.url, AUDIENCE, jwks_file=str(jwks), ca_file=None, user_map_file=str(rules))
+    assert isinstance(v.user_map, UserMapFile)
+    v.user_map.poll_interval = 0
+    token = issuer.token("system:serviceaccount:shop:checkout")
+    assert v.verify(token).user == "shop"
+    rules.write_text(json.dumps([{"match": "system:serviceaccount:shop:checkout", "user": "checkout"}]))
+    assert v.cached(token) is None  # mapped by the old rules: forgotten
+    assert v.verify(token).user == "checkout"
+    rules.write_text("[{not json")
+    assert v.verify(token).user == "checkout"
+    rules.write_text("[]")
+    assert refused(v, token).startswith("no rule maps")
