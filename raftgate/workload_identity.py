@@ -220,7 +220,7 @@ def parse_jwks(data: bytes, where: str) -> dict[str | None, pyjwt.PyJWK]:
               and k.get("use", "sig") == "sig"]
     try:
         keyset = pyjwt.PyJWKSet.from_dict({"keys": usable})
-    except pyjwt.PyJWTError as e:
+    except (pyjwt.PyJWTError, ValueError, TypeError, KeyError) as e:
         raise WorkloadConfigError(f"{where}: no usable signing key ({e})") from None
     keys: dict[str | None, pyjwt.PyJWK] = {}
     for key in keyset.keys:
@@ -331,7 +331,11 @@ class DiscoverySource:
             except WorkloadConfigError as e:
                 raise OSError(str(e)) from None
             self._jwks_uri = jwks_uri
-        return self.fetcher.get(self._jwks_uri)
+        try:
+            return self.fetcher.get(self._jwks_uri)
+        except OSError:
+            self._jwks_uri = None  # discovered again next time: the issuer may have moved its keys
+            raise
 
     def __str__(self) -> str:
         return f"OIDC discovery of {self.issuer}"

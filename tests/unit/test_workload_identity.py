@@ -30,6 +30,7 @@ from raftgate.workload_identity import (
     build,
 )
 from tests.support.oidc_issuer import AUDIENCE, DISCOVERY, JWKS, TestIssuer, public_jwk, rsa_key, running_issuer
+from tests.support.processes import free_port
 
 RULES = [
     {"match": "system:serviceaccount:shop:cart", "user": "cart"},
@@ -261,3 +262,16 @@ def test_a_changed_user_map_is_used_and_forgets_cached_results(tmp_path: Path, i
     assert v.verify(token).user == "checkout"
     rules.write_text("[]")
     assert refused(v, token).startswith("no rule maps")
+
+
+def test_an_oversized_or_unreachable_issuer_gives_no_keys(issuer: TestIssuer) -> None:
+    """Bounded reads: a JWKS over 256 KiB is not used; a closed port refuses, nothing hangs."""
+    issuer.published.append({"kty": "RSA", "kid": "pad", "padding": "x" * (300 * 1024)})
+    try:
+        assert refused(verifier(issuer), issuer.token()) == "unknown key id"
+    finally:
+        issuer.published.pop()
+    closed = f"http://127.0.0.1:{free_port()}"
+    v = WorkloadVerifier(closed, AUDIENCE, KeySet(DiscoverySource(closed, fetcher())),
+                         UserMap.from_json(json.dumps(RULES)))
+    assert refused(v, issuer.token(iss=closed)) == "unknown key id"
