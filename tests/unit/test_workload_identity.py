@@ -275,3 +275,17 @@ def test_an_oversized_or_unreachable_issuer_gives_no_keys(issuer: TestIssuer) ->
     v = WorkloadVerifier(closed, AUDIENCE, KeySet(DiscoverySource(closed, fetcher())),
                          UserMap.from_json(json.dumps(RULES)))
     assert refused(v, issuer.token(iss=closed)) == "unknown key id"
+
+
+def test_discovery_over_https_trusts_the_ca_file(tmp_path: Path) -> None:
+    """--oidc-ca-file: the issuer's certificate is checked against it (and only then trusted)."""
+    with running_issuer(tmp_path) as tls_issuer:
+        assert tls_issuer.url.startswith("https://127.0.0.1:")
+        rules = tmp_path / "map.json"
+        rules.write_text(json.dumps(RULES))
+        v = build(tls_issuer.url, AUDIENCE, jwks_file=None, ca_file=str(tmp_path / "ca.pem"),
+                  user_map_file=str(rules))
+        assert v.verify(tls_issuer.token()).user == "cart"
+        untrusting = WorkloadVerifier(tls_issuer.url, AUDIENCE, KeySet(DiscoverySource(tls_issuer.url, fetcher())),
+                                      UserMap.from_json(json.dumps(RULES)))
+        assert refused(untrusting, tls_issuer.token()) == "unknown key id"  # system CAs: not trusted
