@@ -64,7 +64,8 @@ WORKLOAD_USERS_CACHED = 4096
 
 
 class Resolver:
-    """Resolves tokens with the configured provider: simple (store-backed cache) or JWT (local)."""
+    """Resolves tokens with the configured provider: simple (store-backed cache) or JWT (local);
+    with ``workload``, Kubernetes workload tokens (by their issuer) first."""
 
     def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None,
                  workload: WorkloadVerifier | None = None) -> None:
