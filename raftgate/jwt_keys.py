@@ -363,7 +363,7 @@ def _asymmetric(alg: str, priv: Any, pub: tuple[VerifyKey, ...], *, single_pub: 
     if priv is None:
         return KeyMaterial(None, pub)
     own = pem_key(alg, priv)
-    if single_pub and _public_der(priv.public_key()) != _public_der(pub[0].key):
+    if single_pub and pub and _public_der(priv.public_key()) != _public_der(pub[0].key):
         raise KeyLoadError("public and private keys don't match", KeyLoadError.MISMATCH)
     material = KeyMaterial(SigningKey(own.kid, alg, priv), _unique([own, *pub]))
     _probe(material)
@@ -445,6 +445,12 @@ def _snapshot(signing: SigningKey | None, current: tuple[VerifyKey, ...],
         if key.kid is not None:
             by_kid[key.kid] = (key, None)
     return _Snapshot(signing, current, retired, remote, by_kid)
+
+
+def _same_signing(a: SigningKey | None, b: SigningKey | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.alg == b.alg and (a.kid == b.kid if a.kid is not None else a.key == b.key)
 
 
 class KeyRing:
@@ -556,12 +562,15 @@ class KeyRing:
     def _install(self, material: KeyMaterial) -> bool:
         snap, now = self._snap, self._clock()
         new = {k.ident for k in material.verify}
-        if new == {k.ident for k in snap.current} and material.signing == snap.signing:
+        if new == {k.ident for k in snap.current} and _same_signing(material.signing, snap.signing):
             return False
         retired = [(k, until) for k, until in snap.retired if now < until and k.ident not in new]
         retired += [(k, now + self.retain_seconds) for k in snap.current if k.ident not in new]
         self._snap = _snapshot(material.signing, material.verify, tuple(retired[-MAX_RETIRED:]), snap.remote)
         return True
+
+    def remote_keys(self) -> tuple[VerifyKey, ...]:
+        return self._snap.remote
 
     def set_remote(self, keys: tuple[VerifyKey, ...]) -> None:
         """The keys fetched from a JWKS URL, replacing the previous fetch's."""
@@ -737,6 +746,8 @@ class JwksFollower:
             log.warning("JWKS not refreshed, keeping the keys fetched before: %s", e)
             self._on_reload("jwks_url", ERROR)
             return False
+        if {k.kid for k in keys} != {k.kid for k in self.ring.remote_keys()}:
+            log.info("JWKS from %s: now %d key(s)", self.url, len(keys))
         self.ring.set_remote(keys)
         self._on_reload("jwks_url", OK)
         return True
