@@ -307,7 +307,8 @@ def test_a_verify_only_ring_follows_the_published_jwks(tmp_path: Path, rsa_keys:
     async def go() -> None:
         obs = await start_observability(ObserveConfig(metrics_addr=ListenAddr("127.0.0.1", 0)),
                                         registry=CollectorRegistry(),
-                                        documents={JWKS_PATH: signer.jwks_document, "/none": lambda: None})
+                                        documents={JWKS_PATH: signer.jwks_document, "/none": lambda: None,
+                                                   "/huge": lambda: b" " * (2 << 20)})
         try:
             url = f"http://{obs.metrics_address}{JWKS_PATH}"
             ring = KeyRing("RS256", KeyMaterial(None, ()), retain_seconds=TTL, clock=clock)
@@ -328,10 +329,11 @@ def test_a_verify_only_ring_follows_the_published_jwks(tmp_path: Path, rsa_keys:
             # A kid nobody has: at most one more fetch per min_interval, however many ask.
             await asyncio.gather(*(verifier.refresh_keys("nobody-has-it") for _ in range(5)))
             assert len(reloads) - before <= 3
-            bad = JwksFollower(ring, f"http://{obs.metrics_address}/none",
-                               on_reload=lambda source, result: reloads.append((source, result)))
-            assert not await bad.refresh()
-            assert reloads[-1] == ("jwks_url", "error")
+            for path in ("/none", "/huge"):  # 404 (an HMAC signer publishes nothing); over the size bound
+                bad = JwksFollower(ring, f"http://{obs.metrics_address}{path}",
+                                   on_reload=lambda source, result: reloads.append((source, result)))
+                assert not await bad.refresh()
+                assert reloads[-1] == ("jwks_url", "error")
             assert verifier.verify(new) is not None  # a failed fetch keeps the keys fetched before
         finally:
             await obs.close(0)
