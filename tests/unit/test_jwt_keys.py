@@ -339,3 +339,21 @@ def test_a_verify_only_ring_follows_the_published_jwks(tmp_path: Path, rsa_keys:
             await obs.close(0)
 
     asyncio.run(go())
+
+
+def test_a_cached_token_without_exp_dies_with_its_key(tmp_path: Path, rsa_keys: list[Any]) -> None:
+    """A token without ``exp`` (etcd: never expires) is not answered from the cache forever: once its
+    key has left the files and the retention passed, it is refused like an uncached one."""
+    clock = Clock()
+    vol = SecretVolume(tmp_path / "secret")
+    vol.publish({"jwt.pub": _pub_pem(rsa_keys[0])})
+    ring = KeyRing.from_files("RS256", None, vol.path("jwt.pub"), retain_seconds=TTL, clock=clock, poll_interval=0)
+    provider = JwtProvider("RS256", ttl_ns=int(TTL * 1e9), clock=clock, keys=ring)
+    token = _mint(rsa_keys[0])
+    assert provider.verify(token) is not None
+    vol.publish({"jwt.pub": _pub_pem(rsa_keys[1])})
+    assert provider.verify(_mint(rsa_keys[1])) is not None  # (the poll sees the new file)
+    clock.now += TTL - 1
+    assert provider.verify(token) is not None
+    clock.now += 2
+    assert provider.verify(token) is None
