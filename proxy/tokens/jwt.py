@@ -98,7 +98,8 @@ class JwtProvider:
         self.keys = keys
         self.follower = follower
         self.verify_only = keys.signing is None
-        self._cache: OrderedDict[str, JwtIdentity] = OrderedDict()
+        #: token -> (identity, when to check it again: tokens without exp only)
+        self._cache: OrderedDict[str, tuple[JwtIdentity, float | None]] = OrderedDict()
 
     @classmethod
     def from_options(cls, options: dict[str, str], *, clock: Callable[[], float] = time.time) -> JwtProvider:
@@ -166,24 +167,30 @@ class JwtProvider:
         return self.keys.jwks_document()
 
     def verify(self, token: str) -> JwtIdentity | None:
-        """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims)."""
+        """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims).
+
+        A cached token is answered until its ``exp``; one without ``exp`` is checked again after a
+        ``ttl``, so it stops verifying once its key has been dropped (rotation)."""
         now = self._clock()
         hit = self._cache.get(token)
         if hit is not None:
-            if hit.expires_at is None or now < hit.expires_at:
+            identity, recheck_at = hit
+            if identity.expires_at is not None and not now < identity.expires_at:
+                del self._cache[token]
+                metrics.token_validation("jwt", "expired")
+                return None
+            if recheck_at is None or now < recheck_at:
                 self._cache.move_to_end(token)
                 metrics.token_validation("jwt", "cache_hit")
-                return hit
+                return identity
             del self._cache[token]
-            metrics.token_validation("jwt", "expired")
-            return None
-        identity, result = self._verify_with_result(token)
+        found, result = self._verify_with_result(token)
         metrics.token_validation("jwt", result)
-        if identity is not None:
-            self._cache[token] = identity
+        if found is not None:
+            self._cache[token] = (found, now + self.ttl_seconds if found.expires_at is None else None)
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-        return identity
+        return found
 
     def _verify_with_result(self, token: str) -> tuple[JwtIdentity | None, metrics.TokenResult]:
         """The identity, and the result label a validation counts as (``expired`` vs ``invalid``)."""
