@@ -101,7 +101,8 @@ def _parser() -> FlagParser:
     p.add_argument("--internal-key", help="client key (PEM) for mTLS to the store")
     p.add_argument("--internal-ca", help="CA bundle (PEM) that signed the store's certificate")
     p.add_argument("--auth-token", default=SIMPLE,
-                   help='"simple" (default), "jwt,pub-key=..,priv-key=..,sign-method=..,ttl=.." or ""')
+                   help='"simple" (default), "jwt,pub-key=..,priv-key=..,sign-method=..,ttl=.." or ""; jwt also '
+                        'takes jwks-url=.. (and jwks-ca=..) to follow another proxy\'s /.well-known/jwks.json')
     p.add_argument("--auth-token-ttl", default=DEFAULT_TOKEN_TTL,
                    help=f"simple token sliding TTL in seconds (default {DEFAULT_TOKEN_TTL})")
     p.add_argument("--bcrypt-cost", default=DEFAULT_COST,

@@ -95,6 +95,9 @@ class Resolver:
                     return UNRESOLVED
                 return await self._refuse(token, timeout)
         if self._jwt is not None:
+            kid = self._jwt.unknown_kid(token)
+            if kid is not None:  # following a JWKS URL: a key the signer added since the last fetch
+                await self._jwt.refresh_keys(kid)
             found = self._jwt.verify(token)
             if found is not None:
                 return Identity(found.username, found.revision, expires_at=found.expires_at)

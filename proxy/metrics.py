@@ -90,6 +90,12 @@ IDENTITY_RELOADS = Counter(
     "Sidecar identity mode: identity files re-read after they changed, by result.",
     ["result"],
 )
+JWT_KEY_RELOADS = Counter(
+    "raftgate_proxy_jwt_key_reloads_total",
+    "JWT keys re-read after their files changed (source files) or fetched from jwks-url (source jwks_url), "
+    "by result; an error keeps the keys in force.",
+    ["source", "result"],
+)
 
 # Zero series for the closed label sets, so rates and alerts work before the first event.
 for _r in AUTH_RESULTS:
@@ -97,6 +103,9 @@ for _r in AUTH_RESULTS:
 for _k in TOKEN_KINDS:
     for _t in TOKEN_RESULTS:
         TOKEN_VALIDATIONS.labels(_k, _t)
+for _source in ("files", "jwks_url"):
+    for _result in ("ok", "error"):
+        JWT_KEY_RELOADS.labels(_source, _result)
 for _op in BCRYPT_OPERATIONS:
     BCRYPT_DURATION.labels(_op)
     BCRYPT_QUEUE_DEPTH.labels(_op)

@@ -9,6 +9,8 @@ reaches the network.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -30,6 +32,7 @@ from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.jwt_keys import JWKS_PATH
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import Observability, start_observability
 
@@ -74,6 +77,7 @@ class ProxyServer:
         if others:
             self._servers.append((self._grpc_server(self.pipeline), others))
         self.observability: Observability | None = None
+        self._jwks_task: asyncio.Task[None] | None = None
         self.addresses: list[str] = []
         # The JSON gateway calls the same handlers (never the lending pipeline: no identity over HTTP).
         self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes) \
@@ -115,7 +119,12 @@ class ProxyServer:
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ["", *self._service_names]:
             await self.health.set(name, serving)
-        self.observability = await start_observability(self.config.observe, self.health)
+        jwt = self.config.jwt
+        if jwt is not None and jwt.follower is not None:
+            await jwt.follower.refresh()  # bounded: a signer that is not up yet is retried periodically
+            self._jwks_task = asyncio.get_running_loop().create_task(jwt.follower.run())
+        self.observability = await start_observability(self.config.observe, self.health,
+                                                       documents={JWKS_PATH: self._jwks_document})
         if self.sidecar is not None and self._servers:
             lent_on = ", ".join(self._servers[0][1])
             log.info("sidecar identity mode: token-less local requests on %s are sent as the configured identity",
@@ -129,10 +138,19 @@ class ProxyServer:
             await self.gateway.stop()
         for server, _ in self._servers:
             await server.stop(grace)
+        if self._jwks_task is not None:
+            self._jwks_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._jwks_task
+            self._jwks_task = None
         if self.observability is not None:
             await self.observability.close()
         await self.store.close()
         self.hasher.close()
+
+    def _jwks_document(self) -> bytes | None:
+        """The JWT public keys for verify-only proxies (``jwks-url``); 404 without JWT or with HMAC."""
+        return None if self.config.jwt is None else self.config.jwt.jwks_document()
 
     async def wait(self) -> None:
         for server, _ in self._servers:

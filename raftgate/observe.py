@@ -17,9 +17,10 @@ import asyncio
 import ipaddress
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from threading import Thread
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -126,15 +127,21 @@ async def start_observability(
     health_servicer: health.aio.HealthServicer | None = None,
     *,
     registry: CollectorRegistry = REGISTRY,
+    documents: Mapping[str, Callable[[], bytes | None]] | None = None,
 ) -> Observability:
     """Starts what ``config`` asks for; raises OSError naming the flag if an address cannot be bound.
 
     Pass the main server's HealthServicer so the health port reports the main port's status.
+    ``documents``: more paths on the metrics port, each a JSON document made on request (None: 404),
+    e.g. the proxy's ``/.well-known/jwks.json``.
     """
     obs = Observability(health_servicer or health.aio.HealthServicer())
     try:
         if config.metrics_addr is not None:
             obs.metrics_address = _start_metrics(obs, config.metrics_addr, registry)
+            if documents:
+                assert obs._httpd is not None
+                obs._httpd.set_app(_with_documents(obs._httpd.get_app(), dict(documents)))
             log.info("serving Prometheus metrics on http://%s/metrics", obs.metrics_address)
         if config.health_addr is not None:
             obs.health_address = await _start_health(obs, config.health_addr)
@@ -152,6 +159,32 @@ def _start_metrics(obs: Observability, addr: ListenAddr, registry: CollectorRegi
         raise OSError(f"--metrics-addr: cannot listen on {addr}: {exc.strerror or exc}") from None
     port = obs._httpd.server_address[1]
     return str(ListenAddr(addr.host, int(port)))
+
+
+def _with_documents(app: Callable[..., Iterable[bytes]], documents: dict[str, Callable[[], bytes | None]]
+                    ) -> Callable[..., Iterable[bytes]]:
+    """prometheus_client's WSGI app, with ``documents`` answered first (GET/HEAD, JSON)."""
+
+    def dispatch(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        make = documents.get(environ.get("PATH_INFO", ""))
+        if make is None:
+            return app(environ, start_response)
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
+            return [b""]
+        try:
+            body = make()
+        except Exception:  # a bug in one document must not take the metrics server down
+            log.exception("cannot make %s", environ.get("PATH_INFO"))
+            start_response("500 Internal Server Error", [("Content-Length", "0")])
+            return [b""]
+        if body is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "10")])
+            return [b"not found\n"]
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    return dispatch
 
 
 async def _start_health(obs: Observability, addr: ListenAddr) -> str:

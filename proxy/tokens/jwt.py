@@ -1,10 +1,12 @@
 """JWT tokens (``--auth-token jwt,...``): signed by the proxy, verified locally without the store.
 
-Claims are exactly etcd's ``{username, revision, exp}``. Verification pins the configured
-algorithm (no ``none``, no algorithm confusion), validates ``exp``/``nbf`` when present (an
-externally minted token without ``exp`` never expires, as in etcd), and requires ``username`` to be
-a string and ``revision`` a JSON number that fits a uint64. Successful verifications are cached by
-token until they expire, so steady traffic costs one dict lookup instead of a signature check.
+Claims are exactly etcd's ``{username, revision, exp}``; the header adds the signing key's ``kid``.
+The keys (``raftgate/jwt_keys.py``) are re-read when their files change, several may verify, and
+each is pinned to its algorithm (no ``none``, no algorithm confusion). Verification validates
+``exp``/``nbf`` when present (an externally minted token without ``exp`` never expires, as in
+etcd), and requires ``username`` to be a string and ``revision`` a JSON number that fits a uint64.
+Successful verifications are cached by token until they expire, so steady traffic costs one dict
+lookup instead of a signature check.
 """
 
 from __future__ import annotations
@@ -18,12 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jwt as pyjwt
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from jwt.algorithms import HMACAlgorithm
-
 from proxy import metrics
 from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.extract import fingerprint
@@ -34,37 +30,29 @@ from proxy.tokens.options import (
     ERR_MISSING_KEY,
     AuthOptionError,
 )
+from raftgate import jwt_keys
 from raftgate.errors import Err, EtcdError
+from raftgate.jwt_keys import HMAC_ALGORITHMS, SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_NS = 5 * 60 * 1_000_000_000
-MAX_TOKEN_BYTES = 16 * 1024
-MAX_KEY_FILE_BYTES = 1024 * 1024
+MAX_TOKEN_BYTES = jwt_keys.MAX_TOKEN_BYTES
 CACHE_SIZE = 4096
-KNOWN_OPTIONS = frozenset({"sign-method", "pub-key", "priv-key", "ttl"})
+KNOWN_OPTIONS = frozenset({"sign-method", "pub-key", "priv-key", "ttl", "jwks-url", "jwks-ca"})
 
-_HMAC = {"HS256": HMACAlgorithm.SHA256, "HS384": HMACAlgorithm.SHA384, "HS512": HMACAlgorithm.SHA512}
-_RSA = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
-_EC_CURVES: dict[str, type[ec.EllipticCurve]] = {"ES256": ec.SECP256R1, "ES384": ec.SECP384R1, "ES512": ec.SECP521R1}
-SUPPORTED_ALGORITHMS = frozenset({*_HMAC, *_RSA, *_EC_CURVES, "EdDSA"})
+_ETCD_TEXT = {
+    KeyLoadError.INVALID: ERR_INVALID_AUTH_OPTS,
+    KeyLoadError.MISSING: ERR_MISSING_KEY,
+    KeyLoadError.MISMATCH: ERR_KEY_MISMATCH,
+}
 
 
-class _RawHMAC(HMACAlgorithm):
-    """HMAC whose secret is the key file's raw bytes, whatever they look like (etcd's rule).
-
-    PyJWT refuses PEM-looking HMAC secrets to stop algorithm confusion; here the algorithm is
-    pinned and the secret is never a public key we also verify with, so the guard is not needed.
-    """
-
-    def prepare_key(self, key: str | bytes) -> bytes:
-        key_bytes = key.encode() if isinstance(key, str) else bytes(key)
-        if not key_bytes:
-            raise pyjwt.InvalidKeyError("HMAC key must not be empty")
-        return key_bytes
-
-    def check_key_length(self, key: Any) -> str | None:
-        return None
+def _option_error(e: KeyLoadError) -> AuthOptionError:
+    """etcd's start-up error for a key that cannot be used (``auth: public and private keys don't match``
+    carries no detail, as in etcd)."""
+    text = _ETCD_TEXT[e.reason]
+    return AuthOptionError(text) if e.reason == KeyLoadError.MISMATCH else AuthOptionError(text, str(e))
 
 
 @dataclass(frozen=True)
@@ -74,58 +62,13 @@ class JwtIdentity:
     expires_at: float | None
 
 
-def _read_key_file(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as e:
-        raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"cannot read key file {path!r}: {e.strerror}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"key file {path!r} is too large")
-    return data
-
-
-def _load_private(alg: str, data: bytes) -> Any:
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as e:
-        raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"priv-key is not a PEM private key for {alg} ({e})") from None
-    _check_key_family(alg, key, "priv-key")
-    return key
-
-
-def _load_public(alg: str, data: bytes) -> Any:
-    """A PEM public key, or the public key of a PEM X.509 certificate (etcd accepts both)."""
-    try:
-        if b"-----BEGIN CERTIFICATE-----" in data:
-            key = x509.load_pem_x509_certificate(data).public_key()
-        else:
-            key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as e:
-        raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"pub-key is not a PEM public key for {alg} ({e})") from None
-    _check_key_family(alg, key, "pub-key")
-    return key
-
-
-def _check_key_family(alg: str, key: Any, what: str) -> None:
-    if alg in _RSA:
-        ok = isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey)
-    elif alg in _EC_CURVES:
-        ok = isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) and isinstance(
-            key.curve, _EC_CURVES[alg]
-        )
-    else:
-        ok = isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey)
-    if not ok:
-        raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"{what} is not a key for {alg}")
-
-
-def _public_der(key: Any) -> bytes:
-    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+def _key_reloaded(source: str, result: str) -> None:
+    metrics.JWT_KEY_RELOADS.labels(source, result).inc()
 
 
 class JwtProvider:
-    """Signs and verifies etcd-compatible JWTs with one pinned algorithm."""
+    """Signs and verifies etcd-compatible JWTs with the keys of a :class:`KeyRing` (each key with its
+    pinned algorithm), following a JWKS URL when ``follower`` is given."""
 
     def __init__(
         self,
@@ -135,7 +78,10 @@ class JwtProvider:
         public_key: bytes | None = None,
         ttl_ns: int = DEFAULT_TTL_NS,
         clock: Callable[[], float] = time.time,
+        keys: KeyRing | None = None,
+        follower: JwksFollower | None = None,
     ) -> None:
+        """Keys come from ``keys`` (files that may change), or else from the bytes given (fixed)."""
         if sign_method not in SUPPORTED_ALGORITHMS:
             raise AuthOptionError(ERR_INVALID_AUTH_METHOD, f"unsupported sign-method {sign_method!r}")
         if ttl_ns <= 0:
@@ -143,32 +89,22 @@ class JwtProvider:
         self.algorithm = sign_method
         self.ttl_seconds = ttl_ns / 1e9
         self._clock = clock
-        self._jws = pyjwt.PyJWS(algorithms=[sign_method])
-        self._sign_key: Any = None
-        self._verify_key: Any
-        if sign_method in _HMAC:
-            if not private_key:
-                raise AuthOptionError(ERR_MISSING_KEY, f"{sign_method} needs priv-key (the shared secret)")
-            self._jws.unregister_algorithm(sign_method)
-            self._jws.register_algorithm(sign_method, _RawHMAC(_HMAC[sign_method]))
-            self._sign_key = self._verify_key = bytes(private_key)
-        else:
-            priv = _load_private(sign_method, private_key) if private_key else None
-            pub = _load_public(sign_method, public_key) if public_key else None
-            if priv is None and pub is None:
-                raise AuthOptionError(ERR_MISSING_KEY, f"{sign_method} needs priv-key and/or pub-key")
-            if priv is not None and pub is not None and _public_der(priv.public_key()) != _public_der(pub):
-                raise AuthOptionError(ERR_KEY_MISMATCH)
-            self._sign_key = priv
-            self._verify_key = pub if priv is None else priv.public_key()
-        self.verify_only = self._sign_key is None
-        self._cache: OrderedDict[str, JwtIdentity] = OrderedDict()
-        if not self.verify_only:
-            self._probe()
+        if keys is None:
+            try:
+                material = jwt_keys.material_from_bytes(sign_method, private_key, public_key)
+            except KeyLoadError as e:
+                raise _option_error(e) from None
+            keys = KeyRing(sign_method, material, retain_seconds=self.ttl_seconds, clock=clock)
+        self.keys = keys
+        self.follower = follower
+        self.verify_only = keys.signing is None
+        #: token -> (identity, when to check it again: tokens without exp only)
+        self._cache: OrderedDict[str, tuple[JwtIdentity, float | None]] = OrderedDict()
 
     @classmethod
     def from_options(cls, options: dict[str, str], *, clock: Callable[[], float] = time.time) -> JwtProvider:
-        """Builds the provider from etcd's ``jwt,`` options (``sign-method``, ``pub-key``, ``priv-key``, ``ttl``)."""
+        """Builds the provider from etcd's ``jwt,`` options (``sign-method``, ``pub-key``, ``priv-key``,
+        ``ttl``) and raftgate's ``jwks-url`` / ``jwks-ca``. Key files are re-read when they change."""
         unknown = sorted(set(options) - KNOWN_OPTIONS)
         if unknown:
             log.warning("unknown JWT options ignored: %s", ", ".join(unknown))
@@ -178,66 +114,95 @@ class JwtProvider:
                 ttl_ns = parse_go_duration(options["ttl"])
             except ValueError as e:
                 raise AuthOptionError(ERR_INVALID_AUTH_OPTS, str(e)) from None
-        pub = _read_key_file(options["pub-key"]) if options.get("pub-key") else None
-        priv = _read_key_file(options["priv-key"]) if options.get("priv-key") else None
+        pub, priv, url = options.get("pub-key") or None, options.get("priv-key") or None, options.get("jwks-url")
+        try:
+            for path in (pub, priv):  # etcd reads both files first, whatever the method
+                if path is not None and not jwt_keys.is_directory(path):
+                    jwt_keys.read_key_file(path)
+        except KeyLoadError as e:
+            raise _option_error(e) from None
         method = options.get("sign-method", "")
         if method not in SUPPORTED_ALGORITHMS:
             raise AuthOptionError(ERR_INVALID_AUTH_METHOD, f"unsupported sign-method {method!r}")
-        return cls(method, private_key=priv, public_key=pub, ttl_ns=ttl_ns, clock=clock)
-
-    def _probe(self) -> None:
-        """Signs and verifies once at start-up, so a key that cannot work fails now, not at first login."""
+        if ttl_ns <= 0:
+            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "ttl must be positive")
+        if url and method in HMAC_ALGORITHMS:
+            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "jwks-url needs an asymmetric sign-method")
+        if options.get("jwks-ca") and not url:
+            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "jwks-ca needs jwks-url")
         try:
-            token = self.sign("probe", 1)
-        except Exception as e:  # any failure means the key is unusable
-            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, f"cannot sign with priv-key: {e}") from None
-        identity = self._verify_uncached(token)
-        self._cache.clear()
-        if identity is None:
-            raise AuthOptionError(ERR_KEY_MISMATCH)
+            if url and not priv and not pub:  # verify-only with fetched keys only: nothing in the files
+                keys = KeyRing(method, jwt_keys.KeyMaterial(None, ()), retain_seconds=ttl_ns / 1e9, clock=clock)
+            else:
+                keys = KeyRing.from_files(method, priv, pub, retain_seconds=ttl_ns / 1e9, clock=clock,
+                                          on_reload=_key_reloaded)
+            follower = JwksFollower(keys, url, ca_file=options.get("jwks-ca") or None,
+                                    on_reload=_key_reloaded) if url else None
+        except KeyLoadError as e:
+            raise _option_error(e) from None
+        return cls(method, ttl_ns=ttl_ns, clock=clock, keys=keys, follower=follower)
 
     def sign(self, username: str, revision: int) -> str:
-        """A token with etcd's claims; ``exp`` is now + ttl in whole seconds."""
+        """A token with etcd's claims (``exp`` is now + ttl in whole seconds), and a ``kid`` header."""
         if self.verify_only:
             raise EtcdError(Err.VERIFY_ONLY)
         exp = int(self._clock() + self.ttl_seconds)
         payload = json.dumps({"exp": exp, "revision": revision, "username": username}, separators=(",", ":"))
-        return self._jws.encode(payload.encode(), self._sign_key, algorithm=self.algorithm)
+        return self.keys.sign(payload.encode())
+
+    def unknown_kid(self, token: str) -> str | None:
+        """With a JWKS URL: the token's ``kid`` if no key has it yet (worth a fetch), else None."""
+        if self.follower is None or token in self._cache:
+            return None
+        kid = KeyRing.kid_of(token)
+        return kid if kid is not None and not self.keys.knows(kid) else None
+
+    async def refresh_keys(self, kid: str) -> None:
+        """Fetches the JWKS again for ``kid`` (rate-limited; bounded in time)."""
+        if self.follower is not None:
+            await self.follower.refresh_for(kid)
+
+    def jwks_document(self) -> bytes | None:
+        """The public keys as a JWKS (``/.well-known/jwks.json``); None for HMAC."""
+        return self.keys.jwks_document()
 
     def verify(self, token: str) -> JwtIdentity | None:
-        """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims)."""
+        """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims).
+
+        A cached token is answered until its ``exp``; one without ``exp`` is checked again after a
+        ``ttl``, so it stops verifying once its key has been dropped (rotation)."""
         now = self._clock()
         hit = self._cache.get(token)
         if hit is not None:
-            if hit.expires_at is None or now < hit.expires_at:
+            identity, recheck_at = hit
+            if identity.expires_at is not None and not now < identity.expires_at:
+                del self._cache[token]
+                metrics.token_validation("jwt", "expired")
+                return None
+            if recheck_at is None or now < recheck_at:
                 self._cache.move_to_end(token)
                 metrics.token_validation("jwt", "cache_hit")
-                return hit
+                return identity
             del self._cache[token]
-            metrics.token_validation("jwt", "expired")
-            return None
-        identity, result = self._verify_with_result(token)
+        found, result = self._verify_with_result(token)
         metrics.token_validation("jwt", result)
-        if identity is not None:
-            self._cache[token] = identity
+        if found is not None:
+            self._cache[token] = (found, now + self.ttl_seconds if found.expires_at is None else None)
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-        return identity
-
-    def _verify_uncached(self, token: str) -> JwtIdentity | None:
-        return self._verify_with_result(token)[0]
+        return found
 
     def _verify_with_result(self, token: str) -> tuple[JwtIdentity | None, metrics.TokenResult]:
         """The identity, and the result label a validation counts as (``expired`` vs ``invalid``)."""
-        if len(token) > MAX_TOKEN_BYTES:
+        payload = self.keys.verify(token)
+        if payload is None:
+            log.info("invalid JWT %s", fingerprint(token))
             return None, "invalid"
         try:
-            decoded = self._jws.decode_complete(token, key=self._verify_key, algorithms=[self.algorithm])
-            claims = json.loads(decoded["payload"])
-        except (pyjwt.PyJWTError, ValueError, TypeError) as e:
-            log.info("invalid JWT %s: %s", fingerprint(token), type(e).__name__)
+            claims = json.loads(payload)
+        except (ValueError, TypeError):
             return None, "invalid"
-        if decoded["header"].get("alg") != self.algorithm or not isinstance(claims, dict):
+        if not isinstance(claims, dict):
             return None, "invalid"
         identity = self._check_claims(claims, token)
         if identity is not None:

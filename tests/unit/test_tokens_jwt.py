@@ -28,6 +28,7 @@ from proxy.tokens.options import (
     parse_auth_token,
 )
 from raftgate.errors import Err, EtcdError
+from raftgate.jwt_keys import jwk_thumbprint, public_jwk
 
 
 def _priv_pem(key: Any) -> bytes:
@@ -125,7 +126,9 @@ def test_claims_are_exactly_etcds(keys: dict[str, Any]) -> None:
         "ES256", private_key=_priv_pem(keys["ES256"]), ttl_ns=parse_go_duration("90s"), clock=lambda: 1000.5
     )
     head, payload, _ = provider.sign("alice", 9).split(".")
-    assert json.loads(base64.urlsafe_b64decode(head + "==")) == {"alg": "ES256", "typ": "JWT"}
+    # etcd's header plus the key's RFC 7638 thumbprint as kid (etcd ignores kid when it verifies).
+    kid = jwk_thumbprint(public_jwk(keys["ES256"]))
+    assert json.loads(base64.urlsafe_b64decode(head + "==")) == {"alg": "ES256", "typ": "JWT", "kid": kid}
     assert json.loads(base64.urlsafe_b64decode(payload + "==")) == {"username": "alice", "revision": 9, "exp": 1090}
 
 
