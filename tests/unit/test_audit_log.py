@@ -20,7 +20,7 @@ from proxy import audit, metrics
 from proxy.audit import AUTH_METHODS, MAX_RECORD_BYTES, MAX_TXN_OPS, AuditLog
 from proxy.config import ConfigError, load
 from proxy.gateway import Abort, GatewayContext
-from proxy.local import parse
+from proxy.local import check_children, parse
 from proxy.tokens.extract import fingerprint
 from proxy.watch import _State, track
 from raftgate.errors import Err
@@ -279,3 +279,11 @@ def test_local_gives_each_proxy_its_own_file(tmp_path: Path) -> None:
     assert cfg.audit_log_of(None) == str(tmp_path / "audit.log")
     assert cfg.audit_log_of("node2") == str(tmp_path / "audit.log.node2")
     assert parse(["--audit-log", "-"], {}).audit_log_of("node1") == "-"
+
+
+def test_local_refuses_one_audit_file_for_every_proxy(tmp_path: Path) -> None:
+    """RAFTGATE_PROXY_AUDIT_LOG would reach the client proxy and every member proxy: several
+    writers on one file. local refuses it unless its own --audit-log (one file each) is given."""
+    cfg = parse([], {})
+    with pytest.raises(ConfigError, match="RAFTGATE_PROXY_AUDIT_LOG: every proxy"):
+        check_children(cfg, [], ["proxy"], {"RAFTGATE_PROXY_AUDIT_LOG": str(tmp_path / "a.log")}, None)
