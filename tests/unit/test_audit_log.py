@@ -253,6 +253,15 @@ def test_watch_records_creates_and_cancels_not_events() -> None:
                    ("create", -1, "etcdserver: permission denied", "aw==", "bob")]
 
 
+def test_fail_closed_watch_creates_need_room_and_give_it_back() -> None:
+    log = AuditLog("-", "denials", fail_closed=True, queue_bytes=MAX_RECORD_BYTES)
+    events = audit.WatchEvents(log, audit.Call(BY_NAME["Watch"], PEER))
+    pending = events.creating()
+    assert pending is not None and events.creating() is None  # the stream then ends with Unavailable
+    events.created(pending, pb.WatchCreateRequest(key=b"k"), 1, "ok")  # not a denial: the room comes back
+    assert not log._lines and events.creating() is not None
+
+
 # --- flags ---------------------------------------------------------------------------------------
 
 
