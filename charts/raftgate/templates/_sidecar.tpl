@@ -18,6 +18,15 @@ With sidecar.native (the default) the container belongs under initContainers (re
 {{- define "raftgate.path.identity" -}}/etc/raftgate/identity{{- end -}}
 {{- define "raftgate.path.saToken" -}}/var/run/secrets/raftgate{{- end -}}
 
+{{/* The audit log's parameters from an `audit` values block (proxy.audit, sidecar.audit), as YAML lines. */}}
+{{- define "raftgate.audit.params" -}}
+auditEnabled: {{ .enabled }}
+auditPath: {{ .path | quote }}
+auditLevel: {{ .level }}
+auditFailClosed: {{ .failClosed }}
+auditSizeLimit: {{ .sizeLimit | quote }}
+{{- end -}}
+
 {{/* Sidecar parameters from (dict "values" V "context" C), as YAML. */}}
 {{- define "raftgate.sidecar.params" -}}
 {{- $v := .values -}}
@@ -51,6 +60,7 @@ identitySecret: {{ $v.sidecar.identity.existingSecret | quote }}
 saToken: {{ $v.sidecar.identity.serviceAccountToken.enabled }}
 saTokenAudience: {{ $v.sidecar.identity.serviceAccountToken.audience }}
 saTokenExpirationSeconds: {{ $v.sidecar.identity.serviceAccountToken.expirationSeconds }}
+{{ include "raftgate.audit.params" $v.sidecar.audit }}
 resources:
   {{- toYaml $v.sidecar.resources | nindent 2 }}
 securityContext:
@@ -88,6 +98,7 @@ securityContext:
 {{- $_ := set $p "resources" .Values.proxy.resources -}}
 {{- $_ := set $p "extraArgs" .Values.proxy.extraArgs -}}
 {{- $_ := set $p "extraEnv" .Values.proxy.extraEnv -}}
+{{- $p = merge (include "raftgate.audit.params" .Values.proxy.audit | fromYaml) $p -}}
 {{- toYaml $p -}}
 {{- end -}}
 
@@ -135,6 +146,13 @@ localhost, which the internal certificate names; everything else goes to the lea
     {{- end }}
     {{- if .saToken }}
     - --identity-jwt-file={{ include "raftgate.path.saToken" . }}/token
+    {{- end }}
+    {{- if .auditEnabled }}
+    - --audit-log={{ .auditPath }}
+    - --audit-level={{ .auditLevel }}
+    {{- if .auditFailClosed }}
+    - --audit-fail-closed=true
+    {{- end }}
     {{- end }}
     {{- range .extraArgs }}
     - {{ . }}
@@ -210,6 +228,10 @@ localhost, which the internal certificate names; everything else goes to the lea
     - name: raftgate-run
       mountPath: {{ dir (trimPrefix "unix://" .listen) }}
     {{- end }}
+    {{- if and .auditEnabled (ne .auditPath "-") }}
+    - name: raftgate-audit
+      mountPath: {{ dir .auditPath }}
+    {{- end }}
 {{- end -}}
 
 {{/*
@@ -262,5 +284,10 @@ fsGroup, and these volumes are mounted only into the proxy container.
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
+{{- end }}
+{{- if and .auditEnabled (ne .auditPath "-") }}
+- name: raftgate-audit
+  emptyDir:
+    sizeLimit: {{ .auditSizeLimit }}
 {{- end }}
 {{- end -}}
