@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from proxy.audit import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
+from proxy.audit import LEVELS as AUDIT_LEVELS
 from proxy.identity_file import JWT as IDENTITY_JWT
 from proxy.identity_file import OIDC as IDENTITY_OIDC
 from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
@@ -80,6 +82,12 @@ class ProxyConfig:
     member_store_endpoint: str | None = None
     #: --oidc-*: Kubernetes workload tokens are verified and mapped to users (None: off)
     workload: WorkloadVerifier | None = None
+    #: --audit-log: a file, or "-" for stdout (None: no audit log); proxy/audit.py
+    audit_log: str | None = None
+    #: --audit-level: auth, denials or all
+    audit_level: str = AUDIT_DEFAULT_LEVEL
+    #: --audit-fail-closed: refuse requests the audit log cannot record
+    audit_fail_closed: bool = False
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -121,6 +129,15 @@ def _parser() -> FlagParser:
         "default: off",
     )
     add_observe_flags(p)
+    p.add_argument("--audit-log",
+                   help="write an audit record (a JSON line) per auditable request to this file, or '-' for "
+                   "stdout; SIGHUP reopens the file (default: off)")
+    p.add_argument("--audit-level", default=AUDIT_DEFAULT_LEVEL, choices=AUDIT_LEVELS,
+                   help="auth: Authenticate and auth administration; denials (default): those and every refused "
+                   "request; all: every request")
+    p.add_argument("--audit-fail-closed", nargs="?", const="true", default="false",
+                   help="refuse requests ('raftgate: audit log unavailable') while the audit log cannot be "
+                   "written, instead of serving them unaudited (true/false, default false)")
     p.add_argument(
         "--identity-file",
         help="sidecar identity mode: a directory with files 'username' and 'password' (a mounted Secret) "
@@ -186,6 +203,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
     workload = _workload(f)
     identity = _identity(f, listen, spec, jwt, workload)
+    audit_log, fail_closed = _audit(f)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -203,7 +221,28 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         listen_gateway=gateway,
         member_store_endpoint=member,
         workload=workload,
+        audit_log=audit_log,
+        audit_level=f["audit_level"],
+        audit_fail_closed=fail_closed,
     )
+
+
+#: Go's strconv.ParseBool, as etcd reads its boolean flags
+_GO_TRUE, _GO_FALSE = ("1", "t", "T", "TRUE", "true", "True"), ("0", "f", "F", "FALSE", "false", "False")
+
+
+def _audit(f: Flags) -> tuple[str | None, bool]:
+    """--audit-log and --audit-fail-closed (which needs a log to be closed on)."""
+    raw = str(f["audit_fail_closed"]).strip()
+    if raw not in _GO_TRUE + _GO_FALSE:
+        raise f.error("audit_fail_closed", f"must be true or false, got {raw!r}")
+    fail_closed = raw in _GO_TRUE
+    path = f["audit_log"]
+    if path is not None and not path.strip():
+        raise f.error("audit_log", "is empty (a file, or '-' for stdout)")
+    if fail_closed and path is None:
+        raise f.error("audit_fail_closed", "needs --audit-log")
+    return path, fail_closed
 
 
 def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:

@@ -227,6 +227,7 @@ class GatewayContext:
         self._peer = peer
         self._deadline = deadline
         self._code: grpc.StatusCode | None = None
+        self._details = ""
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -240,8 +241,11 @@ class GatewayContext:
     def code(self) -> grpc.StatusCode | None:
         return self._code
 
+    def details(self) -> str:
+        return self._details
+
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        self._code = code
+        self._code, self._details = code, details
         raise Abort(code, details)
 
 

@@ -10,6 +10,10 @@ Besides the proxy on ``--client-port``, each store node has a member proxy of it
 ``--member-store-endpoint``), whose URL is the client URL the node advertises: as with etcd,
 ``etcdctl endpoint status --cluster`` reaches every member through it and each row is that
 member's own answer.
+
+With ``--audit-log PATH`` every proxy keeps its own file (one writer per file): the client proxy
+PATH, member proxy i ``PATH.<node name>``; with ``-`` each writes to its stdout, which local passes
+on line by line. SIGHUP to local is passed on to the proxies (they reopen their files).
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE
 SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE_PROXY_HEALTH_ADDR": None,
                       "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
-PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
+PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes", "audit_level", "audit_fail_closed")
+#: Read by every proxy: one file with several writers. local gives each proxy a file of its own.
+SHARED_PROXY_FILES = {"RAFTGATE_PROXY_AUDIT_LOG": "--audit-log"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,14 @@ class LocalConfig:
     metrics_addr: ListenAddr | None = None
     #: --gateway-port: the proxy also serves etcd's JSON gateway there (None: off)
     gateway_port: int | None = None
+    #: --audit-log: the client proxy's audit log ("-": stdout); member proxy i writes PATH.<name>
+    audit_log: str | None = None
+
+    def audit_log_of(self, member: str | None) -> str | None:
+        """The audit log of the client proxy (None) or of a member proxy: one writer per file."""
+        if self.audit_log is None or self.audit_log == "-" or member is None:
+            return self.audit_log
+        return f"{self.audit_log}.{member}"
 
     def metrics_addrs(self) -> list[ListenAddr | None]:
         """One address per process (the stores in order, the proxy, then the member proxies in
@@ -89,6 +103,12 @@ def _parser() -> FlagParser:
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
+    p.add_argument("--audit-log", default=None,
+                   help="the client proxy's audit log (JSON lines; '-': stdout); member proxy i writes "
+                        "PATH.<node name> (default: off)")
+    p.add_argument("--audit-level", default=None, help="auth, denials (default) or all")
+    p.add_argument("--audit-fail-closed", nargs="?", const="true", default=None,
+                   help="refuse requests while an audit log cannot be written (true/false)")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     p.add_argument("--metrics-addr", default=None,
@@ -124,7 +144,13 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
         metrics_addr=metrics,
         gateway_port=gateway_port,
+        audit_log=_audit_path(f["audit_log"]),
     )
+
+
+def _audit_path(path: str | None) -> str | None:
+    """An absolute path (the children run elsewhere), or "-"."""
+    return path if path in (None, "-") or not path.strip() else str(Path(path).resolve())
 
 
 def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
@@ -140,6 +166,10 @@ def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: lis
             instead = f"use raftgate local {flag}, or unset it" if flag else "unset it"
             raise ConfigError(f"{var}: every proxy (the client proxy and each member proxy) would listen on "
                               f"{environ[var]!r}; {instead}")
+    for var, flag in SHARED_PROXY_FILES.items():
+        if environ.get(var, "").strip() and getattr(a, flag.removeprefix("--").replace("-", "_")) is None:
+            raise ConfigError(f"{var}: every proxy (the client proxy and each member proxy) would append to "
+                              f"{environ[var]!r}; use raftgate local {flag} (one file per proxy), or unset it")
     if check_store is not None:
         for argv in store_argvs:
             check_store(argv[1:], environ)
@@ -318,6 +348,7 @@ class Child:
         self._pump: asyncio.Task[None] | None = None
         self.reported = False
         self.died_serving = False  # exited before a stop was asked for (reported, not a failed stop)
+        self.ready = False  # printed its ready line (its own signal handlers are set)
 
     async def start(self, ready_prefix: str) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -343,6 +374,7 @@ class Child:
             if line.decode(errors="replace").startswith(ready_prefix):
                 break
         sys.stdout.flush()
+        self.ready = True
         self._pump = asyncio.get_running_loop().create_task(self._forward())
 
     async def _forward(self) -> None:
@@ -350,6 +382,12 @@ class Child:
         async for line in self.proc.stdout:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
+
+    def signal(self, sig: int) -> None:
+        """Passes ``sig`` on once the child is ready (before, it could still end it)."""
+        if self.ready and self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
 
     def report_exit(self) -> None:
         """Prints the child's exit code once, whichever of its watcher and the stop sees it first."""
@@ -409,6 +447,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     for dest, value in a.proxy_flags:
         common += ["--" + dest.replace("_", "-"), value]
     proxy_args = ["proxy", "--listen-client-urls", client_url, *common]
+    if a.audit_log is not None:
+        proxy_args += ["--audit-log", a.audit_log]
     if a.gateway_port is not None:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
     if metrics[a.nodes] is not None:
@@ -429,12 +469,22 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
         if addr is not None:
             n["proxy_argv"] += ["--metrics-addr", str(addr)]
+        member_audit = a.audit_log_of(n["name"])
+        if member_audit is not None:
+            n["proxy_argv"] += ["--audit-log", member_audit]
     members = [Child(f"proxy {n['name']}", n["proxy_argv"]) for n in layout]
     children = [*stores, proxy, *members]
     state_file = data_dir / "local.json"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     stop_on_signals(stop)
+    if a.audit_log not in (None, "-"):
+        # logrotate's SIGHUP: every proxy reopens its audit log (one not serving yet is left alone)
+        def reopen() -> None:
+            for child in (proxy, *members):
+                child.signal(signal.SIGHUP)
+
+        loop.add_signal_handler(signal.SIGHUP, reopen)
     code = 0
     stopped_starting = False
     try:

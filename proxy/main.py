@@ -7,9 +7,10 @@ import contextlib
 import logging
 import sys
 
+from proxy.audit import STDOUT
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
-from proxy.signals import stop_on_signals
+from proxy.signals import reopen_on_sighup, stop_on_signals
 
 log = logging.getLogger("proxy")
 
@@ -45,6 +46,9 @@ async def _serve(config: ProxyConfig) -> int:
     except Exception:
         await server.stop(0)
         raise
+    if server.audit is not None and server.audit.path != STDOUT:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            reopen_on_sighup(server.audit.reopen)
     print(f"raftgate proxy: serving the etcd v3 API on {', '.join(addresses)}", flush=True)
     if server.gateway is not None:
         print(f"raftgate proxy: serving the JSON gateway on {', '.join(server.gateway.addresses)}", flush=True)

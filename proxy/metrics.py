@@ -97,6 +97,19 @@ JWT_KEY_RELOADS = Counter(
     ["source", "result"],
 )
 
+AUDIT_WRITTEN = Counter("raftgate_proxy_audit_records_written_total", "Audit log records written (--audit-log).")
+AUDIT_DROPPED = Counter(
+    "raftgate_proxy_audit_records_dropped_total",
+    "Audit log records dropped because the queue was full (the log could not be written fast enough, or at all).",
+)
+AUDIT_REFUSALS = Counter(
+    "raftgate_proxy_audit_refusals_total",
+    "Requests refused with 'raftgate: audit log unavailable' (--audit-fail-closed).",
+)
+AUDIT_WRITE_ERRORS = Counter("raftgate_proxy_audit_write_errors_total", "Failed opens or writes of the audit log.")
+AUDIT_WRITABLE = Gauge("raftgate_proxy_audit_log_writable", "1 while the audit log can be written, else 0.")
+AUDIT_QUEUE_BYTES = Gauge("raftgate_proxy_audit_queue_bytes", "Audit records waiting for the writer, in bytes.")
+
 # Zero series for the closed label sets, so rates and alerts work before the first event.
 for _r in AUTH_RESULTS:
     AUTHENTICATIONS.labels(_r)

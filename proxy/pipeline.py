@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
-from proxy import metrics
+from proxy import audit, metrics
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
@@ -121,15 +121,25 @@ class Pipeline:
         *,
         max_request_bytes: int,
         sidecar: Sidecar | None = None,
+        audit_log: audit.AuditLog | None = None,
     ) -> None:
         """``sidecar`` set: token-less requests from local peers are sent as the sidecar identity
-        (give it only to the pipeline behind local listeners)."""
+        (give it only to the pipeline behind local listeners). ``audit_log``: every call's
+        handler records it there (proxy/services.py)."""
         self.store = store
         self.resolver = resolver
         self.authenticator = authenticator
         self.hasher = hasher
         self.max_request_bytes = max_request_bytes
         self.sidecar = sidecar
+        self.audit = audit_log
+
+    async def resolve(self, token: str | None, timeout: float | None, **options: bool) -> Identity:
+        """Step 2, noted for the call's audit record: the token's fingerprint, then its identity."""
+        audit.noted_token(token)
+        identity = await self.resolver.resolve(token, timeout, **options)
+        audit.noted_identity(identity.username, identity.revision)
+        return identity
 
     async def token_of(self, context: Context) -> tuple[str | None, bool]:
         """The client's token, or the lent sidecar token; and whether it was lent."""
@@ -160,7 +170,7 @@ class Pipeline:
         store validates it first, as etcd does (`key is not provided` before `invalid auth
         token`), without the proxy decoding every request.
         """
-        identity = await self.resolver.resolve(token, timeout, defer_invalid=True)
+        identity = await self.resolve(token, timeout, defer_invalid=True)
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
@@ -171,7 +181,7 @@ class Pipeline:
                 raise
             # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
             self.resolver.invalidate(identity)
-            identity = await self.resolver.resolve(token, timeout)
+            identity = await self.resolve(token, timeout)
             answer = await self.store.do(stamp(identity, method, request), timeout)
         return wire.unwrap_field(answer, method.field)
 
@@ -226,7 +236,7 @@ class Pipeline:
         if lent:
             return
         timeout = timeout_of(context)
-        identity = await self.resolver.resolve(token, timeout)
+        identity = await self.resolve(token, timeout)
         if not identity.username and await self.resolver.auth_enabled(timeout):
             raise EtcdError(Err.USER_EMPTY)
 
@@ -246,7 +256,7 @@ class Pipeline:
             _parse(rpc_pb2.SnapshotRequest, request, streaming=True)
             timeout = timeout_of(context)
             token, _lent = await self.token_of(context)
-            identity = await self.resolver.resolve(token, timeout)
+            identity = await self.resolve(token, timeout)
             for attempt in range(2):
                 data = stamp(identity, method, request)
                 check_size(data, self.max_request_bytes)
@@ -260,7 +270,7 @@ class Pipeline:
                     if sent or attempt or not identity.reresolvable or not is_old_revision(e):
                         raise
                 self.resolver.invalidate(identity)
-                identity = await self.resolver.resolve(token, timeout)
+                identity = await self.resolve(token, timeout)
         except HANDLED as e:
             await abort_with(context, e)
 
@@ -291,14 +301,14 @@ class Pipeline:
 
         async def identify() -> Identity:
             token, _lent = await self.token_of(context)
-            return await self.resolver.resolve(token, None, defer_invalid=True)
+            return await self.resolve(token, None, defer_invalid=True)
 
         try:
             identity = await identify()
         except HANDLED as e:
             await abort_with(context, e)
-        async for message in WatchProxy(self.store, identify, self.resolver.auth_enabled).serve(
-                identity, requests, context):
+        async for message in WatchProxy(self.store, identify, self.resolver.auth_enabled,
+                                        audit.watch_events(self.audit)).serve(identity, requests, context):
             yield message
 
     async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:

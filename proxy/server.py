@@ -20,6 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from protos.internal import MAX_ANSWER_BYTES
+from proxy.audit import AuditLog
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.gateway import Gateway
@@ -55,8 +56,11 @@ class ProxyServer:
         self.authenticator = Authenticator(
             self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None
         )
+        self.audit = AuditLog(config.audit_log, config.audit_level, fail_closed=config.audit_fail_closed) \
+            if config.audit_log is not None else None
         self.pipeline = Pipeline(
-            self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes
+            self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes,
+            audit_log=self.audit,
         )
         self.sidecar: Sidecar | None = None
         if config.identity is not None:
@@ -71,7 +75,7 @@ class ProxyServer:
         if local:
             lending = Pipeline(
                 self.store, self.resolver, self.authenticator, self.hasher,
-                max_request_bytes=config.max_request_bytes, sidecar=self.sidecar,
+                max_request_bytes=config.max_request_bytes, sidecar=self.sidecar, audit_log=self.audit,
             )
             self._servers.append((self._grpc_server(lending), local))
         if others:
@@ -107,7 +111,10 @@ class ProxyServer:
         return server
 
     async def start(self) -> list[str]:
-        """Binds every listen address and starts serving; returns the bound addresses (real ports)."""
+        """Binds every listen address and starts serving; returns the bound addresses (real ports).
+        An audit log that cannot be opened stops it first (an OSError naming the flag)."""
+        if self.audit is not None:
+            self.audit.start()
         self.store.start()
         for server, listen in self._servers:
             for address in listen:
@@ -147,6 +154,8 @@ class ProxyServer:
             await self.observability.close()
         await self.store.close()
         self.hasher.close()
+        if self.audit is not None:  # after the servers: the last calls' records are written too
+            await asyncio.to_thread(self.audit.close)
 
     def _jwks_document(self) -> bytes | None:
         """The JWT public keys for verify-only proxies (``jwks-url``); 404 without JWT or with HMAC."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from proxy import instrument
+from proxy import audit, instrument
 from proxy.pipeline import Pipeline
 from raftgate.methods import METHODS, Kind, Method
 
@@ -90,14 +90,19 @@ def _bounded(behaviour: Any, kind: Kind, limit: int) -> Any:
 
 
 def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+    log = getattr(pipeline, "audit", None)  # a test stub may have none
+
     def bound(behaviour: Any) -> Any:
         return functools.partial(behaviour if limit is None else _bounded(behaviour, method.kind, limit), method)
 
+    # The audit log sees every call here, the JSON gateway's too (it calls these handlers).
     def unary(behaviour: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(instrument.unary(method, bound(behaviour)))
+        inner = bound(behaviour) if log is None else audit.unary(log, method, bound(behaviour))
+        return grpc.unary_unary_rpc_method_handler(instrument.unary(method, inner))
 
     def stream(behaviour: Any) -> Any:
-        return instrument.stream(method, bound(behaviour))
+        inner = bound(behaviour) if log is None else audit.stream(log, method, bound(behaviour))
+        return instrument.stream(method, inner)
 
     if method.kind is Kind.UNARY:
         return unary(pipeline.unary)

@@ -1,9 +1,10 @@
-"""Graceful stop on SIGTERM/SIGINT for the proxy and ``raftgate local``."""
+"""Graceful stop on SIGTERM/SIGINT for the proxy and ``raftgate local``; SIGHUP reopens the audit log."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -23,3 +24,9 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stopping)
+
+
+def reopen_on_sighup(reopen: Callable[[], None]) -> None:
+    """SIGHUP calls ``reopen`` (logrotate's signal to reopen a log file) instead of ending the
+    process. Installed only when there is a file to reopen, so SIGHUP's usual meaning stays."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reopen)

@@ -44,6 +44,7 @@ from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb.store_pb2 import WatchBatch
+from proxy.audit import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
@@ -99,6 +100,8 @@ class _State:
     token_dead: bool = False
     watches: dict[int, _Watch] = field(default_factory=dict)
     pending: collections.deque[pb.WatchCreateRequest] = field(default_factory=collections.deque)
+    #: with an audit log: who sent each create in ``pending`` (in step with it)
+    audited: collections.deque[WatchCreate] = field(default_factory=collections.deque)
     held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
     unsent: int = 0  # bytes in `pending` and `held`
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set: unsent < UNSENT_BYTES
@@ -159,19 +162,29 @@ def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
     return out
 
 
-def track(state: _State, data: bytes) -> bytes | None:
-    """Learns from one store answer; returns what the client gets (None: nothing)."""
+def track(state: _State, data: bytes, events: WatchEvents | None = None) -> bytes | None:
+    """Learns from one store answer; returns what the client gets (None: nothing). ``events``
+    records creates and cancels in the audit log."""
     resp = pb.WatchResponse.FromString(data)
     rev = resp.header.revision
     if resp.created:
         create = state.answered()
-        if resp.watch_id != -1 and not resp.canceled:
+        ok = resp.watch_id != -1 and not resp.canceled
+        if ok:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
+        if events is not None:
+            events.created(state.audited.popleft() if state.audited else None, create, resp.watch_id,
+                           "ok" if ok else resp.cancel_reason or "canceled")
         return data
     if resp.canceled:
-        state.watches.pop(resp.watch_id, None)
+        gone = state.watches.pop(resp.watch_id, None)
+        asked = resp.watch_id in state.canceling
         state.canceling.discard(resp.watch_id)
+        if events is not None and gone is not None:
+            dead = resp.watch_id in state.dead and not resp.cancel_reason
+            why = INVALID_TOKEN_REASON if dead else resp.cancel_reason or ("ok" if asked else "canceled")
+            events.canceled(gone.create, resp.watch_id, why)
         if resp.watch_id in state.dead:
             state.dead.discard(resp.watch_id)
             if not resp.cancel_reason:
@@ -210,12 +223,14 @@ Identify = Callable[[], Awaitable[Identity]]
 
 class WatchProxy:
     def __init__(self, store: StoreClient, identify: Identify | None = None,
-                 auth_enabled: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 auth_enabled: Callable[[], Awaitable[bool]] | None = None, events: WatchEvents | None = None) -> None:
         """``identify`` resolves the stream's token now (for each create and resume);
-        ``auth_enabled`` asks the store, before a JWT's expiry cancels watches."""
+        ``auth_enabled`` asks the store, before a JWT's expiry cancels watches; ``events`` records
+        each create and cancel in the audit log."""
         self.store = store
         self.identify = identify
         self.auth_enabled = auth_enabled
+        self.events = events
 
     async def serve(self, identity: Identity, requests: AsyncIterator[bytes],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -242,6 +257,9 @@ class WatchProxy:
                 task.cancel()
             if state.call is not None:
                 state.call.cancel()
+            if self.events is not None:
+                self.events.abandoned(state.audited)
+                state.audited.clear()
 
     async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any]) -> None:
         try:
@@ -254,11 +272,17 @@ class WatchProxy:
                     return
                 which = req.WhichOneof("request_union")
                 identity = await self._identify() if which == "create_request" else None
+                audited = self.events.creating() if self.events is not None and which == "create_request" else None
+                if self.events is not None and which == "create_request" and audited is None:
+                    await out.put(EtcdError(Err.AUDIT_UNAVAILABLE))  # --audit-fail-closed: the stream ends
+                    return
                 async with state.lock:
                     if identity is not None:
                         stamp(state, identity)
                     if which == "create_request":
                         state.keep(req.create_request)
+                        if audited is not None:
+                            state.audited.append(audited)
                     elif which == "cancel_request":
                         state.canceling.add(req.cancel_request.watch_id)
                     if state.connected:
@@ -362,7 +386,7 @@ class WatchProxy:
                         break
                     streams.served()
                     for response in WatchBatch.FromString(data).responses:
-                        passed = track(state, response)
+                        passed = track(state, response, self.events)
                         if passed is not None:
                             out.put_nowait(passed)
                     if state.token_dead and set(state.watches) - state.dead:

@@ -92,6 +92,9 @@ class Err(enum.Enum):
     BAD_LEADER_TRANSFEREE = (C.FAILED_PRECONDITION, "etcdserver: bad leader transferee")
     NOT_SUPPORTED_FOR_LEARNER = (C.FAILED_PRECONDITION, "etcdserver: rpc not supported for learner")
     INVALID_DOWNGRADE_TARGET = (C.INVALID_ARGUMENT, "etcdserver: invalid downgrade target version")
+    # raftgate's audit log (--audit-fail-closed; etcd has no audit log): the request was not served
+    # because its record could not be written. Unavailable: a client may try again later.
+    AUDIT_UNAVAILABLE = (C.UNAVAILABLE, "raftgate: audit log unavailable")
     # Snapshot failures: etcd answers them with code Unknown and its database's own error text;
     # raftgate's texts say which side failed. Unknown is not retried by etcd's clients.
     SNAPSHOT_FAILED = (C.UNKNOWN, "snapshot: the store could not copy its database")

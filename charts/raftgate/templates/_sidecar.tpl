@@ -20,6 +20,15 @@ With sidecar.native (the default) the container belongs under initContainers (re
 {{- define "raftgate.path.workload" -}}/etc/raftgate/workload{{- end -}}
 {{- define "raftgate.path.workloadKeys" -}}/etc/raftgate/workload-keys{{- end -}}
 
+{{/* The audit log's parameters from an `audit` values block (proxy.audit, sidecar.audit), as YAML lines. */}}
+{{- define "raftgate.audit.params" -}}
+auditEnabled: {{ .enabled }}
+auditPath: {{ .path | quote }}
+auditLevel: {{ .level }}
+auditFailClosed: {{ .failClosed }}
+auditSizeLimit: {{ .sizeLimit | quote }}
+{{- end -}}
+
 {{/* Sidecar parameters from (dict "values" V "context" C), as YAML. */}}
 {{- define "raftgate.sidecar.params" -}}
 {{- $v := .values -}}
@@ -68,6 +77,7 @@ oidcJwksConfigMap: {{ $wi.jwksConfigMap | quote }}
 {{- if and $v.sidecar.identity.serviceAccountToken.enabled (ne $v.sidecar.identity.serviceAccountToken.audience $wi.audience) }}
 {{- fail "sidecar.identity.serviceAccountToken.audience must equal auth.workloadIdentity.audience" }}
 {{- end }}
+{{ include "raftgate.audit.params" $v.sidecar.audit }}
 resources:
   {{- toYaml $v.sidecar.resources | nindent 2 }}
 securityContext:
@@ -105,6 +115,7 @@ securityContext:
 {{- $_ := set $p "resources" .Values.proxy.resources -}}
 {{- $_ := set $p "extraArgs" .Values.proxy.extraArgs -}}
 {{- $_ := set $p "extraEnv" .Values.proxy.extraEnv -}}
+{{- $p = merge (include "raftgate.audit.params" .Values.proxy.audit | fromYaml) $p -}}
 {{- toYaml $p -}}
 {{- end -}}
 
@@ -162,6 +173,13 @@ localhost, which the internal certificate names; everything else goes to the lea
     {{- end }}
     {{- if .saToken }}
     - --identity-oidc-token-file={{ include "raftgate.path.saToken" . }}/token
+    {{- end }}
+    {{- if .auditEnabled }}
+    - --audit-log={{ .auditPath }}
+    - --audit-level={{ .auditLevel }}
+    {{- if .auditFailClosed }}
+    - --audit-fail-closed=true
+    {{- end }}
     {{- end }}
     {{- range .extraArgs }}
     - {{ . }}
@@ -245,6 +263,10 @@ localhost, which the internal certificate names; everything else goes to the lea
     - name: raftgate-run
       mountPath: {{ dir (trimPrefix "unix://" .listen) }}
     {{- end }}
+    {{- if and .auditEnabled (ne .auditPath "-") }}
+    - name: raftgate-audit
+      mountPath: {{ dir .auditPath }}
+    {{- end }}
 {{- end -}}
 
 {{/*
@@ -318,5 +340,10 @@ fsGroup, and these volumes are mounted only into the proxy container.
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
+{{- end }}
+{{- if and .auditEnabled (ne .auditPath "-") }}
+- name: raftgate-audit
+  emptyDir:
+    sizeLimit: {{ .auditSizeLimit }}
 {{- end }}
 {{- end -}}
