@@ -75,6 +75,8 @@ class ProxyConfig:
     listen_gateway: tuple[str, ...] = ()
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
+    #: --auth-rate-limit: Authenticate calls a second per client address (0: no limit)
+    auth_rate_limit: float = 0.0
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -113,6 +115,11 @@ def _parser() -> FlagParser:
         "--listen-gateway-urls",
         help="comma list of http:// or unix:// URLs serving etcd's JSON gateway (POST /v3/kv/range, ...); "
         "default: off",
+    )
+    p.add_argument(
+        "--auth-rate-limit", default="0",
+        help="Authenticate calls a second one client address may make; beyond it 'too many requests' "
+        "(a token bucket, bursts of one second's worth; default 0: no limit)",
     )
     add_observe_flags(p)
     p.add_argument(
@@ -163,6 +170,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
     identity = _identity(f, listen, spec, jwt)
+    rate_limit = _rate(f, "auth_rate_limit")
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -179,7 +187,20 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
         member_store_endpoint=member,
+        auth_rate_limit=rate_limit,
     )
+
+
+def _rate(f: Flags, dest: str) -> float:
+    """A rate a second: a finite number >= 0 (0: off)."""
+    raw = str(f[dest]).strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise f.error(dest, f"must be a number of calls a second, got {raw!r}") from None
+    if not 0 <= value <= 1e9:  # also refuses nan and inf
+        raise f.error(dest, f"must be in 0..1e9 (0: no limit), got {raw!r}")
+    return value
 
 
 def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:

@@ -49,7 +49,8 @@ class ProxyServer:
             self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None
         )
         self.authenticator = Authenticator(
-            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None
+            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None,
+            rate_limit=config.auth_rate_limit,
         )
         self.pipeline = Pipeline(
             self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes
