@@ -11,9 +11,11 @@
 
 Lockout (authstore/state/auth/lockout.py) is the store's: a failed check, of a name that exists or
 not, is recorded in the log (proxy/lockout.py) before the answer, when the store counts them; a
-locked name's authenticate entry is refused by apply with the wrong-password error. Either way
-the caller sees one answer after one bcrypt check and one log entry. ``--auth-rate-limit`` bounds
-the calls a second of each client (etcd's ``too many requests`` beyond it).
+locked name (Credentials says so; apply refuses its authenticate entry too, should the lock come
+in between) gets the wrong-password answer. Either way the caller sees one answer after one
+bcrypt check and one log entry, and a verify-only proxy tells nothing of a locked name either.
+``--auth-rate-limit`` bounds the calls a second of each client (etcd's ``too many requests``
+beyond it).
 """
 
 from __future__ import annotations
@@ -132,8 +134,8 @@ class Authenticator:
             await self._failed(name, creds.lockout)
         if creds.no_password:
             raise _Refused(Err.NO_PASSWORD_USER, "no_password")
-        if not await self._hasher.check(password, creds.password_hash, peer=peer):
-            await self._failed(name, creds.lockout)
+        if not await self._hasher.check(password, creds.password_hash, peer=peer) or creds.locked:
+            await self._failed(name, creds.lockout)  # locked: the right password fails too
         if self._jwt is not None and self._jwt.verify_only:
             raise _Refused(Err.VERIFY_ONLY, "verify_only")
         if self._jwt is None and self._simple_ttl is None:

@@ -286,6 +286,8 @@ class StoreService:
             auth = self.applier.auth
             resp = spb.CredentialsResponse(auth_enabled=auth.is_enabled(txn), auth_revision=auth.revision(txn),
                                            lockout=self.lockout_attempts > 0)
+            if resp.lockout:
+                resp.locked = auth.lockout.is_locked(txn, req.name, now_ms())
             user = auth.get_user(txn, req.name)
             if user is not None:
                 resp.found = True
