@@ -198,3 +198,19 @@ def test_two_nodes_applying_the_same_entries_agree(entries: list[tuple[str, str,
             results.append(out)
             s.env.close()
     assert results[0] == results[1]
+
+
+def test_store_flags(tmp_path: Path) -> None:
+    from authstore import config
+
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 20)
+    base = ["--internal-secret-file", str(secret), "--peer-secret-file", str(secret)]
+    c = config.parse(base, {})
+    assert (c.auth_lockout_attempts, c.auth_lockout_duration_ms) == (5, 15 * MIN)
+    c = config.parse([*base, "--auth-lockout-duration", "1m30s"], {"RAFTGATE_STORE_AUTH_LOCKOUT_ATTEMPTS": "0"})
+    assert (c.auth_lockout_attempts, c.auth_lockout_duration_ms) == (0, 90_000)
+    for bad in (["--auth-lockout-duration", "0s"], ["--auth-lockout-duration", "15"],
+                ["--auth-lockout-attempts", "-1"]):
+        with pytest.raises(config.ConfigError, match="--auth-lockout-"):
+            config.parse([*base, *bad], {})
