@@ -18,10 +18,18 @@ from urllib.parse import urlsplit
 
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
 from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
+from raftgate.go_duration import parse_go_duration
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
 
 __all__ = ["ConfigError", "StoreConfig", "parse", "parse_initial_cluster"]
+
+
+DEFAULT_LOCKOUT_ATTEMPTS = 5
+DEFAULT_LOCKOUT_DURATION = "15m"
+DEFAULT_LOCKOUT_DURATION_MS = 15 * 60 * 1000
+#: the longest lockout: a year (a longer one is a typo, and times stay far from int64's ends)
+MAX_LOCKOUT_DURATION_MS = 366 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,10 @@ class StoreConfig:
     #: root's password for a NEW cluster (hashed at start-up; never logged, never in the log)
     initial_root_password: str | None = field(default=None, repr=False)
     bcrypt_cost: int = DEFAULT_COST
+    #: lockout (authstore/state/auth/lockout.py): failed Authenticate calls of one name within
+    #: the duration that lock it for the duration; 0 attempts: off
+    auth_lockout_attempts: int = DEFAULT_LOCKOUT_ATTEMPTS
+    auth_lockout_duration_ms: int = DEFAULT_LOCKOUT_DURATION_MS
 
 
 #: etcd's maxElectionMs: a longer election timeout is refused
@@ -119,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bcrypt-cost", type=int, default=DEFAULT_COST,
                    help=f"bcrypt cost of the initial root password's hash, {MIN_COST}..{MAX_COST} "
                         f"(default and out of range: {DEFAULT_COST})")
+    p.add_argument("--auth-lockout-attempts", default=DEFAULT_LOCKOUT_ATTEMPTS,
+                   help="failed Authenticate calls for one user name within --auth-lockout-duration that lock "
+                        f"the name for that duration; 0: no lockout (default {DEFAULT_LOCKOUT_ATTEMPTS})")
+    p.add_argument("--auth-lockout-duration", default=DEFAULT_LOCKOUT_DURATION,
+                   help=f"Go duration: the counting window and the lock's length (default {DEFAULT_LOCKOUT_DURATION})")
     add_observe_flags(p)
     return p
 
@@ -276,8 +293,21 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
         max_watches_per_stream=integer(f, "max_watches_per_stream", 1),
         max_watches_per_user=integer(f, "max_watches_per_user", 1), observe=observe,
         bcrypt_cost=cost if MIN_COST <= cost <= MAX_COST else DEFAULT_COST, initial_root_password=password,
+        auth_lockout_attempts=integer(f, "auth_lockout_attempts", 0, 1_000_000),
+        auth_lockout_duration_ms=_lockout_duration(f),
         **values,  # type: ignore[arg-type]
     )
+
+
+def _lockout_duration(f: Flags) -> int:
+    try:
+        ns = parse_go_duration(str(f["auth_lockout_duration"]).strip())
+    except ValueError as exc:
+        raise f.error("auth_lockout_duration", str(exc)) from None
+    ms = ns // 1_000_000
+    if not 0 < ms <= MAX_LOCKOUT_DURATION_MS:
+        raise f.error("auth_lockout_duration", "must be at least 1ms and at most 8784h (a year)")
+    return ms
 
 
 def _quota(f: Flags) -> int:

@@ -233,7 +233,9 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)
     service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
-                           max_watches_per_user=cfg.max_watches_per_user)
+                           max_watches_per_user=cfg.max_watches_per_user,
+                           lockout_attempts=cfg.auth_lockout_attempts,
+                           lockout_duration_ms=cfg.auth_lockout_duration_ms)
     service.watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the
     # cluster, else --initial-cluster's (a new cluster's IDs come from its URLs and token).

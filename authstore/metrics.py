@@ -58,6 +58,14 @@ LEADER_CHANGES = Counter("raftgate_store_leader_changes_total", "Leader changes 
 IS_LEADER = Gauge("raftgate_store_is_leader", "1 when this node is the Raft leader, else 0.")
 RAFT_TERM = Gauge("raftgate_store_raft_term", "The Raft term this node is in.")
 OPEN_WATCHES = Gauge("raftgate_store_open_watches", "Watches open on this node.")
+AUTH_LOCKOUTS = Counter(
+    "raftgate_store_auth_lockouts_total",
+    "User names locked out by failed Authenticate calls (--auth-lockout-attempts), counted as applied.",
+)
+AUTH_LOCKED_NAMES = Gauge(
+    "raftgate_store_auth_locked_names",
+    "User names locked out now, in this node's applied state at its clock (names that do not exist too).",
+)
 WAL_FSYNC_DURATION = Histogram(
     "raftgate_store_wal_fsync_duration_seconds", "Time of one write-ahead-log fsync.", buckets=_FSYNC_BUCKETS
 )

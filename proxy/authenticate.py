@@ -8,6 +8,14 @@
    password may have changed meanwhile; the proxy then starts again, as etcd does, until the
    client's deadline (or DEFAULT_DEADLINE) passes: then etcd's `request timed out`.
 4. Simple: the store's answer carries the token. JWT: the proxy signs {username, revision=R, exp}.
+
+Lockout (authstore/state/auth/lockout.py) is the store's: a failed check, of a name that exists or
+not, is recorded in the log (proxy/lockout.py) before the answer, when the store counts them; a
+locked name (Credentials says so; apply refuses its authenticate entry too, should the lock come
+in between) gets the wrong-password answer. Either way the caller sees one answer after one
+bcrypt check and one log entry, and a verify-only proxy tells nothing of a locked name either.
+``--auth-rate-limit`` bounds the calls a second of each client (etcd's ``too many requests``
+beyond it).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 import grpc
 import grpc.aio
@@ -23,6 +32,7 @@ from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
 from protos.internal import AUTHENTICATE_FIELD
 from proxy import metrics
+from proxy.lockout import FailureRecorder, RateLimiter
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
@@ -58,10 +68,12 @@ class Authenticator:
         simple_ttl_seconds: int | None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         default_deadline: float = DEFAULT_DEADLINE,
+        rate_limit: float = 0.0,
     ) -> None:
         """``jwt`` set -> JWT tokens; else ``simple_ttl_seconds`` set -> simple tokens; else no tokens.
 
         ``default_deadline``: seconds of revision-moved retries when the client gave no deadline.
+        ``rate_limit``: Authenticate calls a second per client peer (0: no limit).
         """
         self._store = store
         self._hasher = hasher
@@ -69,12 +81,16 @@ class Authenticator:
         self._simple_ttl = simple_ttl_seconds
         self._clock_ms = clock_ms
         self.default_deadline = default_deadline
+        self.failures = FailureRecorder(store)
+        self._rate = RateLimiter(rate_limit) if rate_limit > 0 else None
 
     async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None, *,
                            peer: str = "") -> bytes:
         """The serialized AuthenticateResponse, or EtcdError / AioRpcError. ``peer``: the client
         (``passwords.peer_host``) whose share of the bcrypt queue the check takes."""
         try:
+            if self._rate is not None and peer and not self._rate.allow(peer):
+                raise _Refused(Err.TOO_MANY_REQUESTS, "rate_limited")
             answer = await self._authenticate(request.name, request.password, timeout, peer)
         except _Refused as e:
             metrics.authentication(e.result)
@@ -99,6 +115,8 @@ class Authenticator:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is None:
                     # the proxy's own bound, not the client's: etcd's answer when its context ends
                     raise _Refused(Err.TIMEOUT, "error") from None
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details() == Err.AUTH_FAILED.message:
+                    raise _Refused(Err.AUTH_FAILED, "auth_failed") from None  # e.g. the name is locked out
                 if not is_revision_moved(e):
                     raise
             if time.monotonic() >= deadline:
@@ -113,17 +131,23 @@ class Authenticator:
             raise _Refused(Err.AUTH_NOT_ENABLED, "not_enabled")
         if not creds.found:
             await self._hasher.check_dummy(password, creds.password_hash, peer=peer)
-            raise _Refused(Err.AUTH_FAILED, "auth_failed")
+            await self._failed(name, creds.lockout)
         if creds.no_password:
             raise _Refused(Err.NO_PASSWORD_USER, "no_password")
-        if not await self._hasher.check(password, creds.password_hash, peer=peer):
-            raise _Refused(Err.AUTH_FAILED, "auth_failed")
+        if not await self._hasher.check(password, creds.password_hash, peer=peer) or creds.locked:
+            await self._failed(name, creds.lockout)  # locked: the right password fails too
         if self._jwt is not None and self._jwt.verify_only:
             raise _Refused(Err.VERIFY_ONLY, "verify_only")
         if self._jwt is None and self._simple_ttl is None:
             # --auth-token "": etcd's nop provider issues nothing
             raise _Refused(Err.AUTH_FAILED, "no_token_provider")
         return creds.auth_revision
+
+    async def _failed(self, name: str, lockout: bool) -> NoReturn:
+        """A failed check: counted by the store's lockout (when on), then the wrong-password answer."""
+        if lockout:
+            await self.failures.record(name)
+        raise _Refused(Err.AUTH_FAILED, "auth_failed")
 
     async def _commit(self, name: str, checked_revision: int, timeout: float | None) -> bytes:
         simple = self._jwt is None

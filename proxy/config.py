@@ -88,6 +88,8 @@ class ProxyConfig:
     audit_level: str = AUDIT_DEFAULT_LEVEL
     #: --audit-fail-closed: refuse requests the audit log cannot record
     audit_fail_closed: bool = False
+    #: --auth-rate-limit: Authenticate calls a second per client address (0: no limit)
+    auth_rate_limit: float = 0.0
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -127,6 +129,11 @@ def _parser() -> FlagParser:
         "--listen-gateway-urls",
         help="comma list of http:// or unix:// URLs serving etcd's JSON gateway (POST /v3/kv/range, ...); "
         "default: off",
+    )
+    p.add_argument(
+        "--auth-rate-limit", default="0",
+        help="Authenticate calls a second one client address may make; beyond it 'too many requests' "
+        "(a token bucket, bursts of one second's worth; default 0: no limit)",
     )
     add_observe_flags(p)
     p.add_argument("--audit-log",
@@ -204,6 +211,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     workload = _workload(f)
     identity = _identity(f, listen, spec, jwt, workload)
     audit_log, fail_closed = _audit(f)
+    rate_limit = _rate(f, "auth_rate_limit")
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -224,6 +232,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         audit_log=audit_log,
         audit_level=f["audit_level"],
         audit_fail_closed=fail_closed,
+        auth_rate_limit=rate_limit,
     )
 
 
@@ -243,6 +252,18 @@ def _audit(f: Flags) -> tuple[str | None, bool]:
     if fail_closed and path is None:
         raise f.error("audit_fail_closed", "needs --audit-log")
     return path, fail_closed
+
+
+def _rate(f: Flags, dest: str) -> float:
+    """A rate a second: a finite number >= 0 (0: off)."""
+    raw = str(f[dest]).strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise f.error(dest, f"must be a number of calls a second, got {raw!r}") from None
+    if not 0 <= value <= 1e9:  # also refuses nan and inf
+        raise f.error(dest, f"must be in 0..1e9 (0: no limit), got {raw!r}")
+    return value
 
 
 def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:

@@ -53,9 +53,12 @@ SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE
 SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE_PROXY_HEALTH_ADDR": None,
                       "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
-PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes", "audit_level", "audit_fail_closed")
+PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes", "audit_level", "audit_fail_closed",
+               "auth_rate_limit")
 #: Read by every proxy: one file with several writers. local gives each proxy a file of its own.
 SHARED_PROXY_FILES = {"RAFTGATE_PROXY_AUDIT_LOG": "--audit-log"}
+#: The flags passed on to every store node as they are (lockout is decided by the store).
+STORE_FLAGS = ("auth_lockout_attempts", "auth_lockout_duration")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class LocalConfig:
     nodes: int
     #: the proxy flags given (dest -> value as text), passed on to the proxy
     proxy_flags: tuple[tuple[str, str], ...] = ()
+    #: the store flags given (dest -> value as text), passed on to every store node
+    store_flags: tuple[tuple[str, str], ...] = ()
     initial_root_password_file: Path | None = None
     bcrypt_cost: str | None = None
     #: --metrics-addr: the first port; store i gets PORT+i, the proxy PORT+nodes, member proxy i
@@ -101,6 +106,12 @@ def _parser() -> FlagParser:
     p.add_argument("--auth-token-ttl", default=None, help="simple token TTL in seconds (default 300)")
     p.add_argument("--bcrypt-cost", default=None, help="bcrypt cost for new passwords (default 10)")
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
+    p.add_argument("--auth-lockout-attempts", default=None,
+                   help="failed Authenticate calls of one user name that lock it (default 5; 0: no lockout)")
+    p.add_argument("--auth-lockout-duration", default=None,
+                   help="Go duration: the lockout's counting window and length (default 15m)")
+    p.add_argument("--auth-rate-limit", default=None,
+                   help="Authenticate calls a second per client address (default 0: no limit)")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--audit-log", default=None,
@@ -140,6 +151,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         client_port=client_port,
         nodes=nodes,
         proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
+        store_flags=tuple((dest, str(f[dest])) for dest in STORE_FLAGS if f[dest] is not None),
         initial_root_password_file=Path(password_file).resolve() if password_file else None,
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
         metrics_addr=metrics,
@@ -432,6 +444,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
             "--initial-cluster", initial_cluster, "--advertise-client-urls", f"http://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
+        for dest, value in a.store_flags:
+            n["argv"] += ["--" + dest.replace("_", "-"), value]
         if a.initial_root_password_file:
             n["argv"] += ["--initial-root-password-file", str(a.initial_root_password_file)]
             if a.bcrypt_cost is not None:

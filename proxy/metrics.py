@@ -22,7 +22,7 @@ disable_created_metrics()
 
 AuthResult = Literal[
     "ok", "auth_failed", "not_enabled", "no_password", "verify_only", "no_token_provider",
-    "revision_retry_exhausted", "error",
+    "revision_retry_exhausted", "rate_limited", "error",
 ]
 AUTH_RESULTS: tuple[AuthResult, ...] = AuthResult.__args__  # type: ignore[attr-defined]
 

@@ -54,7 +54,8 @@ class ProxyServer:
             workload=config.workload,
         )
         self.authenticator = Authenticator(
-            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None
+            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None,
+            rate_limit=config.auth_rate_limit,
         )
         self.audit = AuditLog(config.audit_log, config.audit_level, fail_closed=config.audit_fail_closed) \
             if config.audit_log is not None else None

@@ -179,13 +179,16 @@ METHODS: tuple[Method, ...] = (
     _m("Auth", "RoleRevokePermission", "auth_role_revoke_permission", L, ADMIN),
 )
 
-#: Entries only the store proposes (lease keeper, token expiry, quota, member attributes). No client
+#: Entries only the store (or, auth_failures, the proxy itself) proposes (lease keeper, token expiry,
+#: quota, member attributes, lockout counts). No client
 #: RPC maps to them: the proxy only forwards a client's bytes under the field of the RPC it serves.
 INTERNAL: tuple[Request, ...] = (
     Request("lease_checkpoint", Route.NONE, Perm.INTERNAL),
     Request("lease_renew", L, Perm.INTERNAL),
     Request("lease_expire", L, Perm.INTERNAL),
     Request("expire_tokens", L, Perm.INTERNAL),
+    # failed password checks, recorded by a proxy itself (never a client's bytes): lockout
+    Request("auth_failures", L, Perm.INTERNAL),
     Request("member_attr_set", L, Perm.INTERNAL),
     Request("store_alarm", L, Perm.INTERNAL),
 )

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from authstore import metrics
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
 from authstore.api.quota import Quota
 from authstore.api.watch.hub import (
@@ -79,8 +80,13 @@ class Refusal(Exception):
 class StoreService:
     def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *,
                  max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
-                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER) -> None:
+                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
+                 lockout_attempts: int = 0, lockout_duration_ms: int = 0) -> None:
+        """``lockout_*``: the policy stamped into the auth_failures entries this node logs
+        (authstore/state/auth/lockout.py); 0 attempts: failures are not recorded."""
         self.applier = applier
+        self.lockout_attempts = lockout_attempts if lockout_duration_ms > 0 else 0
+        self.lockout_duration_ms = lockout_duration_ms
         self.node = node
         self.maintenance = maintenance
         self.draining = False
@@ -94,6 +100,7 @@ class StoreService:
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
         self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
         self._client_snapshots = asyncio.Semaphore(CLIENT_SNAPSHOTS)
+        metrics.AUTH_LOCKED_NAMES.set_function(self._locked_names)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
 
@@ -204,6 +211,13 @@ class StoreService:
             return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
         if self.maintenance.handles(kind):
             return await self.maintenance.answer(req, kind, now_ms())
+        if kind == "auth_failures":
+            if not self.lockout_attempts:
+                return pb.AuthStatusResponse()  # lockout is off here: nothing to count
+            # this node's policy, whatever the proxy put there; the time is stamped by propose
+            req.auth_failures.attempts = self.lockout_attempts
+            req.auth_failures.duration_ms = self.lockout_duration_ms
+            data = req.SerializeToString()
         await self.node.must_lead()
         await self.quota.check(req, len(data))
         return await self.node.propose(data)
@@ -270,7 +284,10 @@ class StoreService:
         await self.node.wait_applied(await self.node.read_index())
         with self.env.begin() as txn:
             auth = self.applier.auth
-            resp = spb.CredentialsResponse(auth_enabled=auth.is_enabled(txn), auth_revision=auth.revision(txn))
+            resp = spb.CredentialsResponse(auth_enabled=auth.is_enabled(txn), auth_revision=auth.revision(txn),
+                                           lockout=self.lockout_attempts > 0)
+            if resp.lockout:
+                resp.locked = auth.lockout.is_locked(txn, req.name, now_ms())
             user = auth.get_user(txn, req.name)
             if user is not None:
                 resp.found = True
@@ -292,6 +309,14 @@ class StoreService:
         salt = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(21)) + secrets.choice(".Oeu")
         digest = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
         return f"$2a${cost:02d}${salt}{digest}".encode()
+
+    def _locked_names(self) -> int:
+        """The gauge, read at scrape time from applied state at this node's clock."""
+        try:
+            with self.env.begin() as txn:
+                return self.applier.auth.lockout.locked_names(txn, now_ms())
+        except lmdb.Error:
+            return 0
 
     async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
         token = spb.ResolveTokenRequest.FromString(data).token

@@ -130,6 +130,7 @@ class Applier:
             "auth_role_grant_permission": lambda t, b, r: self.auth.role_grant_permission(t, b),
             "auth_role_revoke_permission": lambda t, b, r: self.auth.role_revoke_permission(t, b),
             "expire_tokens": self._expire_tokens,
+            "auth_failures": self._auth_failures,
             "member_update": self._member_update,
             "member_attr_set": self._member_attr_set,
         }, APPLIED_KINDS - {"authenticate"}, "Applier")
@@ -308,6 +309,13 @@ class Applier:
 
     def _expire_tokens(self, txn: lmdb.Transaction, body: ipb.ExpireTokensRequest, _r: Any) -> Message:
         self.auth.expire_tokens(txn, list(body.token_digests))
+        return pb.AuthStatusResponse()
+
+    def _auth_failures(self, txn: lmdb.Transaction, body: ipb.AuthFailuresEntry, r: ipb.InternalRaftRequest) -> Message:
+        """Failed password checks a proxy recorded, counted at the entry's time (lockout.py)."""
+        locked = self.auth.record_failures(txn, body, r.time_unix_ms)
+        if locked:
+            metrics.AUTH_LOCKOUTS.inc(locked)
         return pb.AuthStatusResponse()
 
     def _member_update(self, txn: lmdb.Transaction, body: pb.MemberUpdateRequest, _r: Any) -> Message:

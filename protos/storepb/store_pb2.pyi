@@ -202,18 +202,22 @@ class CredentialsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CredentialsResponse(_message.Message):
-    __slots__ = ("auth_enabled", "auth_revision", "found", "no_password", "password_hash")
+    __slots__ = ("auth_enabled", "auth_revision", "found", "no_password", "password_hash", "lockout", "locked")
     AUTH_ENABLED_FIELD_NUMBER: _ClassVar[int]
     AUTH_REVISION_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     NO_PASSWORD_FIELD_NUMBER: _ClassVar[int]
     PASSWORD_HASH_FIELD_NUMBER: _ClassVar[int]
+    LOCKOUT_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
     auth_enabled: bool
     auth_revision: int
     found: bool
     no_password: bool
     password_hash: bytes
-    def __init__(self, auth_enabled: _Optional[bool] = ..., auth_revision: _Optional[int] = ..., found: _Optional[bool] = ..., no_password: _Optional[bool] = ..., password_hash: _Optional[bytes] = ...) -> None: ...
+    lockout: bool
+    locked: bool
+    def __init__(self, auth_enabled: _Optional[bool] = ..., auth_revision: _Optional[int] = ..., found: _Optional[bool] = ..., no_password: _Optional[bool] = ..., password_hash: _Optional[bytes] = ..., lockout: _Optional[bool] = ..., locked: _Optional[bool] = ...) -> None: ...
 
 class ResolveTokenRequest(_message.Message):
     __slots__ = ("token",)

@@ -207,7 +207,7 @@ class _Requests:
                              failure=[self.op(depth) for _ in range(r.randint(0, 3))])
 
     def request(self) -> dict[str, object]:
-        c = self.rng.randint(0, 7)
+        c = self.rng.randint(0, 8)
         at = self.rng.choice([0, -1, 2**62, 1_700_000_000_000])
         return [
             {"put": self.put()},
@@ -218,6 +218,10 @@ class _Requests:
             {"compaction": pb.CompactionRequest(revision=self.rng.randint(-3, 60))},
             {"range": self.range()},
             {"lease_renew": ipb.LeaseRenewEntry(ID=self.num()), "time_unix_ms": at},
+            {"auth_failures": ipb.AuthFailuresEntry(names=[self.key().decode("latin-1") for _ in range(3)],
+                                                    attempts=self.rng.randint(0, 2),
+                                                    duration_ms=self.rng.choice([0, 1, 60_000, 2**62])),
+             "time_unix_ms": at},
         ][c]
 
 

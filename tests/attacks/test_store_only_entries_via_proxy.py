@@ -1,6 +1,6 @@
 """A client cannot make the store apply an entry only the store proposes (raftgate/methods.py INTERNAL).
 
-lease_renew, lease_expire, expire_tokens, member_attr_set, store_alarm and lease_checkpoint are
+lease_renew, lease_expire, expire_tokens, member_attr_set, store_alarm, lease_checkpoint and auth_failures are
 not checked by authorize (Perm.INTERNAL): they carry no caller. The proxy must never build them.
 Through the proxy's client port, with root's token (a caller every check would let through):
 no method of any service and no store-internal method is served under their names, and their
@@ -21,7 +21,8 @@ from raftgate.methods import INTERNAL, SERVICES
 from tests.support.processes import RaftgateLocal
 
 CAMEL = {"lease_checkpoint": "LeaseCheckpoint", "lease_renew": "LeaseRenew", "lease_expire": "LeaseExpire",
-         "expire_tokens": "ExpireTokens", "member_attr_set": "MemberAttrSet", "store_alarm": "StoreAlarm"}
+         "expire_tokens": "ExpireTokens", "member_attr_set": "MemberAttrSet", "store_alarm": "StoreAlarm",
+         "auth_failures": "AuthFailures"}
 STORE_METHODS = ["Do", "DoStream", "WatchBatches", "Snapshot", "Leader", "Credentials", "ResolveToken"]
 
 

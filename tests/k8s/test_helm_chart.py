@@ -83,6 +83,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "proxy": {"podAntiAffinityPreset": ""},
     },
     "rbac-off": {"auth": {"rbac": {"create": False}}},
+    "lockout-off": {"auth": {"lockout": {"attempts": 0, "duration": "1h30m"}}},
     "everything": {
         "replicaCount": 7,
         "auth": {"token": {"type": "jwt", "signMethod": "PS256"}, "rbac": {"rootPassword": "s3cret"}},
@@ -284,6 +285,12 @@ def test_every_container_is_locked_down(scenario: str) -> None:
             # A read-only root needs a writable /tmp for the proxy and store containers.
             if c["args"][0] in ("store", "proxy"):
                 assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"]), where
+
+
+def test_every_store_node_gets_the_lockout_policy() -> None:
+    """Lockout is decided by the store: auth.lockout becomes its flags (the same on every node)."""
+    assert [flags(store_container(rendered(name))["args"])[f"--auth-lockout-{what}"]
+            for name in ("default", "lockout-off") for what in ("attempts", "duration")] == ["5", "15m", "0", "1h30m"]
 
 
 # ---------------------------------------------------------------------------------------------

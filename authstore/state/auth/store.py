@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import lmdb
 
+from authstore.state.auth.lockout import MAX_NAMES_PER_ENTRY, Lockout
 from authstore.state.auth.permissions import UserPermissions
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
@@ -106,6 +107,7 @@ class AuthStore:
             self._user_tokens = env.open_db(DB_USER_TOKENS, txn=txn, dupsort=True)
             if self.revision(txn) == 0:
                 self._set_revision(txn, 1)  # a fresh store reports auth revision 1, as etcd
+        self.lockout = Lockout(env, self._key)
         # name -> (user record, its roles' records, permissions built from them); see user_permissions.
         self._perm_cache: dict[str, tuple[bytes, tuple[bytes | None, ...], UserPermissions]] = {}
 
@@ -275,6 +277,7 @@ class AuthStore:
         self._put_user(txn, auth_pb2.User(name=req.name.encode(), password=password, options=options))
         self._bump(txn)
         self._set_credentials(txn, req.name)
+        self.lockout.clear(txn, req.name)  # failures counted while the name did not exist
         return pb.AuthUserAddResponse()
 
     def user_delete(self, txn: lmdb.Transaction, req: pb.AuthUserDeleteRequest) -> pb.AuthUserDeleteResponse:
@@ -286,6 +289,7 @@ class AuthStore:
         txn.delete(self._credentials_key(req.name), db=self._meta)
         self._bump(txn)
         self._drop_user_tokens(txn, req.name)
+        self.lockout.clear(txn, req.name)
         return pb.AuthUserDeleteResponse()
 
     def user_get(self, txn: lmdb.Transaction, req: pb.AuthUserGetRequest) -> pb.AuthUserGetResponse:
@@ -310,6 +314,7 @@ class AuthStore:
         self._bump(txn)
         self._set_credentials(txn, req.name)
         self._drop_user_tokens(txn, req.name)
+        self.lockout.clear(txn, req.name)  # root's `user passwd` lifts a lockout
         return pb.AuthUserChangePasswordResponse()
 
     def user_grant_role(self, txn: lmdb.Transaction, req: pb.AuthUserGrantRoleRequest) -> pb.AuthUserGrantRoleResponse:
@@ -444,11 +449,14 @@ class AuthStore:
         user = self.get_user(txn, req.name)
         if user is None:
             raise EtcdError(Err.AUTH_FAILED)
+        if self.lockout.is_locked(txn, req.name, req.issued_at_unix_ms):
+            raise EtcdError(Err.AUTH_FAILED)  # locked out: the wrong-password answer, whatever the password
         if user.HasField("options") and user.options.no_password:
             raise EtcdError(Err.NO_PASSWORD_USER)
         current = self.revision(txn)
         if req.checked_revision != current:
             raise RevisionMoved(req.checked_revision, current)
+        self.lockout.clear(txn, req.name)  # a successful login resets the count
         if not req.simple_token:
             return ""
         token = make_token(req.simple_token, index)
@@ -457,6 +465,14 @@ class AuthStore:
         txn.put(tkey, value, db=self._tokens)
         txn.put(self._key(req.name), tkey, db=self._user_tokens)  # dupsort: a no-op if already there
         return token
+
+    def record_failures(self, txn: lmdb.Transaction, req: ipb.AuthFailuresEntry, at_ms: int) -> int:
+        """Counts failed password checks (lockout.py); returns how many names they locked now."""
+        locked = 0
+        for name in req.names[:MAX_NAMES_PER_ENTRY]:
+            exists = self.get_user(txn, name) is not None
+            locked += self.lockout.record_failure(txn, name, at_ms, req.attempts, req.duration_ms, exists)
+        return locked
 
     def lookup_token(self, txn: lmdb.Transaction, token: str) -> tuple[str, int, int] | None:
         """(username, issued_at_unix_ms, ttl_seconds) of a live simple token, else None."""
