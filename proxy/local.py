@@ -49,7 +49,10 @@ SHARED_STORE_ADDRS = {"RAFTGATE_STORE_METRICS_ADDR": "--metrics-addr", "RAFTGATE
 SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE_PROXY_HEALTH_ADDR": None,
                       "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
-PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes")
+PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes",
+               "cert_file", "key_file", "trusted_ca_file", "client_cert_auth")
+#: the proxies' client-port certificate from the environment (as the flag, it makes the client URLs https://)
+CERT_FILE_ENV = "RAFTGATE_PROXY_CERT_FILE"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class LocalConfig:
     metrics_addr: ListenAddr | None = None
     #: --gateway-port: the proxy also serves etcd's JSON gateway there (None: off)
     gateway_port: int | None = None
+    #: --cert-file (or RAFTGATE_PROXY_CERT_FILE) given: every proxy serves https:// client URLs
+    tls: bool = False
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     def metrics_addrs(self) -> list[ListenAddr | None]:
         """One address per process (the stores in order, the proxy, then the member proxies in
@@ -87,6 +96,13 @@ def _parser() -> FlagParser:
     p.add_argument("--auth-token-ttl", default=None, help="simple token TTL in seconds (default 300)")
     p.add_argument("--bcrypt-cost", default=None, help="bcrypt cost for new passwords (default 10)")
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
+    p.add_argument("--cert-file", default=None,
+                   help="TLS certificate (PEM) of the client port and the member proxies: they serve https://")
+    p.add_argument("--key-file", default=None, help="its private key (PEM)")
+    p.add_argument("--trusted-ca-file", default=None,
+                   help="CA bundle (PEM): clients then need a certificate it signed")
+    p.add_argument("--client-cert-auth", nargs="?", const="true", default=None, type=proxy_config.boolean,
+                   help="a verified client certificate's CN is the user of requests without a token")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--initial-root-password-file", default=None,
@@ -119,12 +135,20 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         data_dir=Path(f["data_dir"]),
         client_port=client_port,
         nodes=nodes,
-        proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
+        proxy_flags=tuple((dest, _flag_text(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
         initial_root_password_file=Path(password_file).resolve() if password_file else None,
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
         metrics_addr=metrics,
         gateway_port=gateway_port,
+        tls=f["cert_file"] is not None or bool(environ.get(CERT_FILE_ENV, "").strip()),
     )
+
+
+def _flag_text(value: object) -> str:
+    """A flag value as the proxy parses it (booleans as etcd spells them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
@@ -382,7 +406,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     if lock is None:  # kept open (and locked) until the process ends
         return 1
     secret = _secret_file(data_dir)
-    client_url = f"http://127.0.0.1:{a.client_port}"
+    client_url = f"{a.scheme}://127.0.0.1:{a.client_port}"
     layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port,
                      reserved=[addr.port for addr in a.metrics_addrs() if addr is not None])
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
@@ -392,7 +416,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
             "--listen-internal-urls", f"http://127.0.0.1:{n['internal_port']}", "--internal-secret-file", str(secret),
             "--listen-peer-urls", f"http://127.0.0.1:{n['peer_port']}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
-            "--initial-cluster", initial_cluster, "--advertise-client-urls", f"http://127.0.0.1:{n['client_port']}",
+            "--initial-cluster", initial_cluster, "--advertise-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
         if a.initial_root_password_file:
             n["argv"] += ["--initial-root-password-file", str(a.initial_root_password_file)]
@@ -425,7 +449,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         return 1
     proxy = Child("proxy", proxy_args)
     for n, addr in zip(layout, metrics[a.nodes + 1:], strict=True):
-        n["proxy_argv"] = ["proxy", "--listen-client-urls", f"http://127.0.0.1:{n['client_port']}", *common,
+        n["proxy_argv"] = ["proxy", "--listen-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}", *common,
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
         if addr is not None:
             n["proxy_argv"] += ["--metrics-addr", str(addr)]
