@@ -115,6 +115,17 @@ class Side:
                 return e.code().name, e.details() or ""
             return "OK", ""
 
+    def watch(self, cn: str, key: bytes) -> tuple[bool, bool, str]:
+        """One watch create on a TLS stream with ``cn``'s certificate: (created, canceled, reason)."""
+        creds = grpc.ssl_channel_credentials(self.pki["ca"].read_bytes(), self.pki[f"{cn}.key"].read_bytes(),
+                                             self.pki[f"{cn}.crt"].read_bytes())
+        with grpc.secure_channel(self.server.endpoint.removeprefix("https://"), creds) as channel:
+            create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=key))
+            stream = rpc_pb2_grpc.WatchStub(channel).Watch(iter([create]), timeout=10)
+            first = next(stream)
+            stream.cancel()
+            return first.created, first.canceled, first.cancel_reason
+
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Side]:
@@ -147,6 +158,13 @@ def test_cn_user_reads_what_its_roles_allow(side: Side) -> None:
     assert side.ctl("alice", "put", "allowed/k", "x") == (1, "", DENIED)
     # root's certificate is root: the CN names the user, no password needed
     assert side.ctl("root", "get", "denied/k") == (0, "denied/k\nv2\n", "")
+
+
+def test_watches_use_the_cn(side: Side) -> None:
+    assert side.watch("alice", b"allowed/k") == (True, False, "")
+    assert side.watch("alice", b"denied/k") == (True, True, "rpc error: code = PermissionDenied desc = "
+                                                            "etcdserver: permission denied")
+    assert side.watch("mallory", b"allowed/k")[1]
 
 
 def test_unknown_cn_is_permission_denied(side: Side) -> None:
