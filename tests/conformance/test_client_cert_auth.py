@@ -9,6 +9,7 @@ log lines, or a gRPC code and message) must be the same. One server per backend 
 
 from __future__ import annotations
 
+import queue
 import socket
 import ssl
 from collections.abc import Iterator
@@ -223,3 +224,50 @@ def test_plaintext_to_the_tls_port_gets_nothing(side: Side) -> None:
         while chunk := conn.recv(4096):
             got += chunk
     assert got == b""
+
+
+def test_a_watch_by_cn_is_rechecked_when_its_permission_goes(side: Side) -> None:
+    """raftgate re-checks open watches on every auth change (etcd checks only at creation, see
+    README "Watch"): a CN identity is re-checked like a token's."""
+    if isinstance(side.server, TLSEtcd):
+        pytest.skip("etcd 3.5.1 checks a watch only when it is created")
+    assert side.ctl("root", "role", "add", "watcher", user=ROOT)[0] == 0
+    assert side.ctl("root", "role", "grant-permission", "watcher", "read", "watched", user=ROOT)[0] == 0
+    assert side.ctl("root", "user", "grant-role", "bob", "watcher", user=ROOT)[0] == 0
+    creds = grpc.ssl_channel_credentials(side.pki["ca"].read_bytes(), side.pki["bob.key"].read_bytes(),
+                                         side.pki["bob.crt"].read_bytes())
+    with grpc.secure_channel(side.server.endpoint.removeprefix("https://"), creds) as channel:
+        create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"watched"))
+        requests: queue.Queue[rpc_pb2.WatchRequest | None] = queue.Queue()
+        requests.put(create)
+        stream = rpc_pb2_grpc.WatchStub(channel).Watch(iter(requests.get, None), timeout=30)
+        try:
+            first = next(stream)
+            assert first.created and not first.canceled
+            assert side.ctl("root", "role", "revoke-permission", "watcher", "watched", user=ROOT)[0] == 0
+            gone = next(stream)
+            assert (gone.canceled, gone.cancel_reason) == (
+                True, "rpc error: code = PermissionDenied desc = etcdserver: permission denied")
+        finally:
+            requests.put(None)
+            stream.cancel()
+
+
+def test_a_ca_without_client_cert_auth_requires_a_certificate_and_ignores_its_cn(
+        tmp_path: Path) -> None:
+    """etcd 3.5.1 measured: with --trusted-ca-file alone a client certificate is required (TLS
+    handshake) but its CN names nobody. raftgate's side: tests/unit/test_client_tls.py."""
+    skip_unless_available("etcd")
+    pki = write_test_pki(tmp_path / "pki", CLIENTS)
+    server = TLSEtcd(tmp_path, pki)
+    server.extra_args.remove("--client-cert-auth")
+    server.start()
+    try:
+        s = Side(server, pki)
+        assert s.ctl("root", "user", "add", ROOT)[0] == 0
+        assert s.ctl("root", "auth", "enable")[0] == 0
+        assert s.ctl("root", "get", "k") == (1, "", "Error: etcdserver: user name is empty\n")
+        assert s.ctl("root", "get", "k", user=ROOT) == (0, "", "")
+        assert s.grpc(None, "KV.Range", rpc_pb2.RangeRequest(key=b"k"))[0] == "UNAVAILABLE"
+    finally:
+        server.stop()
