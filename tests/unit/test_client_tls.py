@@ -8,7 +8,7 @@ import asyncio
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -249,7 +249,13 @@ class MiniStore(store_pb2_grpc.StoreServicer):
             yield store_pb2.DoResultBatch(results=results)
 
 
-def test_the_cn_is_the_user_only_without_a_token(tmp_path: Path, pki: dict[str, Path]) -> None:
+Scenario = Callable[[MiniStore, rpc_pb2_grpc.KVStub], Awaitable[None]]
+
+
+def _through_proxy(tmp_path: Path, pki: dict[str, Path], extra: list[str], scenario: Scenario,
+                   cn: str | None = "alice") -> None:
+    """A ProxyServer on an https:// URL in front of MiniStore; ``scenario`` gets a KV stub of a TLS
+    channel with ``cn``'s certificate (None: no certificate)."""
     async def main() -> None:
         store = MiniStore()
         store_server = grpc.aio.server()
@@ -261,31 +267,55 @@ def test_the_cn_is_the_user_only_without_a_token(tmp_path: Path, pki: dict[str, 
         cfg = proxy_config.load([
             "--listen-client-urls=https://127.0.0.1:0", f"--store-endpoints=127.0.0.1:{store_port}",
             f"--internal-secret-file={secret}", *tls_args(pki), f"--trusted-ca-file={pki['ca']}",
-            "--client-cert-auth", "--bcrypt-cost=4", "--bcrypt-workers=1",
+            "--bcrypt-cost=4", "--bcrypt-workers=1", *extra,
         ], env={})
         proxy = ProxyServer(cfg)
         (address,) = await proxy.start()
-        creds = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki["alice.key"].read_bytes(),
-                                             pki["alice.crt"].read_bytes())
-        channel = grpc.aio.secure_channel(address, creds)
-        kv = rpc_pb2_grpc.KVStub(channel)
+        key = pki[f"{cn}.key"].read_bytes() if cn else None
+        cert = pki[f"{cn}.crt"].read_bytes() if cn else None
+        channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(pki["ca"].read_bytes(), key, cert))
         try:
-            answer = await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
-            assert answer.kvs[0].value == b"alice"
-            assert (store.headers[-1].username, store.headers[-1].auth_revision) == ("alice", 5)
-            await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
-            assert store.status_calls == 1  # the revision is kept: no round trip per request
-            store.revision = 6  # an auth change: the store refuses the kept revision as old, the proxy retries
-            await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
-            assert [h.auth_revision for h in store.headers[-2:]] == [5, 6] and store.status_calls == 2
-            # a token, even a bad one, wins over the certificate
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=(("token", "junk"),))
-            assert (e.value.code(), e.value.details()) == (Err.INVALID_AUTH_TOKEN.code, Err.INVALID_AUTH_TOKEN.message)
-            assert store.headers[-1].username == ""
+            await scenario(store, rpc_pb2_grpc.KVStub(channel))
         finally:
             await channel.close()
             await proxy.stop(0)
             await store_server.stop(0)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_cn_is_the_user_only_without_a_token(tmp_path: Path, pki: dict[str, Path]) -> None:
+    async def scenario(store: MiniStore, kv: rpc_pb2_grpc.KVStub) -> None:
+        answer = await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
+        assert answer.kvs[0].value == b"alice"
+        assert (store.headers[-1].username, store.headers[-1].auth_revision) == ("alice", 5)
+        await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
+        assert store.status_calls == 1  # the revision is kept: no round trip per request
+        store.revision = 6  # an auth change: the store refuses the kept revision as old, the proxy retries
+        await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
+        assert [h.auth_revision for h in store.headers[-2:]] == [5, 6] and store.status_calls == 2
+        # a token, even a bad one, wins over the certificate
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=(("token", "junk"),))
+        assert (e.value.code(), e.value.details()) == (Err.INVALID_AUTH_TOKEN.code, Err.INVALID_AUTH_TOKEN.message)
+        assert store.headers[-1].username == ""
+
+    _through_proxy(tmp_path, pki, ["--client-cert-auth"], scenario)
+
+
+def test_a_ca_without_client_cert_auth_requires_a_certificate_and_ignores_its_cn(
+        tmp_path: Path, pki: dict[str, Path]) -> None:
+    """etcd 3.5.1's answers (tests/conformance/test_client_cert_auth.py measures them)."""
+    async def ignored(store: MiniStore, kv: rpc_pb2_grpc.KVStub) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await kv.Range(rpc_pb2.RangeRequest(key=b"k"))
+        assert (e.value.code(), e.value.details()) == (Err.USER_EMPTY.code, Err.USER_EMPTY.message)
+
+    async def refused(store: MiniStore, kv: rpc_pb2_grpc.KVStub) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await kv.Range(rpc_pb2.RangeRequest(key=b"k"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert store.headers == []
+
+    _through_proxy(tmp_path, pki, [], ignored)
+    _through_proxy(tmp_path, pki, [], refused, cn=None)
