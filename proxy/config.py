@@ -27,6 +27,8 @@ from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
 from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST, QUEUE_PER_WORKER
 from proxy.sidecar import is_local_listener
 from proxy.store_client import InternalTLS
+from proxy.tls import ClientTLS, TLSFileError
+from proxy.tls import load as load_tls
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.options import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
 from raftgate.config_support import (
@@ -90,6 +92,10 @@ class ProxyConfig:
     audit_fail_closed: bool = False
     #: --auth-rate-limit: Authenticate calls a second per client address (0: no limit)
     auth_rate_limit: float = 0.0
+    #: --cert-file/--key-file/--trusted-ca-file/--client-cert-auth (None: no TLS files given)
+    client_tls: ClientTLS | None = None
+    #: the listen addresses (of ``listen``) served with TLS: the https:// client URLs
+    tls_listen: tuple[str, ...] = ()
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -99,7 +105,13 @@ class ProxyConfig:
 def _parser() -> FlagParser:
     p = FlagParser(prog="raftgate proxy", description="The raftgate auth proxy: serves the etcd v3 API.")
     p.add_argument("--listen-client-urls", default=DEFAULT_LISTEN,
-                   help=f"comma list of http:// or unix:// URLs (default {DEFAULT_LISTEN})")
+                   help=f"comma list of http://, https:// or unix:// URLs (default {DEFAULT_LISTEN})")
+    p.add_argument("--cert-file", help="server certificate (PEM) of the https:// client URLs (etcd's flag)")
+    p.add_argument("--key-file", help="its private key (PEM)")
+    p.add_argument("--trusted-ca-file", help="CA bundle (PEM): the https:// client URLs then require a client "
+                   "certificate it signed")
+    p.add_argument("--client-cert-auth", nargs="?", const="true", default="false", type=boolean,
+                   help="a verified client certificate's CN is the user of requests without a token (etcd's flag)")
     p.add_argument("--store-endpoints", help="comma list of every store node's host:port (requests go to the leader)")
     p.add_argument(
         "--member-store-endpoint",
@@ -179,7 +191,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     """``(argv, env)`` -> ProxyConfig (env: os.environ when None); raises ConfigError (SystemExit(0)
     for --help)."""
     f = parse_flags(_parser(), argv, os.environ if env is None else env, prefixed(ENV_PREFIX))
-    listen = _listen_urls(f)
+    listen, tls_listen = _client_urls(f)
+    client_tls = _client_tls(f, tls_listen)
     stores = _store_endpoints(f)
     member = (f["member_store_endpoint"] or "").strip() or None
     if member is not None:
@@ -233,6 +246,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         audit_level=f["audit_level"],
         audit_fail_closed=fail_closed,
         auth_rate_limit=rate_limit,
+        client_tls=client_tls,
+        tls_listen=tls_listen,
     )
 
 
@@ -266,8 +281,61 @@ def _rate(f: Flags, dest: str) -> float:
     return value
 
 
-def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:
-    """--listen-client-urls or --listen-gateway-urls: http://host:port or unix://path URLs."""
+def boolean(text: str) -> bool:
+    """etcd's (Go's strconv.ParseBool) spellings of a boolean flag value."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes"):
+        return True
+    if value in ("0", "f", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _client_urls(f: Flags) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--listen-client-urls -> (every listen address, those served with TLS: the https:// ones)."""
+    listen = _listen_urls(f, tls=True)
+    secure = tuple(address for url, address in zip(comma_list(f["listen_client_urls"] or ""), listen, strict=True)
+                   if urlsplit(url).scheme == "https")
+    return listen, secure
+
+
+def _client_tls(f: Flags, tls_listen: tuple[str, ...]) -> ClientTLS | None:
+    """The client port's TLS files, checked now (the key matches the certificate, the CA parses).
+
+    As in etcd: an https:// URL needs --cert-file and --key-file; --client-cert-auth needs a CA
+    (raftgate trusts no system CA for client certificates); TLS files with only http:// URLs are
+    not used (etcd serves those plainly too), which is logged.
+    """
+    cert, key, ca = f["cert_file"], f["key_file"], f["trusted_ca_file"]
+    cert_auth = bool(f["client_cert_auth"])
+    if not (cert or key or ca or cert_auth):
+        if tls_listen:
+            raise f.error("listen_client_urls", f"https:// needs --cert-file and --key-file (TLS server "
+                          f"certificate and key) for {', '.join(tls_listen)}")
+        return None
+    if not cert or not key:
+        given = [f.source(d) for d in ("cert_file", "key_file", "trusted_ca_file", "client_cert_auth") if f.given(d)]
+        missing = f.source("cert_file" if not cert else "key_file")
+        raise ConfigError(f"{missing} is required with {', '.join(given)}: the client port's TLS certificate and "
+                          "key go together")
+    if cert_auth and not ca:
+        raise ConfigError(f"{f.source('client_cert_auth')} needs {f.source('trusted_ca_file')}: the CA that signs "
+                          "client certificates")
+    spec = ClientTLS(cert, key, ca or None, cert_auth,
+                     sources=(f.source("cert_file"), f.source("key_file"), f.source("trusted_ca_file")))
+    try:
+        load_tls(spec)
+    except TLSFileError as e:
+        raise ConfigError(str(e)) from None
+    if not tls_listen:
+        log.warning("%s is given but no client URL is https://: the client port serves plaintext (as etcd does)",
+                    f.source("cert_file"))
+    return spec
+
+
+def _listen_urls(f: Flags, dest: str = "listen_client_urls", *, tls: bool = False) -> tuple[str, ...]:
+    """--listen-client-urls or --listen-gateway-urls: http://host:port or unix://path URLs (and
+    https://host:port with ``tls``)."""
     source = f.source(dest)
     out: list[str] = []
     for url in comma_list(f[dest] or ""):
@@ -277,15 +345,16 @@ def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:
             if not path:
                 raise ConfigError(f"{source}: {url!r} has no socket path")
             out.append(f"unix:{path}")
-        elif parts.scheme == "http":
+        elif parts.scheme == "http" or (tls and parts.scheme == "https"):
             if parts.path not in ("", "/") or parts.query or parts.fragment:
-                raise ConfigError(f"{source}: {url!r} must be http://host:port")
+                raise ConfigError(f"{source}: {url!r} must be {parts.scheme}://host:port")
             host_port(source, parts.netloc)
             out.append(parts.netloc)
         elif parts.scheme == "https":
-            raise ConfigError(f"{source}: {url!r}: https:// is not supported yet (use http:// or unix://)")
+            raise ConfigError(f"{source}: {url!r}: https:// is not served here (use http:// or unix://)")
         else:
-            raise ConfigError(f"{source}: {url!r} must start with http:// or unix://")
+            schemes = "http://, https:// or unix://" if tls else "http:// or unix://"
+            raise ConfigError(f"{source}: {url!r} must start with {schemes}")
     if not out:
         raise ConfigError(f"{source} is empty")
     return tuple(out)

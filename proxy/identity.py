@@ -47,13 +47,16 @@ class Identity:
     invalid_token: bool = False
     #: A JWT's ``exp`` (unix seconds): the token dies then, also for the watches made with it.
     expires_at: float | None = None
+    #: The user is a verified client certificate's CN (--client-cert-auth), stamped with the auth
+    #: revision last seen: etcd resolves a CN at the current revision, so a stale one is re-resolved.
+    certificate: bool = False
     #: The workload token this identity came from; its (user, revision) may be re-resolved.
     workload_token: str | None = None
 
     @property
     def reresolvable(self) -> bool:
         """Stamped from a cached resolution the store may call old: resolve again and retry."""
-        return self.simple_token is not None or self.workload_token is not None
+        return self.simple_token is not None or self.workload_token is not None or self.certificate
 
 
 ANONYMOUS = Identity("", 0)
@@ -76,6 +79,8 @@ class Resolver:
         self._inflight: dict[str, asyncio.Task[Identity | None]] = {}
         #: workload user -> (auth revision at which the store had it, when asked)
         self._workload_users: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: the store's auth revision as last seen, for certificate identities (None: ask the store)
+        self._certificate_revision: int | None = None
 
     async def resolve(self, token: str | None, timeout: float | None = None, *,
                       defer_invalid: bool = False, fresh: bool = False) -> Identity:
@@ -114,6 +119,8 @@ class Resolver:
 
     def invalidate(self, identity: Identity) -> None:
         """Forget a cached simple-token or workload resolution (the store said its revision is old)."""
+        if identity.certificate and identity.revision == self._certificate_revision:
+            self._certificate_revision = None
         if self._simple is not None and identity.simple_token is not None:
             self._simple.invalidate(identity.simple_token)
         if identity.workload_token is not None:
@@ -154,6 +161,17 @@ class Resolver:
             if len(self._workload_users) > WORKLOAD_USERS_CACHED:
                 self._workload_users.popitem(last=False)
         return Identity(user, revision, expires_at=found.expires_at, workload_token=token)
+
+    async def resolve_certificate(self, name: str, timeout: float | None = None) -> Identity:
+        """A verified client certificate's CN as the caller (etcd's AuthInfoFromTLS): the user
+        ``name`` at the store's current auth revision. The revision is kept from the last answer:
+        after an auth change the store refuses it as old without effect, and the caller asks again
+        (``invalidate``), so no request pays a store round trip for it otherwise."""
+        revision = self._certificate_revision
+        if revision is None:
+            revision = await self.auth_revision(timeout)
+            self._certificate_revision = revision
+        return Identity(name, revision, certificate=True)
 
     async def _resolve_simple(self, token: str, timeout: float | None) -> Identity | None:
         assert self._simple is not None
@@ -197,7 +215,13 @@ class Resolver:
 
     async def auth_enabled(self, timeout: float | None = None) -> bool:
         """Asks the store (AuthStatus is open to anyone since etcd 3.7)."""
+        return (await self._auth_status(timeout)).enabled
+
+    async def auth_revision(self, timeout: float | None = None) -> int:
+        """The store's current auth revision (AuthStatus)."""
+        return int((await self._auth_status(timeout)).authRevision)
+
+    async def _auth_status(self, timeout: float | None) -> rpc_pb2.AuthStatusResponse:
         data = wire.build_internal_request(wire.encode_header("", 0), AUTH_STATUS_FIELD, b"")
         answer = await self._store.do(data, timeout)
-        status = rpc_pb2.AuthStatusResponse.FromString(wire.unwrap_field(answer, AUTH_STATUS_FIELD))
-        return status.enabled
+        return rpc_pb2.AuthStatusResponse.FromString(wire.unwrap_field(answer, AUTH_STATUS_FIELD))

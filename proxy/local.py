@@ -54,11 +54,13 @@ SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE
                       "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
 PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes", "audit_level", "audit_fail_closed",
-               "auth_rate_limit")
+               "auth_rate_limit", "cert_file", "key_file", "trusted_ca_file", "client_cert_auth")
 #: Read by every proxy: one file with several writers. local gives each proxy a file of its own.
 SHARED_PROXY_FILES = {"RAFTGATE_PROXY_AUDIT_LOG": "--audit-log"}
 #: The flags passed on to every store node as they are (lockout is decided by the store).
 STORE_FLAGS = ("auth_lockout_attempts", "auth_lockout_duration")
+#: the proxies' client-port certificate from the environment (as the flag, it makes the client URLs https://)
+CERT_FILE_ENV = "RAFTGATE_PROXY_CERT_FILE"
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,18 @@ class LocalConfig:
     gateway_port: int | None = None
     #: --audit-log: the client proxy's audit log ("-": stdout); member proxy i writes PATH.<name>
     audit_log: str | None = None
+    #: --cert-file (or RAFTGATE_PROXY_CERT_FILE) given: every proxy serves https:// client URLs
+    tls: bool = False
 
     def audit_log_of(self, member: str | None) -> str | None:
         """The audit log of the client proxy (None) or of a member proxy: one writer per file."""
         if self.audit_log is None or self.audit_log == "-" or member is None:
             return self.audit_log
         return f"{self.audit_log}.{member}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     def metrics_addrs(self) -> list[ListenAddr | None]:
         """One address per process (the stores in order, the proxy, then the member proxies in
@@ -112,6 +120,13 @@ def _parser() -> FlagParser:
                    help="Go duration: the lockout's counting window and length (default 15m)")
     p.add_argument("--auth-rate-limit", default=None,
                    help="Authenticate calls a second per client address (default 0: no limit)")
+    p.add_argument("--cert-file", default=None,
+                   help="TLS certificate (PEM) of the client port and the member proxies: they serve https://")
+    p.add_argument("--key-file", default=None, help="its private key (PEM)")
+    p.add_argument("--trusted-ca-file", default=None,
+                   help="CA bundle (PEM): clients then need a certificate it signed")
+    p.add_argument("--client-cert-auth", nargs="?", const="true", default=None, type=proxy_config.boolean,
+                   help="a verified client certificate's CN is the user of requests without a token")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--audit-log", default=None,
@@ -150,19 +165,27 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         data_dir=Path(f["data_dir"]),
         client_port=client_port,
         nodes=nodes,
-        proxy_flags=tuple((dest, str(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
+        proxy_flags=tuple((dest, _flag_text(f[dest])) for dest in PROXY_FLAGS if f[dest] is not None),
         store_flags=tuple((dest, str(f[dest])) for dest in STORE_FLAGS if f[dest] is not None),
         initial_root_password_file=Path(password_file).resolve() if password_file else None,
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
         metrics_addr=metrics,
         gateway_port=gateway_port,
         audit_log=_audit_path(f["audit_log"]),
+        tls=f["cert_file"] is not None or bool(environ.get(CERT_FILE_ENV, "").strip()),
     )
 
 
 def _audit_path(path: str | None) -> str | None:
     """An absolute path (the children run elsewhere), or "-"."""
     return path if path in (None, "-") or not path.strip() else str(Path(path).resolve())
+
+
+def _flag_text(value: object) -> str:
+    """A flag value as the proxy parses it (booleans as etcd spells them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
@@ -432,7 +455,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     if lock is None:  # kept open (and locked) until the process ends
         return 1
     secret = _secret_file(data_dir)
-    client_url = f"http://127.0.0.1:{a.client_port}"
+    client_url = f"{a.scheme}://127.0.0.1:{a.client_port}"
     layout = _layout(data_dir, a.nodes, a.client_port, a.gateway_port,
                      reserved=[addr.port for addr in a.metrics_addrs() if addr is not None])
     initial_cluster = ",".join(f"{n['name']}=http://127.0.0.1:{n['peer_port']}" for n in layout)
@@ -442,7 +465,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
             "--listen-internal-urls", f"http://127.0.0.1:{n['internal_port']}", "--internal-secret-file", str(secret),
             "--listen-peer-urls", f"http://127.0.0.1:{n['peer_port']}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
-            "--initial-cluster", initial_cluster, "--advertise-client-urls", f"http://127.0.0.1:{n['client_port']}",
+            "--initial-cluster", initial_cluster, "--advertise-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
         for dest, value in a.store_flags:
             n["argv"] += ["--" + dest.replace("_", "-"), value]
@@ -479,7 +502,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         return 1
     proxy = Child("proxy", proxy_args)
     for n, addr in zip(layout, metrics[a.nodes + 1:], strict=True):
-        n["proxy_argv"] = ["proxy", "--listen-client-urls", f"http://127.0.0.1:{n['client_port']}", *common,
+        n["proxy_argv"] = ["proxy", "--listen-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}", *common,
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
         if addr is not None:
             n["proxy_argv"] += ["--metrics-addr", str(addr)]

@@ -24,6 +24,7 @@ from proxy.identity import Identity, Resolver
 from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
 from proxy.sidecar import REFRESH_ON, Sidecar, is_local_peer
 from proxy.store_client import StoreClient
+from proxy.tls import common_name
 from proxy.tokens.extract import extract_token
 from proxy.watch import WatchProxy
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext
 RANGE_STREAM_FIELD = 1  # RangeStreamResponse.range_response
+#: metadata etcd's own gRPC gateway sets: etcd never takes such a request's identity from the
+#: connection's certificate (the gateway's certificate is not the caller's)
+GATEWAY_ACCEPT_KEY = "grpcgateway-accept"
 
 
 class MalformedRequest(ValueError):
@@ -122,10 +126,12 @@ class Pipeline:
         max_request_bytes: int,
         sidecar: Sidecar | None = None,
         audit_log: audit.AuditLog | None = None,
+        client_cert_auth: bool = False,
     ) -> None:
         """``sidecar`` set: token-less requests from local peers are sent as the sidecar identity
         (give it only to the pipeline behind local listeners). ``audit_log``: every call's
-        handler records it there (proxy/services.py)."""
+        handler records it there (proxy/services.py). ``client_cert_auth``: etcd's
+        --client-cert-auth, a verified client certificate's CN is the user of token-less requests."""
         self.store = store
         self.resolver = resolver
         self.authenticator = authenticator
@@ -133,6 +139,7 @@ class Pipeline:
         self.max_request_bytes = max_request_bytes
         self.sidecar = sidecar
         self.audit = audit_log
+        self.client_cert_auth = client_cert_auth
 
     async def resolve(self, token: str | None, timeout: float | None, **options: bool) -> Identity:
         """Step 2, noted for the call's audit record: the token's fingerprint, then its identity."""
@@ -141,16 +148,49 @@ class Pipeline:
         audit.noted_identity(identity.username, identity.revision)
         return identity
 
+    async def resolve_certificate(self, name: str, timeout: float | None) -> Identity:
+        """Step 2 for a certificate's CN, noted for the call's audit record."""
+        identity = await self.resolver.resolve_certificate(name, timeout)
+        audit.noted_identity(identity.username, identity.revision)
+        return identity
+
+    def certificate_name(self, context: Context) -> str | None:
+        """etcd's AuthInfoFromTLS: with --client-cert-auth, the verified client certificate's CN
+        names the user of a request without a token (any token, even a bad one, wins)."""
+        if not self.client_cert_auth:
+            return None
+        metadata = context.invocation_metadata() or ()
+        if extract_token(metadata) is not None or any(item[0] == GATEWAY_ACCEPT_KEY for item in metadata):
+            return None
+        try:
+            auth_context = context.auth_context()
+        except AttributeError:  # the JSON gateway's context: no TLS peer
+            return None
+        return common_name(auth_context) or None
+
     async def token_of(self, context: Context) -> tuple[str | None, bool]:
-        """The client's token, or the lent sidecar token; and whether it was lent."""
+        """The client's token, or the lent sidecar token; and whether it was lent (never to a
+        caller its certificate names)."""
         token = extract_token(context.invocation_metadata())
-        if token is None and self.sidecar is not None and is_local_peer(context.peer()):
+        if token is None and self.sidecar is not None and is_local_peer(context.peer()) \
+                and self.certificate_name(context) is None:
             return await self.sidecar.token(), True
         return token, False
+
+    async def identity_of(self, context: Context, timeout: float | None, *, defer_invalid: bool = False) -> Identity:
+        """The caller's identity: its token's, else its certificate's CN, else anonymous."""
+        name = self.certificate_name(context)
+        if name is not None:
+            return await self.resolve_certificate(name, timeout)
+        token, _lent = await self.token_of(context)
+        return await self.resolve(token, timeout, defer_invalid=defer_invalid)
 
     async def forward(self, method: Method, request: bytes, context: Context) -> bytes:
         """One request through every step; returns the response message bytes for the client."""
         timeout = timeout_of(context)
+        name = self.certificate_name(context)
+        if name is not None:
+            return await self.forward_as(None, method, request, timeout, certificate=name)
         token, lent = await self.token_of(context)
         try:
             return await self.forward_as(token, method, request, timeout)
@@ -163,14 +203,20 @@ class Pipeline:
             token = await self.sidecar.refresh(token, reason)
             return await self.forward_as(token, method, request, timeout)
 
-    async def forward_as(self, token: str | None, method: Method, request: bytes, timeout: float | None) -> bytes:
-        """Resolve -> stamp -> forward -> unwrap, for a given token.
+    async def forward_as(self, token: str | None, method: Method, request: bytes, timeout: float | None, *,
+                         certificate: str | None = None) -> bytes:
+        """Resolve -> stamp -> forward -> unwrap, for a given token (or a certificate's CN).
 
         An unusable token is not refused here: the request goes to the store marked, and the
         store validates it first, as etcd does (`key is not provided` before `invalid auth
         token`), without the proxy decoding every request.
         """
-        identity = await self.resolve(token, timeout, defer_invalid=True)
+        async def resolve() -> Identity:
+            if certificate is not None:
+                return await self.resolve_certificate(certificate, timeout)
+            return await self.resolve(token, timeout, defer_invalid=True)
+
+        identity = await resolve()
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
@@ -181,7 +227,7 @@ class Pipeline:
                 raise
             # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
             self.resolver.invalidate(identity)
-            identity = await self.resolve(token, timeout)
+            identity = await resolve()
             answer = await self.store.do(stamp(identity, method, request), timeout)
         return wire.unwrap_field(answer, method.field)
 
@@ -232,6 +278,8 @@ class Pipeline:
         """Refuses, before any bcrypt, callers every auth-admin request refuses: an unusable
         token (`invalid auth token`), and no identity while auth is on (`user name is empty`).
         A lent (sidecar) token is left to the usual refresh-and-retry of ``forward``."""
+        if self.certificate_name(context) is not None:
+            return  # a user name: the store decides (etcd: a CN is a user like a token's)
         token, lent = await self.token_of(context)
         if lent:
             return
@@ -255,8 +303,7 @@ class Pipeline:
         try:
             _parse(rpc_pb2.SnapshotRequest, request, streaming=True)
             timeout = timeout_of(context)
-            token, _lent = await self.token_of(context)
-            identity = await self.resolve(token, timeout)
+            identity = await self.identity_of(context, timeout)
             for attempt in range(2):
                 data = stamp(identity, method, request)
                 check_size(data, self.max_request_bytes)
@@ -270,7 +317,7 @@ class Pipeline:
                     if sent or attempt or not identity.reresolvable or not is_old_revision(e):
                         raise
                 self.resolver.invalidate(identity)
-                identity = await self.resolve(token, timeout)
+                identity = await self.identity_of(context, timeout)
         except HANDLED as e:
             await abort_with(context, e)
 
@@ -300,8 +347,7 @@ class Pipeline:
         and resume on it (etcd judges each create by the token); proxy/watch.py does the rest."""
 
         async def identify() -> Identity:
-            token, _lent = await self.token_of(context)
-            return await self.resolve(token, None, defer_invalid=True)
+            return await self.identity_of(context, None, defer_invalid=True)
 
         try:
             identity = await identify()

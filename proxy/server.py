@@ -31,6 +31,7 @@ from proxy.pipeline import Pipeline
 from proxy.services import etcd_handlers
 from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
+from proxy.tls import ServerTLS
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.jwt_keys import JWKS_PATH
@@ -59,10 +60,13 @@ class ProxyServer:
         )
         self.audit = AuditLog(config.audit_log, config.audit_level, fail_closed=config.audit_fail_closed) \
             if config.audit_log is not None else None
+        cert_auth = config.client_tls is not None and config.client_tls.client_cert_auth
         self.pipeline = Pipeline(
             self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes,
-            audit_log=self.audit,
+            audit_log=self.audit, client_cert_auth=cert_auth,
         )
+        #: the https:// client URLs' credentials, re-reading the files when they change
+        self.tls = ServerTLS(config.client_tls) if config.client_tls is not None and config.tls_listen else None
         self.sidecar: Sidecar | None = None
         if config.identity is not None:
             files = IdentityFiles(config.identity.kind, config.identity.path)
@@ -77,6 +81,7 @@ class ProxyServer:
             lending = Pipeline(
                 self.store, self.resolver, self.authenticator, self.hasher,
                 max_request_bytes=config.max_request_bytes, sidecar=self.sidecar, audit_log=self.audit,
+                client_cert_auth=cert_auth,
             )
             self._servers.append((self._grpc_server(lending), local))
         if others:
@@ -119,7 +124,8 @@ class ProxyServer:
         self.store.start()
         for server, listen in self._servers:
             for address in listen:
-                self.addresses.append(_bind(server, address))
+                tls = self.tls if address in self.config.tls_listen else None
+                self.addresses.append(_bind(server, address, tls))
         for server, _ in self._servers:
             await server.start()
         if self.gateway is not None:
@@ -167,10 +173,10 @@ class ProxyServer:
             await server.wait_for_termination()
 
 
-def _bind(server: grpc.aio.Server, address: str) -> str:
-    """Adds one listen address; returns it with the real port."""
+def _bind(server: grpc.aio.Server, address: str, tls: ServerTLS | None = None) -> str:
+    """Adds one listen address (TLS with ``tls``); returns it with the real port."""
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError:  # grpc reports a failed bind this way
         port = 0
         if address.startswith("unix:"):

@@ -146,7 +146,7 @@ def stamp(state: _State, identity: Identity) -> None:
     """The header the next creates (and resumes) go with: the identity resolved just before."""
     state.header = ipb.RequestHeader(username=identity.username, auth_revision=identity.revision,
                                      invalid_token=identity.invalid_token).SerializeToString()
-    state.current_revision = identity.simple_token is not None
+    state.current_revision = identity.simple_token is not None or identity.certificate
     state.digest = hashlib.sha256(identity.simple_token.encode()).digest() if identity.simple_token else b""
     state.expires_at = identity.expires_at
 

@@ -527,6 +527,62 @@ def pem_rsa_keypair(directory: Path) -> tuple[Path, Path]:
     return priv, pub
 
 
+def write_test_pki(directory: Path, clients: Sequence[str], *, ca_name: str = "raftgate-test-ca") -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1/localhost and one client certificate per CN in
+    ``clients`` (ECDSA P-256, PEM), for TLS tests. Returns paths: ``ca``, ``server.crt``,
+    ``server.key``, ``<cn>.crt``, ``<cn>.key``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    later = now + datetime.timedelta(days=2)
+
+    def write_key(name: str, key: ec.EllipticCurvePrivateKey) -> Path:
+        path = directory / name
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        return path
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_name)])
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_subject).issuer_name(ca_subject)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now).not_valid_after(later)
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    out = {"ca": directory / "ca.crt"}
+    out["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(name: str, cn: str, server: bool) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+                   .issuer_name(ca_subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now).not_valid_after(later)
+                   .add_extension(x509.ExtendedKeyUsage(
+                       [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server
+                       else [ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+        if server:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        out[f"{name}.crt"] = directory / f"{name}.crt"
+        out[f"{name}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        out[f"{name}.key"] = write_key(f"{name}.key", key)
+
+    issue("server", "server", True)
+    for cn in clients:
+        issue(cn, cn, False)
+    return out
+
+
 def client_script_env() -> dict[str, str]:
     """Environment for tests/clients scripts: python protobuf runtime (etcd3 0.12's generated code needs it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}

@@ -127,6 +127,9 @@ class Watcher:
     reg_rev: int = 0
     password: bytes = b""
     token_digest: bytes = b""  # the simple token the create came with (its key in the auth store)
+    #: the user is a client certificate's CN (the proxy asks for the current revision and sends no
+    #: token digest): no token to outlive, no password it was checked with
+    certificate: bool = False
     synced: bool = False
     removed: bool = False
     doomed: bool = False  # set on the apply thread: an auth change took its permission
@@ -279,11 +282,11 @@ class WatchHub:
         auth = self.applier.auth
         if not auth.is_enabled(txn):
             return None
-        if w.invalid_token or not self._token_live(txn, w, recheck=recheck):
+        if w.invalid_token or (not w.certificate and not self._token_live(txn, w, recheck=recheck)):
             return EtcdError(Err.INVALID_AUTH_TOKEN)
         username = w.username
         revision = auth.revision(txn) if (recheck or w.current_revision) else w.auth_revision
-        if recheck and username:
+        if recheck and username and not w.certificate:
             user = auth.get_user(txn, username)
             # The user was deleted or its password changed: etcd drops its tokens.
             if user is None or user.password != w.password:
@@ -610,7 +613,8 @@ class WatchHub:
                     auth_revision=msg.header.auth_revision, invalid_token=msg.header.invalid_token,
                     current_revision=msg.current_revision or msg.resume, no_put=_NOPUT in filters,
                     no_delete=_NODELETE in filters, prev_kv=creq.prev_kv, progress_notify=creq.progress_notify,
-                    fragment=creq.fragment, token_digest=msg.token_digest)
+                    fragment=creq.fragment, token_digest=msg.token_digest,
+                    certificate=msg.current_revision and not msg.token_digest)
         w.gid = next(self._gids)
         capped = self._cap(stream, w, msg.resume)
         if capped is not None:  # refused before it costs the apply thread anything

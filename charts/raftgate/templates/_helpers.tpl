@@ -105,6 +105,13 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- $client := .Values.auth.client -}}
+{{- if and $client.enableAuthentication (not $client.secureTransport) -}}
+{{- fail "auth.client.enableAuthentication needs auth.client.secureTransport (client certificates travel over TLS)" -}}
+{{- end -}}
+{{- if and $client.secureTransport (not $client.existingSecret) (not (and .Values.tls.enabled (eq .Values.tls.provider "certManager"))) -}}
+{{- fail "auth.client.secureTransport needs auth.client.existingSecret (tls.crt, tls.key, ca.crt), or tls.provider=certManager to issue it" -}}
+{{- end -}}
 {{- if and (eq .Values.auth.token.type "jwt") (not .Values.auth.token.privateKey.existingSecret) -}}
 {{- if not (regexMatch "^(RS|PS)(256|384|512)$" .Values.auth.token.signMethod) -}}
 {{- fail (printf "auth.token.signMethod=%s needs auth.token.privateKey.existingSecret: the generated key is RSA (RS256/384/512, PS256/384/512)" .Values.auth.token.signMethod) -}}
@@ -115,6 +122,11 @@ imagePullSecrets:
 {{/* ---- Store addressing ---- */}}
 
 {{- define "raftgate.scheme" -}}{{ ternary "https" "http" .Values.tls.enabled }}{{- end -}}
+{{/* The client port's scheme (auth.client.secureTransport). */}}
+{{- define "raftgate.clientScheme" -}}{{ ternary "https" "http" .Values.auth.client.secureTransport }}{{- end -}}
+{{- define "raftgate.secret.clientTls" -}}
+{{- default (printf "%s-client-tls" (include "raftgate.fullname" .)) .Values.auth.client.existingSecret -}}
+{{- end -}}
 
 {{/* The DNS suffix of the store pods: <headless>.<namespace>.svc.<clusterDomain> */}}
 {{- define "raftgate.store.domain" -}}

@@ -13,6 +13,7 @@ With sidecar.native (the default) the container belongs under initContainers (re
 
 {{/* Mount points: every flag that names a file points under one of these. */}}
 {{- define "raftgate.path.proxyTls" -}}/etc/raftgate/tls/proxy{{- end -}}
+{{- define "raftgate.path.clientTls" -}}/etc/raftgate/tls/client{{- end -}}
 {{- define "raftgate.path.jwt" -}}/etc/raftgate/jwt{{- end -}}
 {{- define "raftgate.path.shared" -}}/etc/raftgate/secret{{- end -}}
 {{- define "raftgate.path.identity" -}}/etc/raftgate/identity{{- end -}}
@@ -78,6 +79,9 @@ oidcJwksConfigMap: {{ $wi.jwksConfigMap | quote }}
 {{- fail "sidecar.identity.serviceAccountToken.audience must equal auth.workloadIdentity.audience" }}
 {{- end }}
 {{ include "raftgate.audit.params" $v.sidecar.audit }}
+clientTls: false
+clientCertAuth: false
+clientTlsSecret: ""
 resources:
   {{- toYaml $v.sidecar.resources | nindent 2 }}
 securityContext:
@@ -105,7 +109,10 @@ securityContext:
 {{- $p := include "raftgate.sidecar.params" (dict "values" .Values "context" .) | fromYaml -}}
 {{- $_ := set $p "name" "proxy" -}}
 {{- $_ := set $p "native" false -}}
-{{- $_ := set $p "listen" (printf "http://0.0.0.0:%d" (int .Values.ports.client)) -}}
+{{- $_ := set $p "listen" (printf "%s://0.0.0.0:%d" (include "raftgate.clientScheme" .) (int .Values.ports.client)) -}}
+{{- $_ := set $p "clientTls" .Values.auth.client.secureTransport -}}
+{{- $_ := set $p "clientCertAuth" (and .Values.auth.client.secureTransport .Values.auth.client.enableAuthentication) -}}
+{{- $_ := set $p "clientTlsSecret" (include "raftgate.secret.clientTls" .) -}}
 {{- $_ := set $p "clientPort" .Values.ports.client -}}
 {{- $_ := set $p "portPrefix" "" -}}
 {{- $_ := set $p "metricsPort" .Values.ports.metrics -}}
@@ -158,6 +165,14 @@ localhost, which the internal certificate names; everything else goes to the lea
     - --bcrypt-cost={{ .bcryptCost }}
     - --metrics-addr=0.0.0.0:{{ .metricsPort }}
     - --health-addr=0.0.0.0:{{ .healthPort }}
+    {{- if .clientTls }}
+    - --cert-file={{ include "raftgate.path.clientTls" . }}/tls.crt
+    - --key-file={{ include "raftgate.path.clientTls" . }}/tls.key
+    {{- if .clientCertAuth }}
+    - --trusted-ca-file={{ include "raftgate.path.clientTls" . }}/ca.crt
+    - --client-cert-auth=true
+    {{- end }}
+    {{- end }}
     {{- if .identitySecret }}
     - --identity-file={{ include "raftgate.path.identity" . }}
     {{- end }}
@@ -241,6 +256,11 @@ localhost, which the internal certificate names; everything else goes to the lea
       mountPath: {{ include "raftgate.path.jwt" . }}
       readOnly: true
     {{- end }}
+    {{- if .clientTls }}
+    - name: raftgate-client-tls
+      mountPath: {{ include "raftgate.path.clientTls" . }}
+      readOnly: true
+    {{- end }}
     {{- if .identitySecret }}
     - name: raftgate-identity
       mountPath: {{ include "raftgate.path.identity" . }}
@@ -296,6 +316,12 @@ fsGroup, and these volumes are mounted only into the proxy container.
 - name: raftgate-jwt
   secret:
     secretName: {{ .jwtSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if .clientTls }}
+- name: raftgate-client-tls
+  secret:
+    secretName: {{ .clientTlsSecret }}
     defaultMode: 0444
 {{- end }}
 {{- if .identitySecret }}

@@ -1,0 +1,163 @@
+"""TLS on the client port (etcd's ``--cert-file``, ``--key-file``, ``--trusted-ca-file``,
+``--client-cert-auth``), with the files re-read when they change.
+
+cert-manager rotates a mounted Secret by swapping a symlink: the server must take the new
+certificate and CA without restarting. grpc-core asks ``ServerTLS.fetch`` before each new
+handshake; it answers a new configuration when a file's identity (inode, size, mtime) changed and
+the new files load, and None (keep the current one) otherwise, so a half-written rotation never
+breaks the port. Established connections keep the certificate they were made with.
+
+As in etcd, a trusted CA makes the port require and verify a client certificate; only
+``--client-cert-auth`` makes the verified certificate's CN the user of token-less requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+#: the auth-context key grpc-core fills with the verified client certificate's subject CN
+COMMON_NAME_KEY = "x509_common_name"
+MAX_PEM_BYTES = 1024 * 1024
+
+
+class TLSFileError(ValueError):
+    """A certificate, key or CA file that cannot be used; the message names the file's flag."""
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """The client port's TLS files and etcd's client-cert-auth switch."""
+
+    cert_file: str
+    key_file: str
+    #: --trusted-ca-file: client certificates are then required and verified (None: not asked for)
+    ca_file: str | None = None
+    #: --client-cert-auth: a verified certificate's CN is the user of token-less requests
+    client_cert_auth: bool = False
+    #: each file's flag as the user gave it (``--cert-file`` or the environment variable), for messages
+    sources: tuple[str, str, str] = ("--cert-file", "--key-file", "--trusted-ca-file")
+
+    @property
+    def require_client_certificate(self) -> bool:
+        return self.ca_file is not None
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    cert: bytes
+    key: bytes
+    ca: bytes | None
+    stamp: tuple[tuple[int, int, int, int], ...]
+
+
+def _stamp(path: str) -> tuple[int, int, int, int]:
+    """What changes when a file is replaced (a symlink swap changes the target's inode)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read(source: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PEM_BYTES + 1)
+    except OSError as e:
+        raise TLSFileError(f"{source}: cannot read {path!r}: {e.strerror}") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise TLSFileError(f"{source}: {path!r} is too large")
+    if not data.strip():
+        raise TLSFileError(f"{source}: {path!r} is empty")
+    return data
+
+
+def load(spec: ClientTLS) -> _Loaded:
+    """Reads and checks the files: the key matches the certificate, the CA bundle parses.
+
+    The check uses the standard library's TLS (the same OpenSSL checks grpc-core would do, with a
+    message that names the flag instead of a failed bind later). Raises TLSFileError.
+    """
+    cert_src, key_src, ca_src = spec.sources
+    paths = [spec.cert_file, spec.key_file] + ([spec.ca_file] if spec.ca_file else [])
+    try:
+        stamp = tuple(_stamp(p) for p in paths)
+    except OSError as e:
+        which = {spec.cert_file: cert_src, spec.key_file: key_src, spec.ca_file: ca_src}.get(e.filename, cert_src)
+        raise TLSFileError(f"{which}: cannot read {e.filename!r}: {e.strerror}") from None
+    cert = _read(cert_src, spec.cert_file)
+    key = _read(key_src, spec.key_file)
+    ca = _read(ca_src, spec.ca_file) if spec.ca_file else None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(spec.cert_file, spec.key_file)
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in str(e):
+            raise TLSFileError(f"{key_src}: the key does not match the certificate of {cert_src}") from None
+        raise TLSFileError(f"{cert_src}/{key_src}: not a PEM certificate and its private key ({e.reason})") from None
+    except OSError as e:
+        raise TLSFileError(f"{cert_src}/{key_src}: cannot load: {e}") from None
+    if ca is not None:
+        try:
+            context.load_verify_locations(cadata=ca.decode("ascii"))
+        except (ssl.SSLError, UnicodeDecodeError, ValueError):
+            raise TLSFileError(f"{ca_src}: {spec.ca_file!r} holds no PEM certificate") from None
+    return _Loaded(cert, key, ca, stamp)
+
+
+class ServerTLS:
+    """grpc server credentials that follow the files (one per client-port server)."""
+
+    def __init__(self, spec: ClientTLS, *, loader: Callable[[ClientTLS], _Loaded] = load) -> None:
+        self.spec = spec
+        self._loader = loader
+        self._current = loader(spec)  # start-up: a bad file stops the program
+        self._lock = threading.Lock()
+        #: rotations taken (for tests and logs)
+        self.reloads = 0
+
+    def _config(self, loaded: _Loaded) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(loaded.key, loaded.cert)], root_certificates=loaded.ca)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self._config(self._current), self.fetch,
+            require_client_authentication=self.spec.require_client_certificate,
+        )
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """Called by grpc-core before a handshake (on its own thread): a new configuration when
+        the files changed and load, else None (keep the current one)."""
+        with self._lock:
+            try:
+                paths = [self.spec.cert_file, self.spec.key_file] + ([self.spec.ca_file] if self.spec.ca_file else [])
+                if tuple(_stamp(p) for p in paths) == self._current.stamp:
+                    return None
+                loaded = self._loader(self.spec)
+            except (OSError, TLSFileError) as e:
+                # mid-rotation (one file swapped, not the other yet) or a broken file: keep serving
+                log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
+                return None
+            if (loaded.cert, loaded.key, loaded.ca) == (self._current.cert, self._current.key, self._current.ca):
+                self._current = loaded
+                return None
+            self._current = loaded
+            self.reloads += 1
+            log.info("client TLS: certificate files changed; new connections use the new ones")
+            return self._config(loaded)
+
+
+def common_name(auth_context: dict[str, list[bytes]] | None) -> str | None:
+    """The verified client certificate's CN from grpc's auth context, or None."""
+    if not auth_context:
+        return None
+    values = auth_context.get(COMMON_NAME_KEY)
+    if not values:
+        return None
+    return values[0].decode("utf-8", "replace")
