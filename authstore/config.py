@@ -62,6 +62,13 @@ class StoreConfig:
     #: root's password for a NEW cluster (hashed at start-up; never logged, never in the log)
     initial_root_password: str | None = field(default=None, repr=False)
     bcrypt_cost: int = DEFAULT_COST
+    #: sidecar-class callers (THREAT_MODEL.md): their own secret, or the CA of their certificates
+    sidecar_secret: bytes | None = field(default=None, repr=False)
+    sidecar_trusted_ca_file: Path | None = None
+    #: how the store verifies and issues tokens for sidecar-class callers (etcd's --auth-token)
+    auth_token: str = "simple"
+    auth_token_ttl: int = 300
+    bcrypt_workers: int = 2
 
 
 #: etcd's maxElectionMs: a longer election timeout is refused
@@ -119,6 +126,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bcrypt-cost", type=int, default=DEFAULT_COST,
                    help=f"bcrypt cost of the initial root password's hash, {MIN_COST}..{MAX_COST} "
                         f"(default and out of range: {DEFAULT_COST})")
+    p.add_argument("--sidecar-trusted-ca-file", default=None,
+                   help="CA that signs the sidecars' client certificates: their requests carry the client's "
+                        "token, which the store verifies itself (no stamped user, no password hashes)")
+    p.add_argument("--sidecar-secret-file", default=None,
+                   help="development only: file with the shared secret sidecar-class proxies present")
+    p.add_argument("--auth-token", default="simple",
+                   help="tokens the store verifies for sidecars and issues at their Authenticate: simple, or "
+                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (priv-key: the store mints "
+                        "JWTs for sidecars; the sidecars hold no key)")
+    p.add_argument("--auth-token-ttl", type=int, default=300,
+                   help="seconds a simple token issued to a sidecar's Authenticate lives while unused")
+    p.add_argument("--bcrypt-workers", type=int, default=2,
+                   help="threads checking the passwords of sidecars' Authenticate calls")
     add_observe_flags(p)
     return p
 
@@ -251,6 +271,18 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
     if not tls and values["secret"] is None:
         raise ConfigError("the internal port must be authenticated: use https:// with --cert-file/--key-file/"
                           "--trusted-ca-file (mTLS), or --internal-secret-file in development")
+    values["sidecar_secret"] = _read_secret(f, "sidecar_secret_file")
+    if values["sidecar_secret"] is not None and values["sidecar_secret"] == values["secret"]:
+        raise f.error("sidecar_secret_file", "must differ from --internal-secret-file")
+    if f["sidecar_trusted_ca_file"]:
+        if not tls:
+            raise f.error("sidecar_trusted_ca_file", "needs an https:// --listen-internal-urls (mTLS)")
+        if not Path(f["sidecar_trusted_ca_file"]).is_file():
+            raise f.error("sidecar_trusted_ca_file", "no such file")
+        values["sidecar_trusted_ca_file"] = Path(f["sidecar_trusted_ca_file"])
+    values["auth_token"] = f["auth_token"]
+    values["auth_token_ttl"] = integer(f, "auth_token_ttl", 1)
+    values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
     values.update(_peer_config(f, name, peer_urls))
     advertise_internal = comma_list(f["advertise_internal_urls"])
     for url in advertise_internal:

@@ -75,6 +75,9 @@ class ProxyConfig:
     listen_gateway: tuple[str, ...] = ()
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
+    #: --sidecar: this proxy holds a sidecar-class credential (THREAT_MODEL.md): it forwards tokens
+    #: and passwords for the store to check, and needs no token key and no password hashes
+    sidecar: bool = False
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -116,6 +119,12 @@ def _parser() -> FlagParser:
     )
     add_observe_flags(p)
     p.add_argument(
+        "--sidecar", action="store_true", default=False,
+        help="sidecar mode, for a sidecar-class internal credential: clients' tokens are forwarded to the store, "
+        "which verifies them, and Authenticate's password is checked by the store; --auth-token is not used "
+        "(the store's decides) and no JWT private key is needed",
+    )
+    p.add_argument(
         "--identity-file",
         help="sidecar identity mode: a directory with files 'username' and 'password' (a mounted Secret) "
         "or a file of two lines (user name, password); token-less requests from loopback or unix:// "
@@ -145,7 +154,10 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
             "the store needs an internal credential: --internal-secret-file, "
             "or --internal-cert/--internal-key/--internal-ca"
         )
+    sidecar = f["sidecar"] is True or str(f["sidecar"]).strip().lower() in ("1", "true", "yes")
     spec, jwt = _auth_token(f)
+    if sidecar and jwt is not None and not jwt.verify_only:
+        raise f.error("auth_token", "a --sidecar proxy holds no JWT private key (the store signs its tokens)")
     # etcd swaps a TTL <= 0 for 300 s without a word; a typo that silently changes the TTL is worse.
     ttl = integer(f, "auth_token_ttl", 1)
     cost = integer(f, "bcrypt_cost")
@@ -162,7 +174,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         {dest: f.source(dest) for dest in ("metrics_addr", "health_addr")},
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
-    identity = _identity(f, listen, spec, jwt)
+    identity = _identity(f, listen, spec, jwt, sidecar=sidecar)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -179,6 +191,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
         member_store_endpoint=member,
+        sidecar=sidecar,
     )
 
 
@@ -247,7 +260,8 @@ def _read_tls(f: Flags) -> InternalTLS | None:
     return InternalTLS(ca=ca, cert=cert, key=key)
 
 
-def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtProvider | None) -> IdentitySpec | None:
+def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtProvider | None, *,
+              sidecar: bool = False) -> IdentitySpec | None:
     """Checks the sidecar identity can work with this configuration, and reads its files once."""
     password_path, jwt_path = f["identity_file"], f["identity_jwt_file"]
     if password_path and jwt_path:
@@ -264,11 +278,14 @@ def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtPr
             f"{flag}: the identity is lent only on loopback or unix:// listeners, and "
             "--listen-client-urls has none"
         )
-    if identity.kind == IDENTITY_PASSWORD and (spec.kind not in (SIMPLE, JWT) or (jwt is not None and jwt.verify_only)):
+    if sidecar:
+        pass  # the store logs the identity in and verifies its tokens: no key needed here
+    elif identity.kind == IDENTITY_PASSWORD and (spec.kind not in (SIMPLE, JWT)
+                                                 or (jwt is not None and jwt.verify_only)):
         raise ConfigError(
             f"{flag}: this --auth-token cannot issue tokens; with a verify-only JWT key use --identity-jwt-file"
         )
-    if identity.kind == IDENTITY_JWT and jwt is None:
+    elif identity.kind == IDENTITY_JWT and jwt is None:
         raise ConfigError(f"{flag}: needs --auth-token jwt,... with the key that verifies the token")
     try:
         read_credential(identity.kind, Path(identity.path))

@@ -24,6 +24,7 @@ from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
 from raftgate.simple_token import looks_like_simple_token
+from raftgate.token_verifier import unverified_expiry
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class Identity:
     invalid_token: bool = False
     #: A JWT's ``exp`` (unix seconds): the token dies then, also for the watches made with it.
     expires_at: float | None = None
+    #: Sidecar mode: the client's token, forwarded for the store to verify (the name is unknown here).
+    forward: str | None = None
 
 
 ANONYMOUS = Identity("", 0)
@@ -46,7 +49,10 @@ UNRESOLVED = Identity("", 0, invalid_token=True)
 class Resolver:
     """Resolves tokens with the configured provider: simple (store-backed cache) or JWT (local)."""
 
-    def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None) -> None:
+    def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None,
+                 sidecar: bool = False) -> None:
+        """``sidecar``: resolve nothing; every token is forwarded for the store to verify."""
+        self._sidecar = sidecar
         self._store = store
         self._jwt = jwt
         self._simple = simple
@@ -60,6 +66,9 @@ class Resolver:
         (for a check the store cannot repeat at its auth revision, e.g. a watch create)."""
         if token is None:
             return ANONYMOUS
+        if self._sidecar:
+            # exp read unverified, only to end a watch stream's watches when the token dies
+            return Identity("", 0, expires_at=unverified_expiry(token), forward=token)
         if self._jwt is not None:
             found = self._jwt.verify(token)
             if found is not None:

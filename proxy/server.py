@@ -46,10 +46,12 @@ class ProxyServer:
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(
-            self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None
+            self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None,
+            sidecar=config.sidecar,
         )
         self.authenticator = Authenticator(
-            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None
+            self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None,
+            sidecar=config.sidecar,
         )
         self.pipeline = Pipeline(
             self.store, self.resolver, self.authenticator, self.hasher, max_request_bytes=config.max_request_bytes
@@ -57,7 +59,7 @@ class ProxyServer:
         self.sidecar: Sidecar | None = None
         if config.identity is not None:
             files = IdentityFiles(config.identity.kind, config.identity.path)
-            self.sidecar = Sidecar(files, self.authenticator, config.jwt)
+            self.sidecar = Sidecar(files, self.authenticator, None if config.sidecar else config.jwt)
         self.health = HealthServicer()
         self._service_names = [f"{ETCD_PACKAGE}.{s}" for s in SERVICES]
         # (server, its listen addresses); the lending one first when there is one.
