@@ -119,7 +119,7 @@ def _parser() -> FlagParser:
     )
     add_observe_flags(p)
     p.add_argument(
-        "--sidecar", action="store_true", default=False,
+        "--sidecar", nargs="?", const="true", default="false", choices=["true", "false"],
         help="sidecar mode, for a sidecar-class internal credential: clients' tokens are forwarded to the store, "
         "which verifies them, and Authenticate's password is checked by the store; --auth-token is not used "
         "(the store's decides) and no JWT private key is needed",
@@ -154,7 +154,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
             "the store needs an internal credential: --internal-secret-file, "
             "or --internal-cert/--internal-key/--internal-ca"
         )
-    sidecar = f["sidecar"] is True or str(f["sidecar"]).strip().lower() in ("1", "true", "yes")
+    sidecar = f["sidecar"] == "true"
     spec, jwt = _auth_token(f)
     if sidecar and jwt is not None and not jwt.verify_only:
         raise f.error("auth_token", "a --sidecar proxy holds no JWT private key (the store signs its tokens)")
