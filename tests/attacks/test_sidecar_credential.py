@@ -43,6 +43,7 @@ class Cluster:
     store: str
     central: grpc.Channel
     sidecar: grpc.Channel
+    identity: grpc.Channel
     priv_pem: bytes
     root_md: tuple[tuple[str, str], ...]
 
@@ -70,7 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         store.start()
         started.append(store)
-        central_port, sidecar_port = free_port(), free_port()
+        central_port, sidecar_port, identity_port = free_port(), free_port(), free_port()
         central = proxy_program(work, internal, f"http://127.0.0.1:{central_port}")
         central.start()
         started.append(central)
@@ -80,11 +81,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "raftgate proxy:")
         sidecar.start()
         started.append(sidecar)
+        # identity mode in a sidecar: it logs in with the password file; the store checks it
+        (work / "identity").write_text("app\napppw\n")
+        lending = Program(work / "identity-sidecar", [
+            "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{identity_port}", "--store-endpoints",
+            internal, "--internal-secret-file", str(work / "sidecar-secret"), "--identity-file",
+            str(work / "identity")], "raftgate proxy:")
+        lending.start()
+        started.append(lending)
         wait_serving(f"127.0.0.1:{central_port}")
         wait_serving(f"127.0.0.1:{sidecar_port}")
         c = grpc.insecure_channel(f"127.0.0.1:{central_port}")
         s = grpc.insecure_channel(f"127.0.0.1:{sidecar_port}")
-        channels += [c, s]
+        i = grpc.insecure_channel(f"127.0.0.1:{identity_port}")
+        channels += [c, s, i]
         auth = rpc_pb2_grpc.AuthStub(c)
         auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
         auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
@@ -95,7 +105,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
         auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
         token = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password="rootpw"), timeout=10).token
-        yield Cluster(internal, c, s, priv, (("token", token),))
+        yield Cluster(internal, c, s, i, priv, (("token", token),))
     finally:
         for ch in channels:
             ch.close()
@@ -251,3 +261,26 @@ def test_central_proxy_works_as_today(cluster: Cluster) -> None:
     users = rpc_pb2_grpc.AuthStub(cluster.central).UserList(rpc_pb2.AuthUserListRequest(), metadata=cluster.root_md,
                                                              timeout=10)
     assert "root" in users.users
+
+
+def test_identity_mode_in_a_sidecar_logs_in_through_the_store(cluster: Cluster) -> None:
+    _permissions_are_those_of_app(cluster.identity, ())
+
+
+def test_watch_through_the_sidecar_is_judged_by_the_store(cluster: Cluster) -> None:
+    auth = rpc_pb2_grpc.AuthStub(cluster.sidecar)
+    md = (("token", auth.Authenticate(rpc_pb2.AuthenticateRequest(name="app", password="apppw"), timeout=10).token),)
+    watch = rpc_pb2_grpc.WatchStub(cluster.sidecar)
+    creates = [rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"other")),
+               rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"app/w"))]
+    stream = watch.Watch(iter(creates), metadata=md, timeout=20)
+    denied = next(stream)
+    assert denied.created and denied.canceled
+    assert denied.cancel_reason == f"rpc error: code = PermissionDenied desc = {Err.PERMISSION_DENIED.message}"
+    created = next(stream)
+    assert created.created and not created.canceled
+    rpc_pb2_grpc.KVStub(cluster.central).Put(rpc_pb2.PutRequest(key=b"app/w", value=b"seen"),
+                                             metadata=cluster.root_md, timeout=10)
+    event = next(stream)
+    assert event.events[0].kv.value == b"seen"
+    stream.cancel()
