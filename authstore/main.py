@@ -351,6 +351,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     service.watch_hub.close()
     service.drain()
     await server.stop(grace=2)
+    service.login.close()
     await observability.close()
     await peer_server.stop(grace=1)
     await node.stop()

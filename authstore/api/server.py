@@ -336,6 +336,7 @@ class StoreService:
     async def _commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
         await self.node.must_lead()
+        await self.quota.check(ipb.InternalRaftRequest.FromString(data), len(data))
         return await self.node.propose(data)
 
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
