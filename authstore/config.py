@@ -74,6 +74,13 @@ class StoreConfig:
     #: the duration that lock it for the duration; 0 attempts: off
     auth_lockout_attempts: int = DEFAULT_LOCKOUT_ATTEMPTS
     auth_lockout_duration_ms: int = DEFAULT_LOCKOUT_DURATION_MS
+    #: sidecar-class callers (THREAT_MODEL.md): their own secret, or the CA of their certificates
+    sidecar_secret: bytes | None = field(default=None, repr=False)
+    sidecar_trusted_ca_file: Path | None = None
+    #: how the store verifies and issues tokens for sidecar-class callers (etcd's --auth-token)
+    auth_token: str = "simple"
+    auth_token_ttl: int = 300
+    bcrypt_workers: int = 2
 
 
 #: etcd's maxElectionMs: a longer election timeout is refused
@@ -136,6 +143,19 @@ def _parser() -> argparse.ArgumentParser:
                         f"the name for that duration; 0: no lockout (default {DEFAULT_LOCKOUT_ATTEMPTS})")
     p.add_argument("--auth-lockout-duration", default=DEFAULT_LOCKOUT_DURATION,
                    help=f"Go duration: the counting window and the lock's length (default {DEFAULT_LOCKOUT_DURATION})")
+    p.add_argument("--sidecar-trusted-ca-file", default=None,
+                   help="CA that signs the sidecars' client certificates: their requests carry the client's "
+                        "token, which the store verifies itself (no stamped user, no password hashes)")
+    p.add_argument("--sidecar-secret-file", default=None,
+                   help="development only: file with the shared secret sidecar-class proxies present")
+    p.add_argument("--auth-token", default="simple",
+                   help="tokens the store verifies for sidecars and issues at their Authenticate: simple, or "
+                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (priv-key: the store mints "
+                        "JWTs for sidecars; the sidecars hold no key)")
+    p.add_argument("--auth-token-ttl", type=int, default=300,
+                   help="seconds a simple token issued to a sidecar's Authenticate lives while unused")
+    p.add_argument("--bcrypt-workers", type=int, default=2,
+                   help="threads checking the passwords of sidecars' Authenticate calls")
     add_observe_flags(p)
     return p
 
@@ -147,6 +167,7 @@ ETCD_FLAGS = frozenset({
     "initial-advertise-peer-urls", "listen-peer-urls", "peer-cert-file", "peer-key-file", "peer-trusted-ca-file",
     "initial-cluster", "initial-cluster-state", "initial-cluster-token", "heartbeat-interval", "election-timeout",
     "snapshot-count", "snapshot-catchup-entries", "max-txn-ops", "quota-backend-bytes", "log-level", "bcrypt-cost",
+    "auth-token", "auth-token-ttl",
 })
 
 
@@ -268,6 +289,18 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
     if not tls and values["secret"] is None:
         raise ConfigError("the internal port must be authenticated: use https:// with --cert-file/--key-file/"
                           "--trusted-ca-file (mTLS), or --internal-secret-file in development")
+    values["sidecar_secret"] = _read_secret(f, "sidecar_secret_file")
+    if values["sidecar_secret"] is not None and values["sidecar_secret"] == values["secret"]:
+        raise f.error("sidecar_secret_file", "must differ from --internal-secret-file")
+    if f["sidecar_trusted_ca_file"]:
+        if not tls:
+            raise f.error("sidecar_trusted_ca_file", "needs an https:// --listen-internal-urls (mTLS)")
+        if not Path(f["sidecar_trusted_ca_file"]).is_file():
+            raise f.error("sidecar_trusted_ca_file", "no such file")
+        values["sidecar_trusted_ca_file"] = Path(f["sidecar_trusted_ca_file"])
+    values["auth_token"] = f["auth_token"]
+    values["auth_token_ttl"] = integer(f, "auth_token_ttl", 1)
+    values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
     values.update(_peer_config(f, name, peer_urls))
     advertise_internal = comma_list(f["advertise_internal_urls"])
     for url in advertise_internal:

@@ -18,6 +18,7 @@ import grpc
 
 from authstore import config as store_config
 from authstore import failpoints
+from authstore.api.callers import Classifier
 from authstore.api.lease_keeper import LeaseKeeper
 from authstore.api.maintenance import Maintenance, MemberInfo
 from authstore.api.server import StoreService, build_server
@@ -35,6 +36,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
+from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl, read_key_file
 
 log = logging.getLogger("raftgate.store")
 
@@ -58,9 +60,40 @@ def _credentials(cfg: store_config.StoreConfig) -> grpc.ServerCredentials | None
     if not cfg.tls:
         return None
     assert cfg.cert_file and cfg.key_file and cfg.trusted_ca_file
+    cas = cfg.trusted_ca_file.read_bytes()
+    if cfg.sidecar_trusted_ca_file is not None:  # both classes connect; Classifier tells them apart
+        cas = cas.rstrip(b"\n") + b"\n" + cfg.sidecar_trusted_ca_file.read_bytes()
     return grpc.ssl_server_credentials([(cfg.key_file.read_bytes(), cfg.cert_file.read_bytes())],
-                                       root_certificates=cfg.trusted_ca_file.read_bytes(),
+                                       root_certificates=cas,
                                        require_client_auth=True)
+
+
+def _classifier(cfg: store_config.StoreConfig) -> Classifier:
+    try:
+        return Classifier(secret=cfg.secret, sidecar_secret=cfg.sidecar_secret,
+                          central_ca_pem=cfg.trusted_ca_file.read_bytes() if cfg.trusted_ca_file else None,
+                          sidecar_ca_pem=(cfg.sidecar_trusted_ca_file.read_bytes()
+                                          if cfg.sidecar_trusted_ca_file else None))
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"--trusted-ca-file / --sidecar-trusted-ca-file: {exc}") from None
+
+
+def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
+    """--auth-token jwt,...: the key the store verifies sidecars' JWTs with (and signs with, given
+    priv-key); simple (the default): none."""
+    try:
+        kind, options = parse_auth_token(cfg.auth_token)
+        if kind == "simple":
+            return None
+        if kind != "jwt":
+            raise TokenKeyError(f"unknown token kind {kind!r} (simple or jwt)")
+        ttl = parse_ttl(options["ttl"]) if options.get("ttl") else 300.0
+        return JwtKeys(options.get("sign-method", ""),
+                       public_key=read_key_file(options["pub-key"]) if options.get("pub-key") else None,
+                       private_key=read_key_file(options["priv-key"]) if options.get("priv-key") else None,
+                       ttl_seconds=ttl)
+    except (TokenKeyError, ValueError) as exc:
+        raise StartupError(f"--auth-token: {exc}") from None
 
 
 def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
@@ -235,7 +268,10 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
                            max_watches_per_user=cfg.max_watches_per_user,
                            lockout_attempts=cfg.auth_lockout_attempts,
-                           lockout_duration_ms=cfg.auth_lockout_duration_ms)
+                           lockout_duration_ms=cfg.auth_lockout_duration_ms,
+                           classifier=_classifier(cfg),
+                           jwt=_jwt_keys(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
+                           bcrypt_workers=cfg.bcrypt_workers, bcrypt_cost=cfg.bcrypt_cost)
     service.watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the
     # cluster, else --initial-cluster's (a new cluster's IDs come from its URLs and token).
@@ -318,6 +354,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     service.watch_hub.close()
     service.drain()
     await server.stop(grace=2)
+    service.login.close()
     await observability.close()
     await peer_server.stop(grace=1)
     await node.stop()

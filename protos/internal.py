@@ -10,6 +10,9 @@ from protos.etcdserverpb import raft_internal_pb2
 
 #: gRPC metadata carrying the proxy's shared secret to the store (development mode, no mTLS).
 INTERNAL_SECRET_METADATA = "x-raftgate-internal-secret"
+#: gRPC metadata carrying a client's token from a sidecar-class proxy to the store, on the calls
+#: that are not DoStream / WatchBatches messages (those carry it in a field): the store verifies it.
+INTERNAL_TOKEN_METADATA = "x-raftgate-client-token"
 #: gRPC metadata carrying the shared secret between store nodes (development mode, no mTLS).
 PEER_SECRET_METADATA = "x-raftgate-peer-secret"
 #: The most bytes one batch message of an internal stream carries (DoStream both ways, watch

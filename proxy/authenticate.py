@@ -36,7 +36,7 @@ from proxy.lockout import FailureRecorder, RateLimiter
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
-from raftgate.errors import REVISION_MOVED, Err, EtcdError
+from raftgate.errors import REVISION_MOVED, Err, EtcdError, from_message
 from raftgate.simple_token import generate_prefix
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,12 @@ DEFAULT_DEADLINE = 10.0
 
 def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
     return error.code() == grpc.StatusCode.ABORTED and REVISION_MOVED in (error.details() or "")
+
+
+#: the store's refusal of a sidecar's Authenticate -> the metrics result it counts as
+_RESULTS: dict[Err, metrics.AuthResult] = {Err.AUTH_FAILED: "auth_failed", Err.AUTH_NOT_ENABLED: "not_enabled",
+                                           Err.NO_PASSWORD_USER: "no_password", Err.VERIFY_ONLY: "verify_only",
+                                           Err.TIMEOUT: "revision_retry_exhausted"}
 
 
 class _Refused(Exception):
@@ -69,6 +75,7 @@ class Authenticator:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         default_deadline: float = DEFAULT_DEADLINE,
         rate_limit: float = 0.0,
+        sidecar: bool = False,
     ) -> None:
         """``jwt`` set -> JWT tokens; else ``simple_ttl_seconds`` set -> simple tokens; else no tokens.
 
@@ -83,6 +90,8 @@ class Authenticator:
         self.default_deadline = default_deadline
         self.failures = FailureRecorder(store)
         self._rate = RateLimiter(rate_limit) if rate_limit > 0 else None
+        #: sidecar mode: the store checks the password and issues the token (no hashes here)
+        self._sidecar = sidecar
 
     async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None, *,
                            peer: str = "") -> bytes:
@@ -91,7 +100,10 @@ class Authenticator:
         try:
             if self._rate is not None and peer and not self._rate.allow(peer):
                 raise _Refused(Err.TOO_MANY_REQUESTS, "rate_limited")
-            answer = await self._authenticate(request.name, request.password, timeout, peer)
+            if self._sidecar:
+                answer = await self._by_store(request, timeout)
+            else:
+                answer = await self._authenticate(request.name, request.password, timeout, peer)
         except _Refused as e:
             metrics.authentication(e.result)
             raise EtcdError(e.err) from None
@@ -100,6 +112,17 @@ class Authenticator:
             raise
         metrics.authentication("ok")
         return answer
+
+    async def _by_store(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None) -> bytes:
+        """Sidecar mode: the store does all of Authenticate; its refusals are etcd's."""
+        try:
+            return await self._store.authenticate(request.SerializeToString(),
+                                                  timeout if timeout is not None else self.default_deadline)
+        except grpc.aio.AioRpcError as e:
+            err = from_message(e.details() or "")
+            if err is not None and err.code == e.code():
+                raise _Refused(err, _RESULTS.get(err, "error")) from None
+            raise
 
     async def _authenticate(self, name: str, password: str, timeout: float | None, peer: str) -> bytes:
         deadline = time.monotonic() + (timeout if timeout is not None else self.default_deadline)

@@ -96,6 +96,9 @@ class ProxyConfig:
     client_tls: ClientTLS | None = None
     #: the listen addresses (of ``listen``) served with TLS: the https:// client URLs
     tls_listen: tuple[str, ...] = ()
+    #: --sidecar: this proxy holds a sidecar-class credential (THREAT_MODEL.md): it forwards tokens
+    #: and passwords for the store to check, and needs no token key and no password hashes
+    sidecar: bool = False
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -158,6 +161,12 @@ def _parser() -> FlagParser:
                    help="refuse requests ('raftgate: audit log unavailable') while the audit log cannot be "
                    "written, instead of serving them unaudited (true/false, default false)")
     p.add_argument(
+        "--sidecar", nargs="?", const="true", default="false", choices=["true", "false"],
+        help="sidecar mode, for a sidecar-class internal credential: clients' tokens are forwarded to the store, "
+        "which verifies them, and Authenticate's password is checked by the store; --auth-token is not used "
+        "(the store's decides) and no JWT private key is needed",
+    )
+    p.add_argument(
         "--identity-file",
         help="sidecar identity mode: a directory with files 'username' and 'password' (a mounted Secret) "
         "or a file of two lines (user name, password); token-less requests from loopback or unix:// "
@@ -204,7 +213,10 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
             "the store needs an internal credential: --internal-secret-file, "
             "or --internal-cert/--internal-key/--internal-ca"
         )
+    sidecar = f["sidecar"] == "true"
     spec, jwt = _auth_token(f)
+    if sidecar and jwt is not None and not jwt.verify_only:
+        raise f.error("auth_token", "a --sidecar proxy holds no JWT private key (the store signs its tokens)")
     # etcd swaps a TTL <= 0 for 300 s without a word; a typo that silently changes the TTL is worse.
     ttl = integer(f, "auth_token_ttl", 1)
     cost = integer(f, "bcrypt_cost")
@@ -222,7 +234,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
     workload = _workload(f)
-    identity = _identity(f, listen, spec, jwt, workload)
+    identity = _identity(f, listen, spec, jwt, workload, sidecar=sidecar)
     audit_log, fail_closed = _audit(f)
     rate_limit = _rate(f, "auth_rate_limit")
     return ProxyConfig(
@@ -248,6 +260,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         auth_rate_limit=rate_limit,
         client_tls=client_tls,
         tls_listen=tls_listen,
+        sidecar=sidecar,
     )
 
 
@@ -423,7 +436,7 @@ _IDENTITY_FLAGS = {"identity_file": IDENTITY_PASSWORD, "identity_jwt_file": IDEN
 
 
 def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtProvider | None,
-              workload: WorkloadVerifier | None = None) -> IdentitySpec | None:
+              workload: WorkloadVerifier | None = None, *, sidecar: bool = False) -> IdentitySpec | None:
     """Checks the sidecar identity can work with this configuration, and reads its files once."""
     given = [dest for dest in _IDENTITY_FLAGS if f[dest]]
     if len(given) > 1:
@@ -437,11 +450,14 @@ def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtPr
             f"{flag}: the identity is lent only on loopback or unix:// listeners, and "
             "--listen-client-urls has none"
         )
-    if identity.kind == IDENTITY_PASSWORD and (spec.kind not in (SIMPLE, JWT) or (jwt is not None and jwt.verify_only)):
+    if sidecar:
+        pass  # the store logs the identity in and verifies its tokens: no key needed here
+    elif identity.kind == IDENTITY_PASSWORD and (spec.kind not in (SIMPLE, JWT)
+                                                 or (jwt is not None and jwt.verify_only)):
         raise ConfigError(
             f"{flag}: this --auth-token cannot issue tokens; with a verify-only JWT key use --identity-jwt-file"
         )
-    if identity.kind == IDENTITY_JWT and jwt is None:
+    elif identity.kind == IDENTITY_JWT and jwt is None:
         raise ConfigError(f"{flag}: needs --auth-token jwt,... with the key that verifies the token")
     if identity.kind == IDENTITY_OIDC and workload is None:
         raise ConfigError(f"{flag}: needs --oidc-issuer (with --oidc-audience and --oidc-user-map) to verify the token")

@@ -33,6 +33,7 @@ from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
 from raftgate.simple_token import looks_like_simple_token
+from raftgate.token_verifier import unverified_expiry
 from raftgate.workload_identity import WorkloadIdentity, WorkloadRefused, WorkloadVerifier
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Identity:
     invalid_token: bool = False
     #: A JWT's ``exp`` (unix seconds): the token dies then, also for the watches made with it.
     expires_at: float | None = None
+    #: Sidecar mode: the client's token, forwarded for the store to verify (the name is unknown here).
+    forward: str | None = None
     #: The user is a verified client certificate's CN (--client-cert-auth), stamped with the auth
     #: revision last seen: etcd resolves a CN at the current revision, so a stale one is re-resolved.
     certificate: bool = False
@@ -56,7 +59,8 @@ class Identity:
     @property
     def reresolvable(self) -> bool:
         """Stamped from a cached resolution the store may call old: resolve again and retry."""
-        return self.simple_token is not None or self.workload_token is not None or self.certificate
+        return (self.simple_token is not None or self.workload_token is not None or self.certificate
+                or self.forward is not None)
 
 
 ANONYMOUS = Identity("", 0)
@@ -71,7 +75,10 @@ class Resolver:
     with ``workload``, Kubernetes workload tokens (by their issuer) first."""
 
     def __init__(self, store: StoreClient, *, jwt: JwtProvider | None, simple: SimpleTokenCache | None,
-                 workload: WorkloadVerifier | None = None) -> None:
+                 workload: WorkloadVerifier | None = None,
+                 sidecar: bool = False) -> None:
+        """``sidecar``: resolve nothing; every token is forwarded for the store to verify."""
+        self._sidecar = sidecar
         self._store = store
         self._jwt = jwt
         self._simple = simple
@@ -90,6 +97,9 @@ class Resolver:
         (for a check the store cannot repeat at its auth revision, e.g. a watch create)."""
         if token is None:
             return ANONYMOUS
+        if self._sidecar:
+            # exp read unverified, only to end a watch stream's watches when the token dies
+            return Identity("", 0, expires_at=unverified_expiry(token), forward=token)
         if self._workload is not None:
             found = self._workload.cached(token)
             if found is not None or self._workload.is_workload_token(token):

@@ -220,15 +220,16 @@ class Pipeline:
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
-            answer = await self.store.do(data, timeout)
+            answer = await self.store.do(data, timeout, token=identity.forward)
         except grpc.aio.AioRpcError as e:
             metrics.store_refusal(method.field, e.code(), e.details() or "")
             if not identity.reresolvable or not is_old_revision(e):
                 raise
-            # The store refused without effect: our cached revision was stale. Re-resolve, retry once.
+            # The store refused without effect: the revision it was resolved at is stale (a cached
+            # one here, or the store's own between its check and apply). Re-resolve, retry once.
             self.resolver.invalidate(identity)
             identity = await resolve()
-            answer = await self.store.do(stamp(identity, method, request), timeout)
+            answer = await self.store.do(stamp(identity, method, request), timeout, token=identity.forward)
         return wire.unwrap_field(answer, method.field)
 
     # --- handlers (raw bytes in, raw bytes out) -------------------------------------------------
@@ -285,7 +286,7 @@ class Pipeline:
             return
         timeout = timeout_of(context)
         identity = await self.resolve(token, timeout)
-        if not identity.username and await self.resolver.auth_enabled(timeout):
+        if identity.forward is None and not identity.username and await self.resolver.auth_enabled(timeout):
             raise EtcdError(Err.USER_EMPTY)
 
     async def range_stream(self, method: Method, request: bytes, context: Context) -> AsyncIterator[bytes]:
@@ -309,7 +310,7 @@ class Pipeline:
                 check_size(data, self.max_request_bytes)
                 sent = False
                 try:
-                    async for chunk in self.store.snapshot(data, timeout):
+                    async for chunk in self.store.snapshot(data, timeout, token=identity.forward):
                         sent = True
                         yield chunk
                     return

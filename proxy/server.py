@@ -53,10 +53,12 @@ class ProxyServer:
         self.resolver = Resolver(
             self.store, jwt=config.jwt, simple=SimpleTokenCache(config.auth_token_ttl) if simple else None,
             workload=config.workload,
+            sidecar=config.sidecar,
         )
         self.authenticator = Authenticator(
             self.store, self.hasher, jwt=config.jwt, simple_ttl_seconds=config.auth_token_ttl if simple else None,
             rate_limit=config.auth_rate_limit,
+            sidecar=config.sidecar,
         )
         self.audit = AuditLog(config.audit_log, config.audit_level, fail_closed=config.audit_fail_closed) \
             if config.audit_log is not None else None
@@ -70,7 +72,7 @@ class ProxyServer:
         self.sidecar: Sidecar | None = None
         if config.identity is not None:
             files = IdentityFiles(config.identity.kind, config.identity.path)
-            self.sidecar = Sidecar(files, self.authenticator, config.jwt)
+            self.sidecar = Sidecar(files, self.authenticator, None if config.sidecar else config.jwt)
         self.health = HealthServicer()
         self._service_names = [f"{ETCD_PACKAGE}.{s}" for s in SERVICES]
         # (server, its listen addresses); the lending one first when there is one.

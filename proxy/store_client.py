@@ -43,7 +43,7 @@ import grpc
 import grpc.aio
 
 from protos import wire
-from protos.internal import INTERNAL_SECRET_METADATA
+from protos.internal import INTERNAL_SECRET_METADATA, INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
@@ -331,16 +331,18 @@ class StoreClient:
         return Err.LEADER_CHANGED if read else Err.TIMEOUT_DUE_TO_LEADER_FAIL
 
     # ---- the calls ----
-    async def do(self, internal_request: bytes, timeout: float | None = None) -> bytes:
-        """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError."""
+    async def do(self, internal_request: bytes, timeout: float | None = None, *, token: str | None = None) -> bytes:
+        """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError.
+        ``token``: a sidecar's client token, for the store to verify (its header is then ignored)."""
         field = request_field(internal_request)
         if self._member is not None and field in MEMBER_FIELDS:
-            return await self._on_member(self._member, internal_request, timeout)
+            return await self._on_member(self._member, internal_request, timeout, token)
         read = field in READ_FIELDS
-        return await self._call(lambda ep, t: ep.pipe.do(internal_request, t), timeout, read=read)
+        return await self._call(lambda ep, t: ep.pipe.do(internal_request, t, token=token), timeout, read=read)
 
     @staticmethod
-    async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None) -> bytes:
+    async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None,
+                         token: str | None = None) -> bytes:
         """A read answered by this proxy's own member and no other; retried there (all are reads)
         while the member is unreachable. As with an etcd member that is down or cut off, a client
         whose deadline comes before etcd's request timeout meets its own deadline (etcdctl:
@@ -352,7 +354,8 @@ class StoreClient:
         while True:
             answer: grpc.aio.AioRpcError | None = None
             try:
-                return await member.pipe.do(internal_request, max(client_deadline - time.monotonic(), 0.001))
+                return await member.pipe.do(internal_request, max(client_deadline - time.monotonic(), 0.001),
+                                            token=token)
             except (NotSent, OutcomeUnknown):
                 pass
             except grpc.aio.AioRpcError as error:
@@ -369,7 +372,8 @@ class StoreClient:
                 raise EtcdError(Err.TIMEOUT)
             await asyncio.sleep(BACKOFF)
 
-    async def snapshot(self, internal_request: bytes, timeout: float | None = None) -> AsyncIterator[bytes]:
+    async def snapshot(self, internal_request: bytes, timeout: float | None = None, *,
+                       token: str | None = None) -> AsyncIterator[bytes]:
         """The raw SnapshotResponse messages of Store.Snapshot, from the leader.
 
         Until its first message a snapshot is safe to ask of another node: a leader guess that
@@ -388,7 +392,8 @@ class StoreClient:
         while True:
             endpoint = self._leader
             remaining = None if client_deadline is None else max(client_deadline - time.monotonic(), 0.001)
-            call = endpoint.snapshot(internal_request, timeout=remaining, metadata=self._metadata)
+            metadata = self._metadata if token is None else (*self._metadata, (INTERNAL_TOKEN_METADATA, token))
+            call = endpoint.snapshot(internal_request, timeout=remaining, metadata=metadata)
             started = False
             try:
                 async for chunk in call:
@@ -415,6 +420,12 @@ class StoreClient:
         answer = await self._call(lambda ep, t: ep.pipe.do(req, t, store_pb2.DoCall.CREDENTIALS), timeout,
                                   read=True)
         return store_pb2.CredentialsResponse.FromString(answer)
+
+    async def authenticate(self, request: bytes, timeout: float | None = None) -> bytes:
+        """A sidecar's Authenticate: AuthenticateRequest bytes -> AuthenticateResponse bytes; the
+        store checks the password and issues the token (a write: never sent twice)."""
+        return await self._call(lambda ep, t: ep.pipe.do(request, t, store_pb2.DoCall.AUTHENTICATE), timeout,
+                                read=False)
 
     async def resolve_token(self, token: str, timeout: float | None = None) -> store_pb2.ResolveTokenResponse:
         req = store_pb2.ResolveTokenRequest(token=token).SerializeToString()

@@ -231,7 +231,8 @@ class StorePipe:
         self._stream: _Stream | None = None
         self._closed = False
 
-    async def do(self, request: bytes, timeout: float, method: int = store_pb2.DoCall.DO) -> bytes:
+    async def do(self, request: bytes, timeout: float, method: int = store_pb2.DoCall.DO, *,
+                 token: str | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes, or the AioRpcError Do would raise
         (or, with ``method``, the bytes of that call's request and response)."""
         if self._closed:
@@ -243,7 +244,10 @@ class StorePipe:
         call_id = next(self._ids)
         fut: asyncio.Future[bytes] = loop.create_future()
         stream.unsent[call_id] = fut
-        stream.queue.append(store_pb2.DoCall(id=call_id, request=request, method=method))
+        call = store_pb2.DoCall(id=call_id, request=request, method=method)
+        if token is not None:  # a sidecar's: the store verifies it (never logged, never in the log)
+            call.token = token
+        stream.queue.append(call)
         stream.wake.set()
         timer = loop.call_later(timeout, _expire, fut)
         try:

@@ -51,7 +51,7 @@ from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
 log = logging.getLogger(__name__)
 
-_HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST = 1, 2, 3, 4, 5  # WatchStreamRequest fields
+_HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST, _TOKEN = 1, 2, 3, 4, 5, 6  # WatchStreamRequest fields
 IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keeps the last identity
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
@@ -95,6 +95,7 @@ class _State:
     header: bytes = b""
     current_revision: bool = False
     digest: bytes = b""  # sha256 of the simple token (the store's key for it), else empty
+    token: str | None = None  # sidecar mode: the client's token, for the store to verify
     expires_at: float | None = None
     dead: set[int] = field(default_factory=set)  # canceled because the token died: reason added
     token_dead: bool = False
@@ -149,6 +150,7 @@ def stamp(state: _State, identity: Identity) -> None:
     state.current_revision = identity.simple_token is not None or identity.certificate
     state.digest = hashlib.sha256(identity.simple_token.encode()).digest() if identity.simple_token else b""
     state.expires_at = identity.expires_at
+    state.token = identity.forward
 
 
 def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
@@ -159,6 +161,8 @@ def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
         out += wire.varint_field(_CURRENT, 1)
     if state.digest:
         out += wire.length_delimited(_DIGEST, state.digest)
+    if state.token is not None:
+        out += wire.length_delimited(_TOKEN, state.token.encode())
     return out
 
 

@@ -29,6 +29,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from authstore import metrics
+from authstore.api.callers import Caller, Classifier, metadata_value, sidecar_refusal
+from authstore.api.login import StoreLogin
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
 from authstore.api.quota import Quota
 from authstore.api.watch.hub import (
@@ -41,13 +43,22 @@ from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.state.auth.authorize import request_kind
 from authstore.state.auth.simple_tokens import SimpleTokens, now_ms
+from authstore.state.auth.store import token_digest
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.internal import ANSWER_PART_BYTES, INTERNAL_SECRET_METADATA, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
+from protos.internal import (
+    ANSWER_PART_BYTES,
+    INTERNAL_SECRET_METADATA,
+    INTERNAL_TOKEN_METADATA,
+    MAX_ANSWER_BYTES,
+    STREAM_BATCH_BYTES,
+)
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
-from raftgate.methods import Route, requests
+from raftgate.methods import INTERNAL, METHODS, Kind, Route, requests
+from raftgate.simple_token import looks_like_simple_token
+from raftgate.token_verifier import JwtKeys, TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
 
@@ -66,6 +77,10 @@ FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
 # Answered from applied state, after authorization: nothing to put into the log (the method table's
 # READ route; a Txn without writes and an Alarm GET join them by their body, in _dispatch).
 READ_KINDS = requests(routes=(Route.READ,))
+#: Requests a sidecar-class caller may not send: the entries only the store proposes, and the
+#: `authenticate` entry (it registers a token for a password the store did not check; a sidecar's
+#: Authenticate is the DoCall AUTHENTICATE, whose password the store checks itself).
+SIDECAR_REFUSED = frozenset({e.request for e in INTERNAL} | {m.request for m in METHODS if m.kind is Kind.AUTHENTICATE})
 
 
 class Refusal(Exception):
@@ -81,7 +96,9 @@ class StoreService:
     def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *,
                  max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
                  max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
-                 lockout_attempts: int = 0, lockout_duration_ms: int = 0) -> None:
+                 lockout_attempts: int = 0, lockout_duration_ms: int = 0,
+                 classifier: Classifier | None = None, jwt: JwtKeys | None = None,
+                 simple_ttl_seconds: int = 300, bcrypt_workers: int = 2, bcrypt_cost: int = 10) -> None:
         """``lockout_*``: the policy stamped into the auth_failures entries this node logs
         (authstore/state/auth/lockout.py); 0 attempts: failures are not recorded."""
         self.applier = applier
@@ -103,6 +120,14 @@ class StoreService:
         metrics.AUTH_LOCKED_NAMES.set_function(self._locked_names)
         self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
                                    node.wait_applied, lambda: node.last_index)
+        self.classifier = classifier or Classifier()
+        #: how the store verifies a sidecar-class caller's token: the first that recognizes it
+        #: decides (raftgate/token_verifier.py; a workload-token verifier is added the same way)
+        self.verifiers: list[TokenVerifier] = [_StoreSimpleTokens(self.tokens)]
+        if jwt is not None:
+            self.verifiers.append(jwt)
+        self.login = StoreLogin(self.credentials, self._commit_authenticate, jwt=jwt,
+                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -112,6 +137,8 @@ class StoreService:
     # ---- Do ----
     async def do(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
+            if self.classifier.classify(context) is Caller.SIDECAR:
+                return await self.answer(data, sidecar=True, token=_token_metadata(context))
             return await self.answer(data)
         except Refusal as exc:
             await context.abort(exc.code, exc.message)
@@ -128,14 +155,29 @@ class StoreService:
         running: set[asyncio.Task[None]] = set()
         reading = True
 
-        methods = {spb.DoCall.DO: self.answer, spb.DoCall.CREDENTIALS: self.credentials,
-                   spb.DoCall.RESOLVE_TOKEN: self.resolve_token}
+        sidecar = self.classifier.classify(context) is Caller.SIDECAR
+        peer = _peer_host(context.peer())
 
-        async def one(call_id: int, request: bytes, method: int) -> None:
+        async def login(request: bytes) -> bytes:
+            return await self.login.authenticate(request, peer)
+
+        methods: dict[int, Callable[[bytes], Awaitable[bytes]]] = {
+            spb.DoCall.DO: self.answer, spb.DoCall.CREDENTIALS: self.credentials,
+            spb.DoCall.RESOLVE_TOKEN: self.resolve_token, spb.DoCall.AUTHENTICATE: login}
+        if sidecar:
+            methods[spb.DoCall.CREDENTIALS] = _refuse_sidecar("read password hashes (Credentials)")
+            methods[spb.DoCall.RESOLVE_TOKEN] = _refuse_sidecar("resolve tokens (ResolveToken)")
+
+        async def one(call_id: int, call: spb.DoCall) -> None:
+            method = call.method
             try:
                 if method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
-                ready.answer(call_id, await methods[method](request))
+                if sidecar and method == spb.DoCall.DO:
+                    token = call.token if call.HasField("token") else None
+                    ready.answer(call_id, await self.answer(call.request, sidecar=True, token=token))
+                else:
+                    ready.answer(call_id, await methods[method](call.request))
             except (Refusal, EtcdError) as exc:
                 ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message))
             except Exception:
@@ -150,7 +192,7 @@ class StoreService:
             try:
                 async for raw in batches:
                     for call in spb.DoBatch.FromString(raw).calls:
-                        task = loop.create_task(one(call.id, call.request, call.method))
+                        task = loop.create_task(one(call.id, call))
                         running.add(task)
                         task.add_done_callback(running.discard)
             finally:
@@ -176,8 +218,11 @@ class StoreService:
         stopped` (never taken, so the proxy sends them to another node); calls under way finish."""
         self.draining = True
 
-    async def answer(self, data: bytes) -> bytes:
-        """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``."""
+    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None) -> bytes:
+        """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``.
+
+        ``sidecar``: from a sidecar-class caller, whose header is replaced by the identity of
+        ``token`` (the client's, verified here; None: anonymous)."""
         if self.draining:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
@@ -187,6 +232,11 @@ class StoreService:
             raise Refusal(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc)) from None
         except EtcdError:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request") from None
+        if sidecar:
+            if kind in SIDECAR_REFUSED:
+                raise Refusal(*sidecar_refusal(f"send {kind}"))
+            req.header.CopyFrom(await self.verified_header(token))
+            data = req.SerializeToString()
         try:
             if req.header.invalid_token:
                 # Refused before the log, as etcd refuses before Raft - but after validation.
@@ -235,6 +285,8 @@ class StoreService:
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
             req = ipb.InternalRaftRequest.FromString(data)
+            if self.classifier.classify(context) is Caller.SIDECAR:
+                req.header.CopyFrom(await self.verified_header(_token_metadata(context)))
             with self.env.begin() as txn:
                 self.applier.check(txn, req, read=True)
         except EtcdError as exc:
@@ -279,7 +331,31 @@ class StoreService:
             self._client_snapshots.release()
 
     # ---- Credentials and tokens ----
+    async def verified_header(self, token: str | None) -> ipb.RequestHeader:
+        """The header a sidecar-class caller's request runs with: the identity the store itself
+        finds in the client's token (the caller's stamp is ignored). No token: anonymous; a token
+        no verifier accepts: marked invalid (refused as `invalid auth token` when auth is on)."""
+        if token is None:
+            return ipb.RequestHeader()
+        verifier = next((v for v in self.verifiers if v.recognizes(token)), None)
+        found: Verified | None = await verifier.verify(token) if verifier is not None else None
+        if found is None:
+            return ipb.RequestHeader(invalid_token=True)
+        revision = found.revision
+        if revision is None:
+            with self.env.begin() as txn:
+                revision = self.applier.auth.revision(txn)
+        return ipb.RequestHeader(username=found.username, auth_revision=revision, simple_token=found.revocable)
+
+    async def _commit_authenticate(self, data: bytes) -> Any:
+        """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
+        await self.node.must_lead()
+        await self.quota.check(ipb.InternalRaftRequest.FromString(data), len(data))
+        return await self.node.propose(data)
+
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
+        if context is not None and self.classifier.classify(context) is Caller.SIDECAR:
+            await context.abort(*sidecar_refusal("read password hashes (Credentials)"))
         req = spb.CredentialsRequest.FromString(data)
         await self.node.wait_applied(await self.node.read_index())
         with self.env.begin() as txn:
@@ -319,12 +395,28 @@ class StoreService:
             return 0
 
     async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
+        if context is not None and self.classifier.classify(context) is Caller.SIDECAR:
+            await context.abort(*sidecar_refusal("resolve tokens (ResolveToken)"))
         token = spb.ResolveTokenRequest.FromString(data).token
         return (await self.tokens.resolve(token)).SerializeToString()
 
     async def watch(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if self.classifier.classify(context) is Caller.SIDECAR:
+            requests = self._verified_watch(requests)
         async for response in self.watch_hub.serve(requests, context):
             yield response
+
+    async def _verified_watch(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """A sidecar's watch requests, each with the identity the store finds in its token."""
+        async for raw in requests:
+            msg = spb.WatchStreamRequest.FromString(raw)
+            token = msg.token if msg.HasField("token") else None
+            header = await self.verified_header(token)
+            msg.header.CopyFrom(header)
+            msg.current_revision = header.simple_token
+            msg.token_digest = token_digest(token) if header.simple_token and token is not None else b""
+            msg.ClearField("token")
+            yield msg.SerializeToString()
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
@@ -437,12 +529,45 @@ def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
     return out
 
 
-class _SecretCheck(grpc.aio.ServerInterceptor):
-    """Refuses internal calls without the shared secret (development mode); only health stays open
-    (probes need it; reflection would hand anyone the internal contract)."""
+class _StoreSimpleTokens:
+    """Simple tokens, verified by the store that holds them (the TokenVerifier of that kind)."""
 
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
+    def __init__(self, tokens: SimpleTokens) -> None:
+        self._tokens = tokens
+
+    def recognizes(self, token: str) -> bool:
+        return looks_like_simple_token(token)
+
+    async def verify(self, token: str) -> Verified | None:
+        answer = await self._tokens.resolve(token)
+        if not answer.valid:
+            return None
+        return Verified(answer.username, answer.auth_revision, revocable=True)
+
+
+def _token_metadata(context: grpc.aio.ServicerContext) -> str | None:
+    value = metadata_value(context, INTERNAL_TOKEN_METADATA)
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def _peer_host(peer: str) -> str:
+    host, sep, port = (peer or "").rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
+def _refuse_sidecar(what: str) -> Callable[[bytes], Awaitable[bytes]]:
+    async def refuse(_request: bytes) -> bytes:
+        raise Refusal(*sidecar_refusal(what))
+    return refuse
+
+
+class _SecretCheck(grpc.aio.ServerInterceptor):
+    """Refuses internal calls without a shared secret (development mode: a central proxy's or a
+    sidecar's); only health stays open (probes need it; reflection would hand anyone the internal
+    contract)."""
+
+    def __init__(self, secrets: tuple[bytes, ...]) -> None:
+        self._secrets = secrets
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -453,7 +578,7 @@ class _SecretCheck(grpc.aio.ServerInterceptor):
             if key == INTERNAL_SECRET_METADATA:
                 given = value.encode() if isinstance(value, str) else value
         handler = await continuation(details)
-        if hmac.compare_digest(given, self._secret):
+        if any([hmac.compare_digest(given, secret) for secret in self._secrets]):
             return handler
         if handler is not None and handler.request_streaming:
             return _deny_stream  # refused at once, before any message is read
@@ -470,7 +595,8 @@ _deny_stream = grpc.stream_stream_rpc_method_handler(_deny_behaviour)
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
                  address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
-    interceptors = [_SecretCheck(secret)] if secret else []
+    secrets = service.classifier.secrets() or ((secret,) if secret else ())
+    interceptors = [_SecretCheck(secrets)] if secrets else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server

@@ -10,18 +10,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchStreamRequest(_message.Message):
-    __slots__ = ("header", "request", "resume", "current_revision", "token_digest")
+    __slots__ = ("header", "request", "resume", "current_revision", "token_digest", "token")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     header: _raft_internal_pb2.RequestHeader
     request: _rpc_pb2.WatchRequest
     resume: bool
     current_revision: bool
     token_digest: bytes
-    def __init__(self, header: _Optional[_Union[_raft_internal_pb2.RequestHeader, _Mapping]] = ..., request: _Optional[_Union[_rpc_pb2.WatchRequest, _Mapping]] = ..., resume: _Optional[bool] = ..., current_revision: _Optional[bool] = ..., token_digest: _Optional[bytes] = ...) -> None: ...
+    token: str
+    def __init__(self, header: _Optional[_Union[_raft_internal_pb2.RequestHeader, _Mapping]] = ..., request: _Optional[_Union[_rpc_pb2.WatchRequest, _Mapping]] = ..., resume: _Optional[bool] = ..., current_revision: _Optional[bool] = ..., token_digest: _Optional[bytes] = ..., token: _Optional[str] = ...) -> None: ...
 
 class WatchBatch(_message.Message):
     __slots__ = ("responses",)
@@ -150,22 +152,26 @@ class InternalResponse(_message.Message):
     def __init__(self, range: _Optional[_Union[_rpc_pb2.RangeResponse, _Mapping]] = ..., put: _Optional[_Union[_rpc_pb2.PutResponse, _Mapping]] = ..., delete_range: _Optional[_Union[_rpc_pb2.DeleteRangeResponse, _Mapping]] = ..., txn: _Optional[_Union[_rpc_pb2.TxnResponse, _Mapping]] = ..., compaction: _Optional[_Union[_rpc_pb2.CompactionResponse, _Mapping]] = ..., lease_grant: _Optional[_Union[_rpc_pb2.LeaseGrantResponse, _Mapping]] = ..., lease_revoke: _Optional[_Union[_rpc_pb2.LeaseRevokeResponse, _Mapping]] = ..., alarm: _Optional[_Union[_rpc_pb2.AlarmResponse, _Mapping]] = ..., lease_checkpoint: _Optional[_Union[_rpc_pb2.LeaseCheckpointResponse, _Mapping]] = ..., auth_enable: _Optional[_Union[_rpc_pb2.AuthEnableResponse, _Mapping]] = ..., auth_disable: _Optional[_Union[_rpc_pb2.AuthDisableResponse, _Mapping]] = ..., authenticate: _Optional[_Union[_rpc_pb2.AuthenticateResponse, _Mapping]] = ..., auth_status: _Optional[_Union[_rpc_pb2.AuthStatusResponse, _Mapping]] = ..., auth_user_add: _Optional[_Union[_rpc_pb2.AuthUserAddResponse, _Mapping]] = ..., auth_user_delete: _Optional[_Union[_rpc_pb2.AuthUserDeleteResponse, _Mapping]] = ..., auth_user_get: _Optional[_Union[_rpc_pb2.AuthUserGetResponse, _Mapping]] = ..., auth_user_change_password: _Optional[_Union[_rpc_pb2.AuthUserChangePasswordResponse, _Mapping]] = ..., auth_user_grant_role: _Optional[_Union[_rpc_pb2.AuthUserGrantRoleResponse, _Mapping]] = ..., auth_user_revoke_role: _Optional[_Union[_rpc_pb2.AuthUserRevokeRoleResponse, _Mapping]] = ..., auth_user_list: _Optional[_Union[_rpc_pb2.AuthUserListResponse, _Mapping]] = ..., auth_role_list: _Optional[_Union[_rpc_pb2.AuthRoleListResponse, _Mapping]] = ..., auth_role_add: _Optional[_Union[_rpc_pb2.AuthRoleAddResponse, _Mapping]] = ..., auth_role_delete: _Optional[_Union[_rpc_pb2.AuthRoleDeleteResponse, _Mapping]] = ..., auth_role_get: _Optional[_Union[_rpc_pb2.AuthRoleGetResponse, _Mapping]] = ..., auth_role_grant_permission: _Optional[_Union[_rpc_pb2.AuthRoleGrantPermissionResponse, _Mapping]] = ..., auth_role_revoke_permission: _Optional[_Union[_rpc_pb2.AuthRoleRevokePermissionResponse, _Mapping]] = ..., status: _Optional[_Union[_rpc_pb2.StatusResponse, _Mapping]] = ..., defragment: _Optional[_Union[_rpc_pb2.DefragmentResponse, _Mapping]] = ..., hash: _Optional[_Union[_rpc_pb2.HashResponse, _Mapping]] = ..., hash_kv: _Optional[_Union[_rpc_pb2.HashKVResponse, _Mapping]] = ..., move_leader: _Optional[_Union[_rpc_pb2.MoveLeaderResponse, _Mapping]] = ..., downgrade: _Optional[_Union[_rpc_pb2.DowngradeResponse, _Mapping]] = ..., member_list: _Optional[_Union[_rpc_pb2.MemberListResponse, _Mapping]] = ..., member_add: _Optional[_Union[_rpc_pb2.MemberAddResponse, _Mapping]] = ..., member_remove: _Optional[_Union[_rpc_pb2.MemberRemoveResponse, _Mapping]] = ..., member_update: _Optional[_Union[_rpc_pb2.MemberUpdateResponse, _Mapping]] = ..., member_promote: _Optional[_Union[_rpc_pb2.MemberPromoteResponse, _Mapping]] = ..., lease_time_to_live: _Optional[_Union[_rpc_pb2.LeaseTimeToLiveResponse, _Mapping]] = ..., lease_leases: _Optional[_Union[_rpc_pb2.LeaseLeasesResponse, _Mapping]] = ..., lease_keep_alive: _Optional[_Union[_rpc_pb2.LeaseKeepAliveResponse, _Mapping]] = ...) -> None: ...
 
 class DoCall(_message.Message):
-    __slots__ = ("id", "request", "method")
+    __slots__ = ("id", "request", "method", "token")
     class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         DO: _ClassVar[DoCall.Method]
         CREDENTIALS: _ClassVar[DoCall.Method]
         RESOLVE_TOKEN: _ClassVar[DoCall.Method]
+        AUTHENTICATE: _ClassVar[DoCall.Method]
     DO: DoCall.Method
     CREDENTIALS: DoCall.Method
     RESOLVE_TOKEN: DoCall.Method
+    AUTHENTICATE: DoCall.Method
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: int
     request: bytes
     method: DoCall.Method
-    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ..., method: _Optional[_Union[DoCall.Method, str]] = ...) -> None: ...
+    token: str
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ..., method: _Optional[_Union[DoCall.Method, str]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class DoBatch(_message.Message):
     __slots__ = ("calls",)

@@ -55,12 +55,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "auth": {"rbac": {"existingSecret": "my-root", "existingSecretPasswordKey": "password"}},
         "tls": {
             "provider": "existingSecret",
-            "existingSecret": {"internal": "s-int", "proxy": "s-proxy", "peer": "s-peer"},
+            "existingSecret": {"internal": "s-int", "proxy": "s-proxy", "sidecar": "s-sidecar", "peer": "s-peer"},
         },
     },
     "cert-manager": {"tls": {"provider": "certManager"}},
     "cert-manager-cluster-issuer": {
-        "tls": {"provider": "certManager", "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+        "tls": {"provider": "certManager", "certManager": {
+            "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+            "sidecarIssuerRef": {"name": "corp-sidecar-ca", "kind": "ClusterIssuer"}}}
     },
     "five-replicas": {"replicaCount": 5},
     "one-replica": {"replicaCount": 1, "pdb": {"create": False}, "proxy": {"replicaCount": 1}},
@@ -150,7 +152,12 @@ def test_replica_count_out_of_range_is_refused_by_the_schema(count: object) -> N
 
 def test_bad_combinations_fail_with_a_message() -> None:
     with pytest.raises(helm.HelmError, match=r"tls.existingSecret.peer"):
-        render({"tls": {"provider": "existingSecret", "existingSecret": {"internal": "a", "proxy": "b"}}})
+        render({"tls": {"provider": "existingSecret",
+                        "existingSecret": {"internal": "a", "proxy": "b", "sidecar": "c"}}})
+    with pytest.raises(helm.HelmError, match=r"tls.existingSecret.sidecar"):
+        render({"tls": {"provider": "existingSecret", "existingSecret": {"internal": "a", "proxy": "b", "peer": "c"}}})
+    with pytest.raises(helm.HelmError, match=r"tls.certManager.sidecarIssuerRef.name"):
+        render({"tls": {"provider": "certManager", "certManager": {"issuerRef": {"name": "corp-ca"}}}})
     with pytest.raises(helm.HelmError, match=r"signMethod=ES256 needs auth.token.privateKey.existingSecret"):
         render({"auth": {"token": {"type": "jwt", "signMethod": "ES256"}}})
     with pytest.raises(helm.HelmError, match="type"):
@@ -407,6 +414,7 @@ FILE_FLAGS = {
     "--internal-secret-file", "--peer-secret-file", "--internal-cert", "--internal-key", "--internal-ca",
     "--identity-file", "--identity-jwt-file", "--identity-oidc-token-file", "--root-password-file",
     "--initial-root-password-file",
+    "--sidecar-trusted-ca-file", "--sidecar-secret-file",
 }  # fmt: skip
 
 
@@ -532,6 +540,9 @@ def test_cert_manager_issues_from_two_cas_or_the_given_issuer() -> None:
     issuers = {i["metadata"]["name"]: i["spec"] for i in r.all("Issuer")}
     assert certs[f"{FULLNAME}-internal"]["issuerRef"]["name"] == certs[f"{FULLNAME}-proxy"]["issuerRef"]["name"]
     assert certs[f"{FULLNAME}-internal"]["issuerRef"]["name"] != certs[f"{FULLNAME}-peer"]["issuerRef"]["name"]
+    # sidecars' certificates come from a CA of their own (the store tells the classes apart by it)
+    assert certs[f"{FULLNAME}-sidecar"]["issuerRef"]["name"] not in {
+        certs[f"{FULLNAME}-proxy"]["issuerRef"]["name"], certs[f"{FULLNAME}-peer"]["issuerRef"]["name"]}
     for spec in certs.values():
         issuer = spec["issuerRef"]["name"]
         assert issuer in issuers
@@ -545,7 +556,8 @@ def test_cert_manager_issues_from_two_cas_or_the_given_issuer() -> None:
     r = rendered("cert-manager-cluster-issuer")
     assert not r.all("Issuer")
     for cert in r.all("Certificate"):
-        assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        name = "corp-sidecar-ca" if cert["metadata"]["name"] == f"{FULLNAME}-sidecar" else "corp-ca"
+        assert cert["spec"]["issuerRef"] == {"name": name, "kind": "ClusterIssuer", "group": "cert-manager.io"}
 
 
 def test_jwt_key_is_generated_as_rsa_and_wired_into_auth_token() -> None:
@@ -793,8 +805,10 @@ def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
     assert f["--identity-file"] == "/etc/raftgate/identity"
     assert addr_port(f["--health-addr"]) == container_port(sidecar, "rg-health") == 9191
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes["raftgate-proxy-tls"]["secret"]["secretName"] == "raftgate-proxy-tls"
-    assert volumes["raftgate-jwt"]["secret"]["secretName"] == "raftgate-jwt"
+    assert volumes["raftgate-sidecar-tls"]["secret"]["secretName"] == "raftgate-sidecar-tls"
+    assert volumes["raftgate-store-ca"]["secret"]["secretName"] == "raftgate-internal-tls"
+    assert "raftgate-jwt" not in volumes and "raftgate-proxy-tls" not in volumes
+    assert f["--sidecar"] == "true" and "--auth-token" not in f
     assert volumes["raftgate-identity"]["secret"]["secretName"] == "app-identity"
     for flag, path in file_args(sidecar).items():
         volume, key = source_of(pod, sidecar, path)
@@ -811,6 +825,43 @@ def test_sidecar_helper_defaults_to_the_same_release(tmp_path: Path) -> None:
     (sidecar,) = deployment["spec"]["template"]["spec"]["initContainers"]
     assert flags(sidecar["args"])["--store-endpoints"] == "shop-raftgate-store-headless.apps.svc.cluster.local:23790"
     assert deployment["spec"]["template"]["metadata"]["labels"]["raftgate.io/proxy-for"] == "shop-raftgate"
+
+
+@pytest.mark.parametrize("values", [
+    {"auth": {"token": {"type": "jwt"}}},
+    {"auth": {"token": {"type": "jwt"}}, "tls": {"provider": "certManager"}},
+    {"tls": {"enabled": False}},
+], ids=["generate-jwt", "cert-manager-jwt", "shared-secret"])
+def test_sidecar_mounts_no_private_key_and_no_central_credential(tmp_path: Path, values: dict[str, Any]) -> None:
+    """A sidecar's volumes hold its own sidecar-class credential and public CA certificates only:
+    no JWT key, no central proxy certificate, no store key, no central shared secret (issue 12)."""
+    app = make_app_chart(tmp_path)
+    r = render({"raftgate": values}, chart=app, release="shop", namespace="apps")
+    (deployment,) = r.docs
+    pod = deployment["spec"]["template"]
+    (sidecar,) = pod["spec"]["initContainers"]
+    f = flags(sidecar["args"])
+    assert f["--sidecar"] == "true"
+    assert not any(k.startswith("--auth-token") for k in f)
+    mounted = {m["name"] for m in sidecar["volumeMounts"]}
+    volumes = [v for v in pod["spec"]["volumes"] if v["name"] in mounted]
+    secrets = {v["secret"]["secretName"]: v["secret"].get("items") for v in volumes if "secret" in v}
+    assert "shop-raftgate-jwt" not in secrets and "shop-raftgate-proxy-tls" not in secrets
+    for name, items in secrets.items():
+        keys = {i["key"] for i in items or ()}
+        if name == "shop-raftgate-internal-tls":  # the store's Secret: its CA certificate alone
+            assert keys == {"ca.crt"}
+        elif name == "shop-raftgate-sidecar-tls":
+            assert keys == {"tls.crt", "tls.key"}
+        elif name == "shop-raftgate-shared-secret":
+            assert items == [{"key": "sidecar-secret", "path": "internal-secret"}]
+        else:
+            raise AssertionError(f"unexpected Secret {name} in the sidecar")
+    # the store, on its side, trusts the sidecar CA (or secret) for sidecar-class callers only
+    store = render(values).one("StatefulSet", STORE)["spec"]["template"]["spec"]
+    store_flags = flags(store["containers"][0]["args"])
+    assert ("--sidecar-trusted-ca-file" in store_flags) == values.get("tls", {}).get("enabled", True)
+    assert store_flags["--auth-token"].startswith("simple" if "auth" not in values else "jwt")
 
 
 # ---------------------------------------------------------------------------------------------

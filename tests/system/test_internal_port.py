@@ -121,7 +121,30 @@ def _write_pki(d: Path) -> dict[str, Path]:
         files[who + "_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                           serialization.PrivateFormat.PKCS8,
                                                           serialization.NoEncryption()))
+    # sidecars' certificates come from a CA of their own (THREAT_MODEL.md)
+    sidecar_ca_key = ec.generate_private_key(ec.SECP256R1())
+    sidecar_ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raftgate test sidecar CA")])
+    sidecar_ca = _cert("raftgate test sidecar CA", sidecar_ca_key, sidecar_ca_name, sidecar_ca_key, ca=True)
+    files["sidecar_ca"] = d / "sidecar-ca.pem"
+    files["sidecar_ca"].write_bytes(sidecar_ca.public_bytes(serialization.Encoding.PEM))
+    key = ec.generate_private_key(ec.SECP256R1())
+    files["sidecar_cert"], files["sidecar_key"] = d / "sidecar.pem", d / "sidecar-key.pem"
+    files["sidecar_cert"].write_bytes(_cert("sidecar", key, sidecar_ca_name, sidecar_ca_key, ca=False)
+                                      .public_bytes(serialization.Encoding.PEM))
+    files["sidecar_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
     return files
+
+
+def _credentials_call(channel: grpc.Channel) -> grpc.StatusCode:
+    call = channel.unary_unary("/raftgate.storepb.Store/Credentials",
+                               request_serializer=store_pb2.CredentialsRequest.SerializeToString,
+                               response_deserializer=store_pb2.CredentialsResponse.FromString)
+    try:
+        call(store_pb2.CredentialsRequest(name="root"), timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
 
 
 def test_mtls_between_proxy_and_store(tmp_path: Path) -> None:
@@ -132,7 +155,8 @@ def test_mtls_between_proxy_and_store(tmp_path: Path) -> None:
     store = Program(tmp_path / "s", ["store", "--data-dir", str(tmp_path / "data"),
                                      "--listen-internal-urls", f"https://127.0.0.1:{store_port}",
                                      "--cert-file", str(pki["store_cert"]), "--key-file", str(pki["store_key"]),
-                                     "--trusted-ca-file", str(pki["ca"]), *_peer_flags(secret)], "raftgate store:")
+                                     "--trusted-ca-file", str(pki["ca"]), "--sidecar-trusted-ca-file",
+                                     str(pki["sidecar_ca"]), *_peer_flags(secret)], "raftgate store:")
     proxy = Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{client_port}",
                                      "--store-endpoints", f"127.0.0.1:{store_port}",
                                      "--internal-cert", str(pki["proxy_cert"]), "--internal-key",
@@ -146,3 +170,10 @@ def test_mtls_between_proxy_and_store(tmp_path: Path) -> None:
         with grpc.secure_channel(f"127.0.0.1:{store_port}", creds) as channel, pytest.raises(grpc.RpcError) as err:
             _do(channel)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # A sidecar CA's certificate is accepted, with a sidecar's powers only: no password hashes.
+        for who, code in (("proxy", grpc.StatusCode.OK), ("sidecar", grpc.StatusCode.PERMISSION_DENIED)):
+            creds = grpc.ssl_channel_credentials(root_certificates=pki["ca"].read_bytes(),
+                                                 private_key=pki[f"{who}_key"].read_bytes(),
+                                                 certificate_chain=pki[f"{who}_cert"].read_bytes())
+            with grpc.secure_channel(f"127.0.0.1:{store_port}", creds) as channel:
+                assert _credentials_call(channel) == code, who

@@ -106,3 +106,23 @@ def test_mtls_files_loaded(tmp_path: Path) -> None:
         env={},
     )
     assert cfg.internal_tls is not None and cfg.internal_tls.key == b"key" and cfg.internal_secret is None
+
+
+def test_sidecar_mode_holds_no_signing_key(secret: str, tmp_path: Path) -> None:
+    """--sidecar (or RAFTGATE_PROXY_SIDECAR=true): tokens and passwords go to the store; a JWT
+    private key is refused (the store signs sidecars' tokens), identity mode needs no key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    assert not load(base(secret), env={}).sidecar
+    assert load(base(secret, "--sidecar"), env={}).sidecar
+    assert load(base(secret), env={"RAFTGATE_PROXY_SIDECAR": "true"}).sidecar
+    key = tmp_path / "jwt.key"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(ConfigError, match="holds no JWT private key"):
+        load(base(secret, "--sidecar", f"--auth-token=jwt,priv-key={key},sign-method=ES256"), env={})
+    identity = tmp_path / "identity"
+    identity.write_text("app\napppw\n")
+    cfg = load(base(secret, "--sidecar", "--auth-token=", f"--identity-file={identity}"), env={})
+    assert cfg.identity is not None and cfg.jwt is None

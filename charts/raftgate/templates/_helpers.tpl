@@ -99,7 +99,7 @@ imagePullSecrets:
 {{- define "raftgate.validate" -}}
 {{- $_ := include "raftgate.replicaCount" . -}}
 {{- if and .Values.tls.enabled (eq .Values.tls.provider "existingSecret") -}}
-{{- range $k := list "internal" "proxy" "peer" -}}
+{{- range $k := list "internal" "proxy" "sidecar" "peer" -}}
 {{- if not (index $.Values.tls.existingSecret $k) -}}
 {{- fail (printf "tls.provider=existingSecret needs tls.existingSecret.%s (a Secret with tls.crt, tls.key and ca.crt)" $k) -}}
 {{- end -}}

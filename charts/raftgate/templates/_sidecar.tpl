@@ -9,11 +9,17 @@ sidecar helper an application chart includes. Public entry points (see the chart
 "values" is this chart's values (an application chart that depends on raftgate passes
 .Values.raftgate, which Helm fills with this chart's defaults), "context" the including chart's root.
 With sidecar.native (the default) the container belongs under initContainers (restartPolicy Always).
+
+A sidecar runs `raftgate proxy --sidecar` with a sidecar-class credential (its own CA's
+certificate, or in development the sidecar secret): it forwards clients' tokens and passwords and
+the store checks them. It mounts no JWT key and no central proxy certificate (THREAT_MODEL.md).
 */}}
 
 {{/* Mount points: every flag that names a file points under one of these. */}}
 {{- define "raftgate.path.proxyTls" -}}/etc/raftgate/tls/proxy{{- end -}}
 {{- define "raftgate.path.clientTls" -}}/etc/raftgate/tls/client{{- end -}}
+{{- define "raftgate.path.sidecarTls" -}}/etc/raftgate/tls/sidecar{{- end -}}
+{{- define "raftgate.path.storeCa" -}}/etc/raftgate/tls/store-ca{{- end -}}
 {{- define "raftgate.path.jwt" -}}/etc/raftgate/jwt{{- end -}}
 {{- define "raftgate.path.shared" -}}/etc/raftgate/secret{{- end -}}
 {{- define "raftgate.path.identity" -}}/etc/raftgate/identity{{- end -}}
@@ -38,7 +44,13 @@ auditSizeLimit: {{ .sizeLimit | quote }}
 {{- $fullname := default (include "raftgate.fullname" $root) $v.sidecar.store.fullname -}}
 {{- $ns := default $ctx.Release.Namespace $v.sidecar.store.namespace -}}
 {{- $proxyTls := printf "%s-proxy-tls" $fullname -}}
-{{- if eq $v.tls.provider "existingSecret" -}}{{- $proxyTls = $v.tls.existingSecret.proxy -}}{{- end -}}
+{{- $sidecarTls := printf "%s-sidecar-tls" $fullname -}}
+{{- $storeCa := printf "%s-internal-tls" $fullname -}}
+{{- if eq $v.tls.provider "existingSecret" -}}
+{{- $proxyTls = $v.tls.existingSecret.proxy -}}
+{{- $sidecarTls = $v.tls.existingSecret.sidecar -}}
+{{- $storeCa = $v.tls.existingSecret.internal -}}
+{{- end -}}
 {{- $jwt := default (printf "%s-jwt" $fullname) $v.auth.token.privateKey.existingSecret -}}
 name: raftgate-proxy
 image: {{ include "raftgate.image" $root }}
@@ -48,10 +60,13 @@ fullname: {{ $fullname }}
 listen: {{ $v.sidecar.listenClientUrls }}
 storeEndpoints: {{ include "raftgate.storeEndpointsOf" (dict "fullname" $fullname "namespace" $ns "clusterDomain" $v.clusterDomain "port" $v.ports.internal) }}
 tls: {{ $v.tls.enabled }}
-proxyTlsSecret: {{ default $proxyTls $v.sidecar.secrets.proxyTls }}
+sidecarClass: true
+proxyTlsSecret: {{ $proxyTls }}
+sidecarTlsSecret: {{ default $sidecarTls $v.sidecar.secrets.sidecarTls }}
+storeCaSecret: {{ default $storeCa $v.sidecar.secrets.storeCa }}
 sharedSecret: {{ default (printf "%s-shared-secret" $fullname) $v.sidecar.secrets.sharedSecret }}
-jwt: {{ eq $v.auth.token.type "jwt" }}
-jwtSecret: {{ default $jwt $v.sidecar.secrets.jwt }}
+jwt: false
+jwtSecret: {{ $jwt }}
 authToken: {{ include "raftgate.authToken" $root }}
 authTokenTtl: {{ $v.auth.token.simpleTtl }}
 bcryptCost: {{ $v.auth.bcryptCost }}
@@ -109,6 +124,9 @@ securityContext:
 {{- $p := include "raftgate.sidecar.params" (dict "values" .Values "context" .) | fromYaml -}}
 {{- $_ := set $p "name" "proxy" -}}
 {{- $_ := set $p "native" false -}}
+{{- $_ := set $p "sidecarClass" false -}}
+{{- $_ := set $p "jwt" (eq .Values.auth.token.type "jwt") -}}
+{{- $_ := set $p "sharedSecret" (include "raftgate.secret.shared" .) -}}
 {{- $_ := set $p "listen" (printf "%s://0.0.0.0:%d" (include "raftgate.clientScheme" .) (int .Values.ports.client)) -}}
 {{- $_ := set $p "clientTls" .Values.auth.client.secureTransport -}}
 {{- $_ := set $p "clientCertAuth" (and .Values.auth.client.secureTransport .Values.auth.client.enableAuthentication) -}}
@@ -153,15 +171,25 @@ localhost, which the internal certificate names; everything else goes to the lea
     - proxy
     - --listen-client-urls={{ .listen }}
     - --store-endpoints={{ .storeEndpoints }}
-    {{- if .tls }}
+    {{- if .sidecarClass }}
+    # tokens and passwords are checked by the store; this container holds no key that mints
+    - --sidecar=true
+    {{- end }}
+    {{- if and .tls .sidecarClass }}
+    - --internal-cert={{ include "raftgate.path.sidecarTls" . }}/tls.crt
+    - --internal-key={{ include "raftgate.path.sidecarTls" . }}/tls.key
+    - --internal-ca={{ include "raftgate.path.storeCa" . }}/ca.crt
+    {{- else if .tls }}
     - --internal-cert={{ include "raftgate.path.proxyTls" . }}/tls.crt
     - --internal-key={{ include "raftgate.path.proxyTls" . }}/tls.key
     - --internal-ca={{ include "raftgate.path.proxyTls" . }}/ca.crt
     {{- else }}
     - --internal-secret-file={{ include "raftgate.path.shared" . }}/internal-secret
     {{- end }}
+    {{- if not .sidecarClass }}
     - --auth-token={{ .authToken }}
     - --auth-token-ttl={{ .authTokenTtl }}
+    {{- end }}
     - --bcrypt-cost={{ .bcryptCost }}
     - --metrics-addr=0.0.0.0:{{ .metricsPort }}
     - --health-addr=0.0.0.0:{{ .healthPort }}
@@ -242,7 +270,14 @@ localhost, which the internal certificate names; everything else goes to the lea
   volumeMounts:
     - name: raftgate-tmp
       mountPath: /tmp
-    {{- if .tls }}
+    {{- if and .tls .sidecarClass }}
+    - name: raftgate-sidecar-tls
+      mountPath: {{ include "raftgate.path.sidecarTls" . }}
+      readOnly: true
+    - name: raftgate-store-ca
+      mountPath: {{ include "raftgate.path.storeCa" . }}
+      readOnly: true
+    {{- else if .tls }}
     - name: raftgate-proxy-tls
       mountPath: {{ include "raftgate.path.proxyTls" . }}
       readOnly: true
@@ -298,7 +333,25 @@ fsGroup, and these volumes are mounted only into the proxy container.
   emptyDir:
     medium: Memory
     sizeLimit: 16Mi
-{{- if .tls }}
+{{- if and .tls .sidecarClass }}
+- name: raftgate-sidecar-tls
+  secret:
+    secretName: {{ .sidecarTlsSecret }}
+    defaultMode: 0444
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+# only the CA certificate that verifies the store's internal certificate
+- name: raftgate-store-ca
+  secret:
+    secretName: {{ .storeCaSecret }}
+    defaultMode: 0444
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- else if .tls }}
 - name: raftgate-proxy-tls
   secret:
     secretName: {{ .proxyTlsSecret }}
@@ -309,7 +362,8 @@ fsGroup, and these volumes are mounted only into the proxy container.
     secretName: {{ .sharedSecret }}
     defaultMode: 0444
     items:
-      - key: internal-secret
+      # a sidecar gets the sidecars' secret, never the central proxies'
+      - key: {{ if .sidecarClass }}sidecar-secret{{ else }}internal-secret{{ end }}
         path: internal-secret
 {{- end }}
 {{- if .jwt }}

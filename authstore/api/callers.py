@@ -1,0 +1,116 @@
+"""Two classes of internal caller: central proxies (trusted to name the user) and sidecars (not).
+
+A central proxy resolves tokens, checks passwords (it reads the hashes: ``Credentials``) and
+stamps the user into each request; the store believes the stamp. A sidecar runs in an
+application's pod, where whoever reads that namespace's Secrets holds its credential, so the store
+believes nothing it says about identity: it verifies the client's token itself (the sidecar
+forwards it) and checks Authenticate passwords itself. THREAT_MODEL.md explains the choice.
+
+The class comes from the credential alone:
+* mTLS: with ``--sidecar-trusted-ca-file`` the port accepts client certificates of both CAs; a
+  certificate counts as central only when a CA of ``--trusted-ca-file`` signed it directly (its
+  signature verifies with that CA's key). Anything else - signed by the sidecar CA, or through an
+  intermediate - is a sidecar: an unexpected certificate gets the lesser powers, never root's.
+* development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar.
+Both in use: central only if every credential presented says central.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from protos.internal import INTERNAL_SECRET_METADATA
+
+log = logging.getLogger("raftgate.store.callers")
+
+#: certificates classified, by the sha256 of their PEM (one classification per certificate)
+CACHE_SIZE = 1024
+
+
+class Caller(enum.Enum):
+    CENTRAL = "central"
+    SIDECAR = "sidecar"
+
+
+def metadata_value(context: Any, key: str) -> bytes | None:
+    for k, value in context.invocation_metadata() or ():
+        if k == key:
+            return value.encode() if isinstance(value, str) else bytes(value)
+    return None
+
+
+class Classifier:
+    """Says which class a call's credential belongs to (``classify``); cheap per call."""
+
+    def __init__(self, *, secret: bytes | None = None, sidecar_secret: bytes | None = None,
+                 central_ca_pem: bytes | None = None, sidecar_ca_pem: bytes | None = None) -> None:
+        self._secret = secret
+        self._sidecar_secret = sidecar_secret
+        #: set only when sidecar certificates exist: then each client certificate is classified
+        self._central_cas = _load_cas(central_ca_pem) if sidecar_ca_pem and central_ca_pem else None
+        self._by_cert: OrderedDict[bytes, Caller] = OrderedDict()
+
+    @property
+    def has_sidecars(self) -> bool:
+        return self._sidecar_secret is not None or self._central_cas is not None
+
+    def secrets(self) -> tuple[bytes, ...]:
+        """The secrets the internal port accepts (the interceptor checks one is presented)."""
+        return tuple(s for s in (self._secret, self._sidecar_secret) if s)
+
+    def classify(self, context: Any) -> Caller:
+        if not self.has_sidecars:
+            return Caller.CENTRAL
+        if self._sidecar_secret is not None:
+            given = metadata_value(context, INTERNAL_SECRET_METADATA) or b""
+            central = self._secret is not None and hmac.compare_digest(given, self._secret)
+            if not central:
+                return Caller.SIDECAR  # the sidecar secret (the interceptor let nothing else in)
+        if self._central_cas is not None:
+            pems = context.auth_context().get("x509_pem_cert") or []
+            if not pems:
+                return Caller.SIDECAR
+            return self._certificate(pems[0])
+        return Caller.CENTRAL
+
+    def _certificate(self, pem: bytes) -> Caller:
+        digest = hashlib.sha256(pem).digest()
+        hit = self._by_cert.get(digest)
+        if hit is not None:
+            self._by_cert.move_to_end(digest)
+            return hit
+        found = Caller.SIDECAR
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+            assert self._central_cas is not None
+            for ca in self._central_cas:
+                try:
+                    cert.verify_directly_issued_by(ca)
+                except (ValueError, TypeError, InvalidSignature):
+                    continue
+                found = Caller.CENTRAL
+                break
+        except ValueError:
+            log.warning("a client certificate that does not parse: treated as a sidecar's")
+        self._by_cert[digest] = found
+        if len(self._by_cert) > CACHE_SIZE:
+            self._by_cert.popitem(last=False)
+        return found
+
+
+def _load_cas(pem: bytes) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(pem)
+
+
+def sidecar_refusal(what: str) -> tuple[grpc.StatusCode, str]:
+    """The answer to a call a sidecar's credential may not make."""
+    return grpc.StatusCode.PERMISSION_DENIED, f"raftgate: a sidecar credential may not {what}"

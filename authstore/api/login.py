@@ -1,0 +1,144 @@
+"""Authenticate for sidecar-class callers: the store checks the password itself.
+
+A sidecar may not read password hashes (``Credentials``) nor propose an ``authenticate`` entry
+(that registers a token for whatever name it carries: a password check the store cannot see is
+one a sidecar could skip). It forwards the client's name and password; here, as a central proxy
+does it (proxy/authenticate.py): a linearizable read of the user's hash and the auth revision R,
+bcrypt on a bounded thread pool (never on the event loop, never in apply), then the same
+``authenticate`` entry, which apply refuses if R moved (then again, until the deadline). Simple
+tokens are registered by apply as today; JWTs are signed here with the store's private key, so
+sidecars hold only public keys (or none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import bcrypt
+from google.protobuf.message import DecodeError
+
+from authstore.state.apply import AuthRevisionMoved
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.storepb import store_pb2 as spb
+from raftgate.errors import Err, EtcdError
+from raftgate.simple_token import generate_prefix
+from raftgate.token_verifier import JwtKeys
+
+BCRYPT_MAX_BYTES = 72
+QUEUE_PER_WORKER = 4
+#: share of the pool (running + waiting) one peer (one sidecar pod) may hold
+PEER_SHARE = 0.5
+DEADLINE_SECONDS = 10.0
+_DUMMY_PASSWORD = b"raftgate: no such user"
+
+
+class BcryptLane:
+    """``workers`` threads; at most workers x (1 + QUEUE_PER_WORKER) checks running or waiting,
+    at most PEER_SHARE of them from one peer; beyond: etcd's ``too many requests`` at once."""
+
+    def __init__(self, workers: int) -> None:
+        self.capacity = workers * (1 + QUEUE_PER_WORKER)
+        self.per_peer = max(1, int(self.capacity * PEER_SHARE + 0.5))
+        self.pending = 0
+        self._by_peer: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bcrypt")
+
+    async def check(self, password: bytes, hashed: bytes, peer: str) -> bool:
+        with self._lock:
+            held = self._by_peer.get(peer, 0)
+            if self.pending >= self.capacity or held >= self.per_peer:
+                raise EtcdError(Err.TOO_MANY_REQUESTS)
+            self.pending += 1
+            self._by_peer[peer] = held + 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, _checkpw, password, hashed)
+        finally:
+            with self._lock:
+                self.pending -= 1
+                left = self._by_peer[peer] - 1
+                if left:
+                    self._by_peer[peer] = left
+                else:
+                    del self._by_peer[peer]
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    if not hashed.startswith(b"$2"):
+        return False
+    try:
+        return bcrypt.checkpw(password[:BCRYPT_MAX_BYTES], hashed)  # Go's bcrypt ignores bytes past 72
+    except ValueError:
+        return False
+
+
+class StoreLogin:
+    def __init__(self, credentials: Callable[[bytes], Awaitable[bytes]], commit: Callable[[bytes], Awaitable[Any]],
+                 *, jwt: JwtKeys | None, simple_ttl_seconds: int, workers: int, cost: int,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        self._credentials = credentials
+        self._commit = commit
+        self._jwt = jwt
+        self._simple_ttl = simple_ttl_seconds
+        self._clock_ms = clock_ms
+        self._lane = BcryptLane(workers)
+        self._cost = cost
+        self._dummy: bytes | None = None
+
+    async def authenticate(self, data: bytes, peer: str) -> bytes:
+        """AuthenticateRequest bytes -> AuthenticateResponse bytes, or EtcdError (etcd's answers)."""
+        try:
+            req = pb.AuthenticateRequest.FromString(data)
+        except DecodeError:
+            raise EtcdError(Err.AUTH_FAILED) from None
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while True:
+            revision = await self._check(req.name, req.password.encode("utf-8"), peer)
+            try:
+                return await self._issue(req.name, revision)
+            except AuthRevisionMoved:
+                if time.monotonic() >= deadline:
+                    raise EtcdError(Err.TIMEOUT) from None
+
+    async def _check(self, name: str, password: bytes, peer: str) -> int:
+        creds = spb.CredentialsResponse.FromString(await self._credentials(
+            spb.CredentialsRequest(name=name).SerializeToString()))
+        if not creds.auth_enabled:
+            raise EtcdError(Err.AUTH_NOT_ENABLED)
+        if not creds.found:
+            await self._lane.check(password, creds.password_hash or await self._dummy_hash(), peer)
+            raise EtcdError(Err.AUTH_FAILED)
+        if creds.no_password:
+            raise EtcdError(Err.NO_PASSWORD_USER)
+        if not await self._lane.check(password, creds.password_hash, peer):
+            raise EtcdError(Err.AUTH_FAILED)
+        if self._jwt is not None and not self._jwt.can_sign:
+            raise EtcdError(Err.VERIFY_ONLY)
+        return creds.auth_revision
+
+    async def _dummy_hash(self) -> bytes:
+        if self._dummy is None:
+            self._dummy = await asyncio.get_running_loop().run_in_executor(
+                self._lane.pool, lambda: bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(self._cost, prefix=b"2a")))
+        return self._dummy
+
+    async def _issue(self, name: str, revision: int) -> bytes:
+        simple = self._jwt is None
+        entry = ipb.InternalAuthenticateRequest(
+            name=name, simple_token=generate_prefix() if simple else "", checked_revision=revision,
+            issued_at_unix_ms=self._clock_ms(), ttl_seconds=self._simple_ttl if simple else 0)
+        response: pb.AuthenticateResponse = await self._commit(
+            ipb.InternalRaftRequest(authenticate=entry).SerializeToString())
+        if not simple:
+            assert self._jwt is not None
+            response.token = self._jwt.sign(name, revision)
+        return response.SerializeToString()
+
+    def close(self) -> None:
+        self._lane.pool.shutdown(wait=False, cancel_futures=True)
