@@ -47,6 +47,8 @@ DEFAULT_TOKEN_TTL = 300
 DEFAULT_MAX_REQUEST_BYTES = 1572864  # etcd's embed.DefaultMaxRequestBytes (1.5 MiB)
 GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd: grpc max receive = max-request-bytes + grpcOverheadBytes
 MAX_SECRET_BYTES = 4096
+#: --workers: processes serving the client port (proxy/workers.py); more would only contend.
+MAX_WORKERS = 64
 
 __all__ = ["ConfigError", "ProxyConfig", "load"]
 
@@ -75,6 +77,8 @@ class ProxyConfig:
     listen_gateway: tuple[str, ...] = ()
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
+    #: --workers: processes sharing the client port (SO_REUSEPORT), each its own store stream
+    workers: int = 1
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -113,6 +117,13 @@ def _parser() -> FlagParser:
         "--listen-gateway-urls",
         help="comma list of http:// or unix:// URLs serving etcd's JSON gateway (POST /v3/kv/range, ...); "
         "default: off",
+    )
+    p.add_argument(
+        "--workers", default=1,
+        help="processes serving the client port together (SO_REUSEPORT), each with its own store stream, "
+        "supervised by this one: the client-facing gRPC cost spreads over cores (default 1; with more, "
+        "http:// listeners with a fixed port only, no gateway; --metrics-addr and --health-addr are "
+        "served by the supervisor, metrics summed over the workers)",
     )
     add_observe_flags(p)
     p.add_argument(
@@ -163,6 +174,9 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
     identity = _identity(f, listen, spec, jwt)
+    workers = integer(f, "workers", 1, MAX_WORKERS)
+    if workers > 1:
+        _check_workers(f, listen, gateway)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -179,7 +193,24 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
         member_store_endpoint=member,
+        workers=workers,
     )
+
+
+def _check_workers(f: Flags, listen: tuple[str, ...], gateway: tuple[str, ...]) -> None:
+    """Several processes share only a fixed TCP port: a Unix socket or port 0 cannot be shared,
+    and the JSON gateway runs in one process."""
+    source = f.source("workers")
+    for address in listen:
+        if address.startswith("unix:"):
+            raise ConfigError(f"{source} {f['workers']}: unix:// listeners cannot be shared by several processes "
+                              f"({address}); use http:// or --workers 1")
+        if address.rsplit(":", 1)[1] == "0":
+            raise ConfigError(f"{source} {f['workers']}: every worker must listen on the same port; "
+                              f"{address} has port 0")
+    if gateway:
+        raise ConfigError(f"{source} {f['workers']}: --listen-gateway-urls is served by one process; "
+                          "run the gateway with --workers 1")
 
 
 def _listen_urls(f: Flags, dest: str = "listen_client_urls") -> tuple[str, ...]:

@@ -66,6 +66,8 @@ class LocalConfig:
     metrics_addr: ListenAddr | None = None
     #: --gateway-port: the proxy also serves etcd's JSON gateway there (None: off)
     gateway_port: int | None = None
+    #: --proxy-workers: processes of the client proxy (``raftgate proxy --workers``)
+    proxy_workers: int = 1
 
     def metrics_addrs(self) -> list[ListenAddr | None]:
         """One address per process (the stores in order, the proxy, then the member proxies in
@@ -89,6 +91,9 @@ def _parser() -> FlagParser:
     p.add_argument("--max-request-bytes", default=None, help="largest client request (default 1572864)")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
+    p.add_argument("--proxy-workers", default=1,
+                   help="processes serving --client-port together (raftgate proxy --workers; default 1); "
+                        "the member proxies stay one process each")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     p.add_argument("--metrics-addr", default=None,
@@ -115,6 +120,10 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
     gateway_port = None if f["gateway_port"] is None else integer(f, "gateway_port", 1, 65535)
     if gateway_port == client_port:
         raise ConfigError("--gateway-port: must differ from --client-port")
+    proxy_workers = integer(f, "proxy_workers", 1, proxy_config.MAX_WORKERS)
+    if proxy_workers > 1 and gateway_port is not None:
+        raise ConfigError("--proxy-workers: the JSON gateway (--gateway-port) is served by one process; "
+                          "use --proxy-workers 1 with it")
     return LocalConfig(
         data_dir=Path(f["data_dir"]),
         client_port=client_port,
@@ -124,6 +133,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         bcrypt_cost=None if f["bcrypt_cost"] is None else str(f["bcrypt_cost"]),
         metrics_addr=metrics,
         gateway_port=gateway_port,
+        proxy_workers=proxy_workers,
     )
 
 
@@ -413,6 +423,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
     if metrics[a.nodes] is not None:
         proxy_args += ["--metrics-addr", str(metrics[a.nodes])]
+    if a.proxy_workers > 1:
+        proxy_args += ["--workers", str(a.proxy_workers)]
     try:
         check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
     except ConfigError as exc:
