@@ -8,7 +8,10 @@ setup is running for the whole run; the rounds alternate between them (A B C A B
 total load (``--conc`` clients, spread over the setup's proxies), and per window it reads the CPU
 time of each store node and of the setup's proxies (workers included) from /proc. Reported per
 setup, as medians over the rounds: requests/s, and µs of CPU per request for the store leader, the
-followers (mean per follower) and the proxies (summed). This backs docs/capacity.md.
+followers (mean per follower) and the proxies (summed). Each round starts with an idle window of
+the same length: what every process burns without load (Raft ticks, heartbeats, timers) is
+subtracted, so the figures are the marginal CPU of a request, not the idle cost spread over
+however few requests a loaded machine manages. This backs docs/capacity.md.
 
     python -m bench.capacity --nodes 3 --proxies 1,2,4 --ops put,range --conc 32
     python -m bench.capacity --nodes 1 --workers 1,2 --ops put,range --conc 16,64
@@ -91,8 +94,17 @@ def start_proxies(setup: Setup, t: RaftgateTarget, workdir: Path, endpoints: str
               f"proxy {setup.name}-{i}", [proc], log)  # fmt: skip
 
 
+def idle_rates(pids: list[int], seconds: float) -> dict[int, float]:
+    """CPU seconds per second each process burns with no load, over one window."""
+    before = {pid: cpu_seconds(pid) for pid in pids}
+    t0 = time.perf_counter()
+    time.sleep(seconds)  # the measurement window itself, not a wait for a condition
+    wall = time.perf_counter() - t0
+    return {pid: max(0.0, cpu_seconds(pid) - before[pid]) / wall for pid in pids}
+
+
 def measure(pool: Any, setup: Setup, job: dict[str, Any], conc: int, procs: int,
-            stores: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+            stores: dict[str, int], idle: dict[int, float]) -> dict[str, Any]:  # fmt: skip
     n = max(1, min(procs, conc))
     shares = [conc // n + (1 if i < conc % n else 0) for i in range(n)]
     jobs = [{**job, "target": f"127.0.0.1:{setup.ports[i % len(setup.ports)]}", "conc": c, "index": i}
@@ -102,7 +114,7 @@ def measure(pool: Any, setup: Setup, job: dict[str, Any], conc: int, procs: int,
     t0 = time.perf_counter()
     out = pool.map(run_job, jobs)
     wall = time.perf_counter() - t0
-    after = {pid: cpu_seconds(pid) for pid in before}
+    after = {pid: cpu_seconds(pid) - idle.get(pid, 0.0) * wall for pid in before}
     count = sum(o["count"] for o in out)
     rate = sum(o["count"] / o["elapsed"] for o in out if o["elapsed"] > 0)
     # The CPU deltas span the whole map (warm-up included): per request over every request sent,
@@ -139,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     t = RaftgateTarget(workdir / "rg", a.nodes, bcrypt_cost=4, auth_token="simple")
     pool = multiprocessing.get_context("spawn").Pool(a.procs)
     results: list[dict[str, Any]] = []
+    idles: list[dict[str, float]] = []
     try:
         t.start()
         admin = Admin(t.grpc_target, [])
@@ -163,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                        "serializable": op == "srange"}  # fmt: skip
                 per_setup: dict[str, list[dict[str, Any]]] = {s.name: [] for s in setups}
                 for _ in range(a.rounds):
+                    idle = idle_rates([*stores.values(), *(p for s in setups for p in s.pids())], a.seconds)
+                    idles.append({role: idle[pid] for role, pid in stores.items()})
                     for s in setups:  # A B C A B C
-                        per_setup[s.name].append(measure(pool, s, job, conc, a.procs, stores))
+                        per_setup[s.name].append(measure(pool, s, job, conc, a.procs, stores, idle))
                 for s in setups:
                     rs = per_setup[s.name]
                     row = summarize(op, conc, s, rs)
@@ -181,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"argv": argv if argv is not None else sys.argv[1:],
-                                            "loadavg_end": os.getloadavg(), "rows": results}, indent=1))  # fmt: skip
+                                            "loadavg_end": os.getloadavg(), "idle_cpu": idles,
+                                            "rows": results}, indent=1))  # fmt: skip
+    if idles:
+        print("idle CPU (cores, median over rounds): " + ", ".join(
+            f"{role} {statistics.median(i[role] for i in idles):.3f}" for role in idles[0]))  # fmt: skip
     return 0
 
 

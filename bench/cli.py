@@ -338,7 +338,7 @@ class Runner:
                 lat = sorted(x for r in ok for x in r.get("lat_ms", []))
                 value = _pct(lat, 0.5 if metric == "p50" else 0.99) if lat else None
             else:
-                value = statistics.fmean(r[metric] for r in ok) if ok else None
+                value = statistics.median(r[metric] for r in ok) if ok else None
             row[kind] = {
                 "value": value,
                 "rounds": [r.get(metric) for r in rs],

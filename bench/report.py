@@ -145,7 +145,7 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
                         fontsize=6)  # fmt: skip
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([_label(r) for r in rows], fontsize=7)
-        ax.invert_yaxis()
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, no margins
         ax.set_xscale("log")
         if top > 0:
             ax.set_xlim(right=top * 2)  # room for the value labels
@@ -155,8 +155,9 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
         ax.grid(axis="x", which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     m = doc["machine"]
-    fig.suptitle(f"raftgate, etcd and the floor (a bare gRPC-Python server) — {m['nproc']} cores, "
-                 f"{m['cpu_model']}, Python {m['python']}", fontsize=10)  # fmt: skip
+    first = axes[0, 0]
+    first.set_title(f"raftgate, etcd and the floor (a bare gRPC-Python server), {m['nproc']} cores, {m['cpu_model']}, "
+                    f"Python {m['python']}\n{first.get_title(loc='left')}", fontsize=9, loc="left")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
