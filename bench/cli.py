@@ -209,9 +209,7 @@ class Runner:
         return self.floor
 
     def _wanted(self, phase: Phase, spec: Spec, mode: str) -> bool:
-        if self.only is None:
-            return True
-        return bool(self.only.search(f"{spec.label} · {mode} · {phase.nodes} node"))
+        return self.only is None or wanted(self.only, phase, spec, mode)
 
     def run_phase(self, phase: Phase) -> None:
         off = [s for s in phase.off if self._wanted(phase, s, "off")]
@@ -317,17 +315,7 @@ class Runner:
              results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
         unit, better = {"rate": ("/s", "higher"), "p50": ("ms", "lower"), "p99": ("ms", "lower"),
                         "recovery": ("s", "lower")}[metric]  # fmt: skip
-        name = {"rate": spec.label, "p50": f"{spec.label}: p50", "p99": f"{spec.label}: p99",
-                "recovery": spec.label}[metric]  # fmt: skip
-        if (spec.group == "put" and metric == "rate") or spec.group == "grants":
-            name = spec.label.replace("Put,", "Put/s,")
-        elif spec.group == "range":
-            name = spec.label.replace("Range", "Range/s")
-        elif spec.group == "auth":
-            name = spec.label.replace("Authenticate", "Authenticate/s")
-        elif spec.group == "watch":
-            name = spec.label.replace("Watch fan-out", "Watch events/s delivered")
-        row: dict[str, Any] = {"row": f"{name} · {mode} · {phase.nodes} node{'s' if phase.nodes > 1 else ''}",
+        row: dict[str, Any] = {"row": row_name(phase, spec, mode, metric),
                                "group": spec.group, "metric": metric, "unit": unit, "better": better,
                                "nodes": phase.nodes, "auth": mode, "bcrypt_cost": phase.cost,
                                "clients": spec.conc, "params": spec.params}  # fmt: skip
@@ -350,6 +338,28 @@ class Runner:
                 row[kind]["written"] = [r.get("written") for r in rs]
         row.update(report.shares(row))
         return row
+
+
+def row_name(phase: Phase, spec: Spec, mode: str, metric: str) -> str:
+    """The name of the table row of ``metric`` measured by ``spec`` (e.g. "Put/s, 16 clients · off · 1 node")."""
+    name = {"rate": spec.label, "p50": f"{spec.label}: p50", "p99": f"{spec.label}: p99",
+            "recovery": spec.label}[metric]  # fmt: skip
+    if (spec.group == "put" and metric == "rate") or spec.group == "grants":
+        name = spec.label.replace("Put,", "Put/s,")
+    elif spec.group == "range":
+        name = spec.label.replace("Range", "Range/s")
+    elif spec.group == "auth":
+        name = spec.label.replace("Authenticate", "Authenticate/s")
+    elif spec.group == "watch":
+        name = spec.label.replace("Watch fan-out", "Watch events/s delivered")
+    return f"{name} · {mode} · {phase.nodes} node{'s' if phase.nodes > 1 else ''}"
+
+
+def wanted(only: re.Pattern[str], phase: Phase, spec: Spec, mode: str) -> bool:
+    """Whether ``--only`` selects the measurement: it matches one of its row names as the table
+    shows them, or its label ("Put, 16 clients · off · 1 node")."""
+    names = [row_name(phase, spec, mode, metric) for metric in spec.metrics]
+    return any(only.search(n) for n in [f"{spec.label} · {mode} · {phase.nodes} node", *names])
 
 
 def _split(total: int, parts: int) -> list[int]:
