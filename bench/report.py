@@ -159,7 +159,7 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
     first.set_title(f"raftgate, etcd and the floor (a bare gRPC-Python server), {m['nproc']} cores, {m['cpu_model']}, "
                     f"Python {m['python']}\n{first.get_title(loc='left')}", fontsize=9, loc="left")  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=90, bbox_inches="tight", pil_kwargs={"optimize": True})
     plt.close(fig)
     return None
 
