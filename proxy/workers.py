@@ -5,8 +5,9 @@ process (the GIL). N workers, each a whole proxy with its own store stream, spre
 N cores; the kernel spreads the connections (SO_REUSEPORT, on purpose here only: everywhere else a
 port in use is an error, so this supervisor checks the port is free before any worker binds it).
 
-The supervisor serves nothing itself but ``--metrics-addr`` (every worker's metrics summed, through
-prometheus_client's multiprocess mode: the workers write to a directory this process reads) and
+The supervisor serves nothing itself but ``--metrics-addr`` (the workers' counters and histograms
+summed, gauges per worker with a ``pid`` label: prometheus_client's multiprocess mode, the workers
+write to a directory this process reads and removes at the end) and
 ``--health-addr`` (SERVING once every worker serves). It prints its ready line once every worker
 serves. A worker that dies brings the whole proxy down with exit code 1 (the others stopped
 cleanly): a proxy with fewer workers than asked for is not what was configured, and the one that
