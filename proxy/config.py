@@ -54,6 +54,8 @@ DEFAULT_TOKEN_TTL = 300
 DEFAULT_MAX_REQUEST_BYTES = 1572864  # etcd's embed.DefaultMaxRequestBytes (1.5 MiB)
 GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd: grpc max receive = max-request-bytes + grpcOverheadBytes
 MAX_SECRET_BYTES = 4096
+#: --workers: processes serving the client port (proxy/workers.py); more would only contend.
+MAX_WORKERS = 64
 
 __all__ = ["ConfigError", "ProxyConfig", "load"]
 
@@ -99,6 +101,8 @@ class ProxyConfig:
     #: --sidecar: this proxy holds a sidecar-class credential (THREAT_MODEL.md): it forwards tokens
     #: and passwords for the store to check, and needs no token key and no password hashes
     sidecar: bool = False
+    #: --workers: processes sharing the client port (SO_REUSEPORT), each its own store stream
+    workers: int = 1
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -149,6 +153,13 @@ def _parser() -> FlagParser:
         "--auth-rate-limit", default="0",
         help="Authenticate calls a second one client address may make; beyond it 'too many requests' "
         "(a token bucket, bursts of one second's worth; default 0: no limit)",
+    )
+    p.add_argument(
+        "--workers", default=1,
+        help="processes serving the client port together (SO_REUSEPORT), each with its own store stream, "
+        "supervised by this one: the client-facing gRPC cost spreads over cores (default 1; with more, "
+        "http:// listeners with a fixed port only, no gateway; --metrics-addr and --health-addr are "
+        "served by the supervisor, metrics summed over the workers)",
     )
     add_observe_flags(p)
     p.add_argument("--audit-log",
@@ -237,6 +248,9 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     identity = _identity(f, listen, spec, jwt, workload, sidecar=sidecar)
     audit_log, fail_closed = _audit(f)
     rate_limit = _rate(f, "auth_rate_limit")
+    workers = integer(f, "workers", 1, MAX_WORKERS)
+    if workers > 1:
+        _check_workers(f, listen, gateway)
     return ProxyConfig(
         listen=listen,
         store_endpoints=stores,
@@ -261,6 +275,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         client_tls=client_tls,
         tls_listen=tls_listen,
         sidecar=sidecar,
+        workers=workers,
     )
 
 
@@ -344,6 +359,22 @@ def _client_tls(f: Flags, tls_listen: tuple[str, ...]) -> ClientTLS | None:
         log.warning("%s is given but no client URL is https://: the client port serves plaintext (as etcd does)",
                     f.source("cert_file"))
     return spec
+
+
+def _check_workers(f: Flags, listen: tuple[str, ...], gateway: tuple[str, ...]) -> None:
+    """Several processes share only a fixed TCP port: a Unix socket or port 0 cannot be shared,
+    and the JSON gateway runs in one process."""
+    source = f.source("workers")
+    for address in listen:
+        if address.startswith("unix:"):
+            raise ConfigError(f"{source} {f['workers']}: unix:// listeners cannot be shared by several processes "
+                              f"({address}); use http:// or --workers 1")
+        if address.rsplit(":", 1)[1] == "0":
+            raise ConfigError(f"{source} {f['workers']}: every worker must listen on the same port; "
+                              f"{address} has port 0")
+    if gateway:
+        raise ConfigError(f"{source} {f['workers']}: --listen-gateway-urls is served by one process; "
+                          "run the gateway with --workers 1")
 
 
 def _listen_urls(f: Flags, dest: str = "listen_client_urls", *, tls: bool = False) -> tuple[str, ...]:

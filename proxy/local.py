@@ -83,6 +83,8 @@ class LocalConfig:
     audit_log: str | None = None
     #: --cert-file (or RAFTGATE_PROXY_CERT_FILE) given: every proxy serves https:// client URLs
     tls: bool = False
+    #: --proxy-workers: processes of the client proxy (``raftgate proxy --workers``)
+    proxy_workers: int = 1
 
     def audit_log_of(self, member: str | None) -> str | None:
         """The audit log of the client proxy (None) or of a member proxy: one writer per file."""
@@ -135,6 +137,9 @@ def _parser() -> FlagParser:
     p.add_argument("--audit-level", default=None, help="auth, denials (default) or all")
     p.add_argument("--audit-fail-closed", nargs="?", const="true", default=None,
                    help="refuse requests while an audit log cannot be written (true/false)")
+    p.add_argument("--proxy-workers", default=1,
+                   help="processes serving --client-port together (raftgate proxy --workers; default 1); "
+                        "the member proxies stay one process each")
     p.add_argument("--initial-root-password-file", default=None,
                    help="a new cluster starts with root (this password) and authentication enabled")
     p.add_argument("--metrics-addr", default=None,
@@ -161,6 +166,10 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
     gateway_port = None if f["gateway_port"] is None else integer(f, "gateway_port", 1, 65535)
     if gateway_port == client_port:
         raise ConfigError("--gateway-port: must differ from --client-port")
+    proxy_workers = integer(f, "proxy_workers", 1, proxy_config.MAX_WORKERS)
+    if proxy_workers > 1 and gateway_port is not None:
+        raise ConfigError("--proxy-workers: the JSON gateway (--gateway-port) is served by one process; "
+                          "use --proxy-workers 1 with it")
     return LocalConfig(
         data_dir=Path(f["data_dir"]),
         client_port=client_port,
@@ -173,6 +182,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         gateway_port=gateway_port,
         audit_log=_audit_path(f["audit_log"]),
         tls=f["cert_file"] is not None or bool(environ.get(CERT_FILE_ENV, "").strip()),
+        proxy_workers=proxy_workers,
     )
 
 
@@ -490,6 +500,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
     if metrics[a.nodes] is not None:
         proxy_args += ["--metrics-addr", str(metrics[a.nodes])]
+    if a.proxy_workers > 1:
+        proxy_args += ["--workers", str(a.proxy_workers)]
     try:
         check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
     except ConfigError as exc:

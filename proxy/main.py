@@ -30,14 +30,19 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     try:
+        if config.workers > 1:
+            from proxy.workers import supervise
+
+            return asyncio.run(supervise(config, argv))
         return asyncio.run(_serve(config))
     except OSError as e:
         print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILURE
 
 
-async def _serve(config: ProxyConfig) -> int:
-    server = ProxyServer(config)
+async def _serve(config: ProxyConfig, *, reuse_port: bool = False, name: str = "raftgate proxy") -> int:
+    """Serves until SIGTERM/SIGINT. ``reuse_port`` and ``name``: a worker of ``--workers N``."""
+    server = ProxyServer(config, reuse_port=reuse_port)
     stop = asyncio.Event()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         stop_on_signals(stop)
@@ -49,7 +54,7 @@ async def _serve(config: ProxyConfig) -> int:
     if server.audit is not None and server.audit.path != STDOUT:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             reopen_on_sighup(server.audit.reopen)
-    print(f"raftgate proxy: serving the etcd v3 API on {', '.join(addresses)}", flush=True)
+    print(f"{name}: serving the etcd v3 API on {', '.join(addresses)}", flush=True)
     if server.gateway is not None:
         print(f"raftgate proxy: serving the JSON gateway on {', '.join(server.gateway.addresses)}", flush=True)
     await stop.wait()

@@ -44,8 +44,11 @@ log = logging.getLogger(__name__)
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, *, reuse_port: bool = False) -> None:
+        """``reuse_port``: only for a worker of ``--workers N`` (proxy/workers.py), whose client port is
+        shared on purpose with its siblings; everywhere else a port in use is an error."""
         self.config = config
+        self.reuse_port = reuse_port
         self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls,
                                  member=config.member_store_endpoint)
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
@@ -106,8 +109,9 @@ class ProxyServer:
                 # random; etcd accepts large tokens, so both limits sit well above any real token.
                 ("grpc.max_metadata_size", METADATA_LIMIT),
                 ("grpc.absolute_max_metadata_size", METADATA_LIMIT),
-                # gRPC-Python shares a port in use (SO_REUSEPORT); a second server there must fail instead.
-                ("grpc.so_reuseport", 0),
+                # gRPC-Python shares a port in use (SO_REUSEPORT); a second server there must fail instead,
+                # except among the workers of one --workers N proxy (the supervisor checked it was free).
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ]
         )
         server.add_generic_rpc_handlers(etcd_handlers(pipeline, self.config.grpc_max_receive_bytes))

@@ -126,3 +126,32 @@ def test_sidecar_mode_holds_no_signing_key(secret: str, tmp_path: Path) -> None:
     identity.write_text("app\napppw\n")
     cfg = load(base(secret, "--sidecar", "--auth-token=", f"--identity-file={identity}"), env={})
     assert cfg.identity is not None and cfg.jwt is None
+
+
+def test_workers_default_one_and_a_fixed_tcp_port_to_share(secret: str) -> None:
+    """--workers N shares one fixed TCP port: a Unix socket, port 0 or the gateway cannot be shared."""
+    assert load(base(secret), env={}).workers == 1
+    assert load(base(secret, "--workers=2", "--listen-client-urls=http://127.0.0.1:23790"), env={}).workers == 2
+    assert load(base(secret), env={"RAFTGATE_PROXY_WORKERS": "3"}).workers == 3
+    for more, needle in [
+        (["--workers=0"], "--workers: must be in 1..64"),
+        (["--workers=2", "--listen-client-urls=unix:///tmp/x.sock"], "unix:// listeners cannot be shared"),
+        (["--workers=2", "--listen-client-urls=http://127.0.0.1:0"], "has port 0"),
+        (["--workers=2", "--listen-gateway-urls=http://127.0.0.1:23791"], "--listen-gateway-urls is served by one"),
+    ]:
+        with pytest.raises(ConfigError, match=needle):
+            load(base(secret, *more), env={})
+
+
+def test_workers_refuse_a_port_someone_holds(secret: str) -> None:
+    """The supervisor checks the port before any worker binds it with SO_REUSEPORT: a port in use
+    stays an error, in the words of a single proxy's failed bind."""
+    import socket
+
+    from proxy.workers import check_ports_free
+
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        config = load(base(secret, "--workers=2", f"--listen-client-urls=http://127.0.0.1:{port}"), env={})
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
+            check_ports_free(config)

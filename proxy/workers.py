@@ -1,0 +1,215 @@
+"""``raftgate proxy --workers N``: N proxy processes serving one client port, supervised by this one.
+
+Why: a gRPC-Python server spends most of a request in gRPC's per-call machinery, on one core per
+process (the GIL). N workers, each a whole proxy with its own store stream, spread that cost over
+N cores; the kernel spreads the connections (SO_REUSEPORT, on purpose here only: everywhere else a
+port in use is an error, so this supervisor checks the port is free before any worker binds it).
+
+The supervisor serves nothing itself but ``--metrics-addr`` (the workers' counters and histograms
+summed, gauges per worker with a ``pid`` label: prometheus_client's multiprocess mode, the workers
+write to a directory this process reads and removes at the end) and
+``--health-addr`` (SERVING once every worker serves). It prints its ready line once every worker
+serves. A worker that dies brings the whole proxy down with exit code 1 (the others stopped
+cleanly): a proxy with fewer workers than asked for is not what was configured, and the one that
+restarts the proxy (Kubernetes, ``raftgate local``'s operator) sees it. A worker that ends with
+code 0 was stopped by a signal (Ctrl-C reaches the whole process group): all stop, exit 0.
+SIGTERM or SIGINT stops every worker gracefully; the exit code is 0 when each stopped cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import REGISTRY
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import CollectorRegistry
+
+from proxy.config import ConfigError, ProxyConfig, load
+from proxy.signals import stop_on_signals
+from raftgate.methods import ETCD_PACKAGE, SERVICES
+from raftgate.observe import ObserveConfig, start_observability
+
+log = logging.getLogger("proxy.workers")
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 10.0
+#: What a worker prints once it serves (the supervisor reads it; ``raftgate local`` waits for the
+#: supervisor's own ``raftgate proxy:`` line, printed after every worker's).
+WORKER_READY = "raftgate proxy worker"
+#: prometheus_client's multiprocess mode: set in a worker's environment before it imports the library.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def check_ports_free(config: ProxyConfig) -> None:
+    """Each client port is free now (nobody, sharing or not, holds it): the workers then share it
+    with each other only. Raises OSError in the words of a single proxy's failed bind."""
+    for address in config.listen:
+        host, port = address.rsplit(":", 1)
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:  # SO_REUSEADDR as the servers: a port in TIME_WAIT is free
+            socket.create_server((host, int(port)), family=family).close()
+        except OSError:
+            raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here"
+                          ) from None
+
+
+class Worker:
+    def __init__(self, index: int, argv: list[str], env: dict[str, str]) -> None:
+        self.index = index
+        self.argv = argv
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"worker {self.index}"
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy.worker", str(self.index), *self.argv,
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=self.env,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT
+        while True:
+            try:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), max(deadline - loop.time(), 0.01))
+            except TimeoutError:
+                raise RuntimeError(f"{self.name} did not become ready in {READY_TIMEOUT:.0f}s") from None
+            if not line:
+                code = await self.proc.wait()
+                raise RuntimeError(f"{self.name} exited with code {code} before it was ready")
+            text = line.decode(errors="replace")
+            if text.startswith(WORKER_READY):
+                break
+            sys.stdout.write(text)
+        sys.stdout.flush()
+        self._pump = loop.create_task(self._forward())
+
+    async def _forward(self) -> None:
+        assert self.proc and self.proc.stdout
+        async for line in self.proc.stdout:
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), STOP_TIMEOUT)
+        except TimeoutError:
+            log.error("%s (pid %d) did not stop in %.0fs; killed", self.name, self.proc.pid, STOP_TIMEOUT)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+
+async def supervise(config: ProxyConfig, argv: list[str]) -> int:
+    """Runs ``config.workers`` workers (each ``argv``, the supervisor's own flags) until a stop signal
+    or a worker's exit; returns the exit code. Raises OSError if a port cannot be had."""
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        stop_on_signals(stop)
+    check_ports_free(config)
+    env = dict(os.environ)
+    metrics_dir: str | None = None
+    registry = REGISTRY
+    if config.observe.metrics_addr is not None:
+        metrics_dir = tempfile.mkdtemp(prefix="raftgate-proxy-metrics-")
+        env[MULTIPROC_ENV] = metrics_dir
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=metrics_dir)
+    health = HealthServicer()
+    observability = None
+    workers = [Worker(i + 1, argv, env) for i in range(config.workers)]
+    code = 0
+    starting = True
+    try:
+        observability = await start_observability(config.observe, health, registry=registry)
+        starts = asyncio.gather(*(w.start() for w in workers))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([starts, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            starts.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await starts
+            log.info("stopped while starting")
+            return 0
+        await starts  # raises RuntimeError if a worker could not start
+        starting = False
+        for name in ["", *(f"{ETCD_PACKAGE}.{s}" for s in SERVICES)]:
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        pids = ", ".join(str(w.proc.pid) for w in workers if w.proc)
+        print(f"raftgate proxy: serving the etcd v3 API on {', '.join(config.listen)} "
+              f"({config.workers} worker processes: pids {pids})", flush=True)  # fmt: skip
+        exits = {asyncio.ensure_future(w.proc.wait()): w for w in workers if w.proc}
+        done, _ = await asyncio.wait([stopped, *exits], return_when=asyncio.FIRST_COMPLETED)
+        if stopped not in done:
+            first = next(exits[f] for f in done if f in exits)
+            rc = first.proc.returncode if first.proc else None
+            if rc == 0:  # stopped by a signal sent to it (Ctrl-C reaches the whole group)
+                log.info("%s stopped; stopping the others", first.name)
+            else:
+                log.error("%s (pid %s) exited with code %s; stopping the others", first.name,
+                          first.proc.pid if first.proc else "?", rc)  # fmt: skip
+                code = 1
+        stopped.cancel()
+        log.info("stopping")
+    except RuntimeError as exc:
+        if not stop.is_set():
+            log.error("%s", exc)
+            code = 1
+    finally:
+        await health.enter_graceful_shutdown()
+        await asyncio.gather(*(w.stop() for w in workers))
+        # a worker the stop reached before its own signal handler was set ends by the signal itself
+        by_signal = {-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
+        for w in workers:
+            if w.proc is None or w.proc.returncode is None:
+                continue
+            if metrics_dir is not None:
+                mark_process_dead(w.proc.pid, metrics_dir)
+            if w.proc.returncode != 0 and not (starting and w.proc.returncode in by_signal) and code == 0:
+                log.error("%s exited with code %s", w.name, w.proc.returncode)
+                code = 1
+        if observability is not None:
+            await observability.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return code
+
+
+def worker_main(argv: list[str]) -> int:
+    """A worker: the proxy's own flags, its client port shared with its siblings, no side servers
+    (the supervisor serves them)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    index, rest = argv[0], argv[1:]
+    from proxy.main import _serve
+
+    try:
+        config = dataclasses.replace(load(rest), workers=1, observe=ObserveConfig())
+    except ConfigError as e:
+        print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return asyncio.run(_serve(config, reuse_port=True, name=f"{WORKER_READY} {index} (pid {os.getpid()})"))
+    except OSError as e:
+        print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
+        return 1

@@ -1,0 +1,24 @@
+"""The bench's command line, in-process: which rows ``--only`` selects."""
+
+from __future__ import annotations
+
+import re
+
+from bench import cli
+
+
+def _selected(only: str) -> list[str]:
+    phases = cli.plan(False, [1], ["off", "simple"], [4])
+    pattern = re.compile(only, re.I)
+    return [f"{s.label} · {mode}" for p in phases for mode, specs in (("off", p.off), (p.token, p.on))
+            for s in specs if cli.wanted(pattern, p, s, mode)]  # fmt: skip
+
+
+def test_only_matches_the_row_names_the_table_shows() -> None:
+    """`--only 'Put/s'` (bench/README.md's example) selects the Put rows: the table names them
+    "Put/s, 16 clients · off · 1 node", the measurement is labelled "Put, 16 clients"."""
+    assert "Put, 16 clients · off" in _selected("Put/s, 16 clients · off")
+    assert "Range linearizable, 16 clients · simple" in _selected("Range/s linearizable")
+    assert "Put, 1 client · off" in _selected("Put, 1 client: p50 · off")
+    assert _selected("Put/s, 64") == ["Put, 64 clients · off", "Put, 64 clients · simple"]
+    assert "Put, 16 clients · off" in _selected("Put, 16 clients · off")  # the label still works
