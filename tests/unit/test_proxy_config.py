@@ -155,3 +155,11 @@ def test_workers_refuse_a_port_someone_holds(secret: str) -> None:
         config = load(base(secret, "--workers=2", f"--listen-client-urls=http://127.0.0.1:{port}"), env={})
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
             check_ports_free(config)
+
+
+def test_bcrypt_workers_and_proxy_workers_are_separate(secret: str) -> None:
+    """--bcrypt-workers (threads) and --workers (processes) do not overwrite each other."""
+    cfg = load(base(secret, "--bcrypt-workers=2", "--workers=3", "--listen-client-urls=http://127.0.0.1:23790"),
+               env={})
+    assert (cfg.bcrypt_workers, cfg.workers) == (2, 3)
+    assert load(base(secret, "--bcrypt-workers=2"), env={}).bcrypt_workers == 2
