@@ -248,8 +248,8 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     identity = _identity(f, listen, spec, jwt, workload, sidecar=sidecar)
     audit_log, fail_closed = _audit(f)
     rate_limit = _rate(f, "auth_rate_limit")
-    workers = integer(f, "workers", 1, MAX_WORKERS)
-    if workers > 1:
+    proxy_workers = integer(f, "workers", 1, MAX_WORKERS)
+    if proxy_workers > 1:
         _check_workers(f, listen, gateway)
     return ProxyConfig(
         listen=listen,
@@ -275,7 +275,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         client_tls=client_tls,
         tls_listen=tls_listen,
         sidecar=sidecar,
-        workers=workers,
+        workers=proxy_workers,
     )
 
 
