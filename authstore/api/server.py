@@ -183,6 +183,7 @@ class StoreService:
         try:
             if req.header.invalid_token:
                 # Refused before the log, as etcd refuses before Raft - but after validation.
+                await self.node.settled()
                 with self.env.begin() as txn:
                     self.applier.check(txn, req, read=True)
             resp = await self._dispatch(req, kind, data)
@@ -199,10 +200,13 @@ class StoreService:
                 kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
             if not _serializable(req, kind):
                 await self.node.wait_applied(await self.node.read_index())
+            else:
+                await self.node.settled()  # every write answered so far is visible
             if kind == "range" and not req.range.range_end:
                 return self._read(req, kind)  # one key: microseconds, cheaper than a thread hop
             return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
         if self.maintenance.handles(kind):
+            await self.node.settled()
             return await self.maintenance.answer(req, kind, now_ms())
         await self.node.must_lead()
         await self.quota.check(req, len(data))
@@ -220,6 +224,7 @@ class StoreService:
     # ---- Snapshot ----
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
+            await self.node.settled()
             req = ipb.InternalRaftRequest.FromString(data)
             with self.env.begin() as txn:
                 self.applier.check(txn, req, read=True)

@@ -98,6 +98,7 @@ class Applier:
         self.max_txn_ops = max_txn_ops
         self.term = 1
         self._entry_subscribers: list[Callable[[lmdb.Transaction], None]] = []
+        self._decided_hooks: list[Callable[[int, list[tuple[int, Any]]], None]] = []
         self._open()
         # One per request the method table routes to the log or to the read path; Authenticate is
         # answered by execute() itself (it needs the entry's index).
@@ -150,6 +151,14 @@ class Applier:
         """``fn`` is called on the apply thread after each applied request entry, inside the
         batch's transaction (authstore/api/watch/hub.py); it must only read and never wait."""
         self._entry_subscribers.append(fn)
+
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]]], None]) -> None:
+        """``fn(last index, results)`` is called on the apply thread once a batch is fully
+        executed, just before its transaction commits (and syncs). The entries are durable in
+        the log and apply is deterministic, so the results are final: a crash before the commit
+        replays the batch to the same results. The node answers its callers from here, so a
+        client does not wait for the store's own fsync (only for the log's, as with etcd)."""
+        self._decided_hooks.append(fn)
 
     # ---- the node's contract (authstore/node/fsm.py: StateMachine) ----
     def apply(self, entries: Sequence[Entry], term: int) -> list[tuple[int, Any]]:
@@ -204,6 +213,9 @@ class Applier:
                 self.backend.set_applied(batch, last.index, last.term)
             auth_revision = self.auth.revision(batch)
             alarms = self._alarm_names(batch)
+            if last.index > applied:
+                for hook in self._decided_hooks:
+                    hook(last.index, results)
             failpoints.hit("applyBeforeCommit")
         metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
         metrics.observe_alarms(alarms)
