@@ -81,7 +81,8 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
             put = ipb.InternalRaftRequest(put=pb.PutRequest(key=b"k", value=b"v"))
             resp = await asyncio.wait_for(node.propose(put.SerializeToString()), 30)
             assert isinstance(resp, pb.PutResponse) and resp.header.revision == 2
-            assert holding.is_set() and committed_value() is None  # answered; not committed yet
+            assert await asyncio.to_thread(holding.wait, 30)
+            assert committed_value() is None  # answered; its batch is not committed yet
             settled = asyncio.get_running_loop().create_task(node.settled())
             for _ in range(20):
                 await asyncio.sleep(0)  # turns of the loop, no time: the commit is held
