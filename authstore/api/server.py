@@ -219,7 +219,7 @@ class StoreService:
                 resp = self.applier.alarms(txn)
                 self.applier.stamp(txn, resp)
                 return resp
-            return self.applier.execute(txn, req, index=0, read=True)
+            return self.applier.execute(txn, req, index=0, read=True, kind=kind)
 
     # ---- Snapshot ----
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
