@@ -240,6 +240,7 @@ class StoreService:
         try:
             if req.header.invalid_token:
                 # Refused before the log, as etcd refuses before Raft - but after validation.
+                await self.node.settled()
                 with self.env.begin() as txn:
                     self.applier.check(txn, req, read=True)
             resp = await self._dispatch(req, kind, data)
@@ -256,10 +257,13 @@ class StoreService:
                 kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
             if not _serializable(req, kind):
                 await self.node.wait_applied(await self.node.read_index())
+            else:
+                await self.node.settled()  # every write answered so far is visible
             if kind == "range" and not req.range.range_end:
                 return self._read(req, kind)  # one key: microseconds, cheaper than a thread hop
             return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
         if self.maintenance.handles(kind):
+            await self.node.settled()
             return await self.maintenance.answer(req, kind, now_ms())
         if kind == "auth_failures":
             if not self.lockout_attempts:
@@ -279,11 +283,12 @@ class StoreService:
                 resp = self.applier.alarms(txn)
                 self.applier.stamp(txn, resp)
                 return resp
-            return self.applier.execute(txn, req, index=0, read=True)
+            return self.applier.execute(txn, req, index=0, read=True, kind=kind)
 
     # ---- Snapshot ----
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
+            await self.node.settled()
             req = ipb.InternalRaftRequest.FromString(data)
             if self.classifier.classify(context) is Caller.SIDECAR:
                 req.header.CopyFrom(await self.verified_header(_token_metadata(context)))

@@ -130,6 +130,9 @@ class RaftNode:
         self.rn = RawNode(Config(id=member_id, storage=storage, election_tick=election_ticks, heartbeat_tick=1,
                                  applied=applied, check_quorum=True, pre_vote=True, rng=rng))
         self.applied_index = applied
+        #: the last index whose callers were answered before its batch committed (``decided``)
+        self.decided_index = applied
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self.leader_id = 0
         self.term = storage.hard_state.term
         self.conf_state: ConfState = storage.snapshot().metadata.conf_state
@@ -176,7 +179,7 @@ class RaftNode:
 
     # ---- life cycle ----
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(self._loop), name="raft-driver"),
                        loop.create_task(self._run(self._apply_loop), name="raft-apply"),
                        loop.create_task(self._ticker(), name="raft-ticker")]
@@ -355,6 +358,25 @@ class RaftNode:
         if removed_now:
             for hook in self._removed_hooks:
                 hook()
+
+    def decided(self, index: int, results: list[tuple[int, Any]]) -> None:
+        """On the apply thread (``Applier.on_decided``): a batch up to ``index`` is executed and
+        about to commit; its callers are answered now, not after the state's own fsync. Changes
+        of membership wait for the batch to be applied (the core must see them first)."""
+        if self._event_loop is not None:
+            self._event_loop.call_soon_threadsafe(self._answer_decided, index, results)
+
+    def _answer_decided(self, index: int, results: list[tuple[int, Any]]) -> None:
+        for request_id, result in results:
+            if request_id and not isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
+                self._waiters.answer(request_id, result)
+        self.decided_index = max(self.decided_index, index)
+
+    async def settled(self) -> None:
+        """Returns once every batch whose callers were answered is applied, so what answers from
+        the local state (serializable reads, maintenance) sees every answered write."""
+        if self.decided_index > self.applied_index:
+            await self.wait_applied(self.decided_index)
 
     def _on_soft_state(self, lead: int, state: StateType) -> None:
         if lead != self.leader_id:

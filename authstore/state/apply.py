@@ -98,6 +98,10 @@ class Applier:
         self.max_txn_ops = max_txn_ops
         self.term = 1
         self._entry_subscribers: list[Callable[[lmdb.Transaction], None]] = []
+        self._decided_hooks: list[Callable[[int, list[tuple[int, Any]]], None]] = []
+        #: whether a NOSPACE alarm is set, read once per batch (None: not read since the batch
+        #: began or since an entry changed the alarms)
+        self._nospace: bool | None = None
         self._open()
         # One per request the method table routes to the log or to the read path; Authenticate is
         # answered by execute() itself (it needs the entry's index).
@@ -152,6 +156,14 @@ class Applier:
         batch's transaction (authstore/api/watch/hub.py); it must only read and never wait."""
         self._entry_subscribers.append(fn)
 
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]]], None]) -> None:
+        """``fn(last index, results)`` is called on the apply thread once a batch is fully
+        executed, just before its transaction commits (and syncs). The entries are durable in
+        the log and apply is deterministic, so the results are final: a crash before the commit
+        replays the batch to the same results. The node answers its callers from here, so a
+        client does not wait for the store's own fsync (only for the log's, as with etcd)."""
+        self._decided_hooks.append(fn)
+
     # ---- the node's contract (authstore/node/fsm.py: StateMachine) ----
     def apply(self, entries: Sequence[Entry], term: int) -> list[tuple[int, Any]]:
         """Applies a committed batch; ``term`` is the node's Raft term, stamped into headers."""
@@ -187,6 +199,7 @@ class Applier:
         """
         results: list[tuple[int, Any]] = []
         started = time.perf_counter()
+        self._nospace = None
         with self.env.begin(write=True) as batch:
             applied = self.backend.applied_index(batch)
             for entry in entries:
@@ -205,6 +218,9 @@ class Applier:
                 self.backend.set_applied(batch, last.index, last.term)
             auth_revision = self.auth.revision(batch)
             alarms = self._alarm_names(batch)
+            if last.index > applied:
+                for hook in self._decided_hooks:
+                    hook(last.index, results)
             failpoints.hit("applyBeforeCommit")
         metrics.observe_apply(time.perf_counter() - started, len(entries), auth_revision)
         metrics.observe_alarms(alarms)
@@ -241,11 +257,16 @@ class Applier:
             txn.abort()
             raise ApplyFailed(f"entry {entry.index}: {type(exc).__name__}: {exc}") from exc
         txn.commit()
+        if req.HasField("alarm") or req.HasField("store_alarm"):
+            self._nospace = None
         return req.ID, resp
 
-    def execute(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, index: int, read: bool) -> Message:
-        """Validates, authorizes and runs one request; used by apply (read=False) and reads."""
-        kind = request_kind(req)
+    def execute(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, index: int, read: bool,
+                kind: str | None = None) -> Message:
+        """Validates, authorizes and runs one request; used by apply (read=False) and reads.
+        ``kind`` is ``request_kind(req)`` when the caller has it already."""
+        if kind is None:
+            kind = request_kind(req)
         body = getattr(req, kind)
         if kind == "authenticate":
             if req.time_unix_ms:
@@ -258,7 +279,7 @@ class Applier:
         else:
             validate_request(kind, body, self.max_txn_ops)
             authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read,
-                      all_leases=self._all_leases_fn(txn))
+                      all_leases=self._all_leases_fn(txn), kind=kind)
             handler = self._handlers.get(kind)
             if handler is None:
                 raise EtcdError(Err.NOT_CAPABLE)
@@ -270,14 +291,18 @@ class Applier:
         """etcd's applierV3Capped: while a NOSPACE alarm is set (the leader logged it), writes that
         add data (Put, Txn with a Put, LeaseGrant) are refused until it is disarmed; deletes and
         compaction still go through, so space can be won back. Only replicated state is read."""
-        return adds_data(req) and any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms)
+        if not adds_data(req):
+            return False
+        if self._nospace is None:
+            self._nospace = any(a.alarm == pb.NOSPACE for a in self.alarms(batch).alarms)
+        return self._nospace
 
     def check(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, read: bool) -> str:
         """Validation and authorization alone, for requests answered outside the handlers here."""
         kind = request_kind(req)
         validate_request(kind, getattr(req, kind), self.max_txn_ops)
         authorize(self.auth, txn, req.header, req, self._lease_keys_fn(txn), read=read,
-                  all_leases=self._all_leases_fn(txn))
+                  all_leases=self._all_leases_fn(txn), kind=kind)
         return kind
 
     def _lease_keys_fn(self, txn: lmdb.Transaction) -> Callable[[int], list[bytes]]:

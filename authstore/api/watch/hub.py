@@ -94,12 +94,26 @@ class Event:
     create: bool
     prev: bytes | None = None
     prev_known: bool = False
+    #: the WatchResponse.events field of this event, without and with prev_kv: encoded once and
+    #: shared by every watcher it goes to
+    _field: bytes | None = None
+    _field_prev: bytes | None = None
 
     def encode(self, with_prev: bool) -> bytes:
         out = (b"\x08\x01" if self.delete else b"") + wire.length_delimited(2, self.record)
         if with_prev and self.prev is not None:
             out += wire.length_delimited(3, self.prev)
         return out
+
+    def field(self, with_prev: bool) -> bytes:
+        """The event as a WatchResponse.events field (its prev, if asked for, must be known)."""
+        if with_prev and self.prev is not None:
+            if self._field_prev is None:
+                self._field_prev = wire.length_delimited(_EVENTS_FIELD, self.encode(True))
+            return self._field_prev
+        if self._field is None:
+            self._field = wire.length_delimited(_EVENTS_FIELD, self.encode(False))
+        return self._field
 
 
 def _event(rev: int, record: bytes) -> Event:
@@ -233,6 +247,8 @@ class WatchHub:
         self._tap_tokens = 0
         self._pending: list[tuple[Any, ...]] = []
         self.rev = 0  # the newest revision whose events synced watchers have been given
+        self._head_key: tuple[int, int, int, int] | None = None
+        self._head_field = b""
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="watch-read")
 
     def attach(self) -> None:
@@ -422,6 +438,16 @@ class WatchHub:
         return pb.ResponseHeader(cluster_id=self.applier.cluster_id, member_id=self.applier.member_id,
                                  revision=rev, raft_term=self.applier.term)
 
+    def _head(self, rev: int, watch_id: int) -> bytes:
+        """WatchResponse{header, watch_id} bytes; the header is encoded once per revision and
+        shared by every watcher that revision goes to (the same bytes ``SerializeToString`` gives:
+        fields in number order, a zero id omitted)."""
+        key = (rev, self.applier.cluster_id, self.applier.member_id, self.applier.term)
+        if self._head_key != key:
+            self._head_key = key
+            self._head_field = wire.length_delimited(1, self._header(rev).SerializeToString())
+        return self._head_field + wire.varint_field(2, watch_id) if watch_id > 0 else self._head_field
+
     def _control(self, stream: Stream, rev: int, watch_id: int, **fields: Any) -> None:
         stream.send(pb.WatchResponse(header=self._header(rev), watch_id=watch_id, **fields).SerializeToString())
 
@@ -441,8 +467,8 @@ class WatchHub:
         """The response(s) that carry `events` of revision(s) up to `rev` to `w`."""
         if w.prev_kv:
             self._fill_prev(events)
-        head = pb.WatchResponse(header=self._header(rev), watch_id=w.id).SerializeToString()
-        encoded = [wire.length_delimited(_EVENTS_FIELD, ev.encode(w.prev_kv)) for ev in events]
+        head = self._head(rev, w.id)
+        encoded = [ev.field(w.prev_kv) for ev in events]
         w.quiet = False
         total = len(head) + sum(len(e) for e in encoded)
         if not w.fragment or total < self.max_response_bytes or len(encoded) < 2:

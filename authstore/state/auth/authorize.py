@@ -77,6 +77,7 @@ def authorize(
     *,
     read: bool,
     all_leases: AllLeases | None = None,
+    kind: str | None = None,
 ) -> None:
     """Raises the EtcdError etcd would answer with, or returns if `req` may run.
 
@@ -84,9 +85,11 @@ def authorize(
     LEASE_NOT_FOUND for an unknown lease (then the lease check is skipped and the lease code
     reports the missing lease, as etcd does). `all_leases()` lists every lease id; it is needed
     only for LeaseLeases by a non-root user, and without it such a request is refused.
-    `read` is True on the read path (linearizable or serializable), False in apply.
+    `read` is True on the read path (linearizable or serializable), False in apply. `kind` is
+    ``request_kind(req)`` when the caller has it already.
     """
-    kind = request_kind(req)
+    if kind is None:
+        kind = request_kind(req)
     if kind in INTERNAL_KINDS:
         return
     # The proxy could not resolve the caller's token: the request's shape has been validated

@@ -173,24 +173,14 @@ class KeyIndex:
                 nxt = longs.key()[:PREFIX]
                 if not lim or nxt < lim:
                     lim = nxt
-            if lim:
-                while k < lim:
-                    if k >= key:
-                        raw = self._visible(cur, k, at_rev)
-                        if raw is not None:
-                            yield k, raw
-                    if not cur.next_nodup():
-                        return
-                    k = cur.key()
-            else:
-                while True:
-                    if k >= key:
-                        raw = self._visible(cur, k, at_rev)
-                        if raw is not None:
-                            yield k, raw
-                    if not cur.next_nodup():
-                        return
-                    k = cur.key()
+            while not lim or k < lim:
+                if k >= key:
+                    raw = self._visible(cur, k, at_rev)
+                    if raw is not None:
+                        yield k, raw
+                if not cur.next_nodup():
+                    return
+                k = cur.key()
             if len(k) <= PREFIX:
                 if end and k >= end:
                     return
