@@ -75,6 +75,8 @@ class ProxyConfig:
     listen_gateway: tuple[str, ...] = ()
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
+    #: --store-reads: Range spread over the store's voters (True) or sent to the leader
+    spread_reads: bool = True
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -125,6 +127,11 @@ def _parser() -> FlagParser:
         "--identity-jwt-file",
         help="sidecar identity mode with an externally minted JWT (etcd claims username/revision; "
         "needs --auth-token jwt with the matching key): a file, or a directory holding 'token'",
+    )
+    p.add_argument(
+        "--store-reads", default="spread", choices=("spread", "leader"),
+        help="where Range requests go: 'spread' over every voting store node (each answers a "
+        "linearizable read by ReadIndex, as any etcd member does) or 'leader' only (default spread)",
     )
     return p
 
@@ -179,6 +186,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         bcrypt_queue_limit=queue_limit,
         listen_gateway=gateway,
         member_store_endpoint=member,
+        spread_reads=f["store_reads"] == "spread",
     )
 
 

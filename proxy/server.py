@@ -42,7 +42,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls,
-                                 member=config.member_store_endpoint)
+                                 member=config.member_store_endpoint, spread_reads=config.spread_reads)
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(

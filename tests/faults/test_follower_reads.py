@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from tests.faults.cluster import (
@@ -109,7 +110,7 @@ def test_a_revoked_permission_is_refused_on_every_node(cluster: Cluster) -> None
         a = root.auth
         md = root.md
         a.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="reader"), metadata=md, timeout=10)
-        perm = rpc_pb2.Permission(permType=rpc_pb2.Permission.READ, key=PREFIX, range_end=prefix_end(PREFIX))
+        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=PREFIX, range_end=prefix_end(PREFIX))
         a.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="reader", perm=perm), metadata=md, timeout=10)
         a.UserAdd(rpc_pb2.AuthUserAddRequest(name="alice", password="alicepw"), metadata=md, timeout=10)
         a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="alice", role="reader"), metadata=md, timeout=10)
