@@ -76,7 +76,7 @@ class ProxyConfig:
     #: --member-store-endpoint: the store node this proxy stands for (None: none)
     member_store_endpoint: str | None = None
     #: --store-reads: Range spread over the store's voters (True) or sent to the leader
-    spread_reads: bool = True
+    spread_reads: bool = False
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -129,9 +129,10 @@ def _parser() -> FlagParser:
         "needs --auth-token jwt with the matching key): a file, or a directory holding 'token'",
     )
     p.add_argument(
-        "--store-reads", default="spread", choices=("spread", "leader"),
+        "--store-reads", default="leader", choices=("spread", "leader"),
         help="where Range requests go: 'spread' over every voting store node (each answers a "
-        "linearizable read by ReadIndex, as any etcd member does) or 'leader' only (default spread)",
+        "linearizable read by ReadIndex, as any etcd member does) or the 'leader' only (default: "
+        "leader; spreading pays where each node has cores of its own)",
     )
     return p
 

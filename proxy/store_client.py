@@ -1,7 +1,7 @@
 """The proxy's connection to the store cluster's internal service (raftgate.storepb.Store).
 
-The proxy sends each request to the leader (Range: spread over the nodes, below), which it
-learns by asking the nodes (``Store.Leader``).
+The proxy sends each request to the leader (with ``--store-reads spread``, Range is spread over
+the nodes, below), which it learns by asking the nodes (``Store.Leader``).
 It knows the nodes from the cluster itself, as etcd's clients auto-sync their endpoints from
 MemberList: each Leader answer lists the members with the internal URL each one published, and
 the proxy follows that list (from the leader's answer, or the newest term's), so adds, removes
@@ -21,14 +21,16 @@ own (Maintenance.Status, Hash, HashKV) and reads (Range) go to that node and no 
 ``etcdctl endpoint status --cluster`` shows each member's own ID, term and indexes, and
 ``endpoint health --cluster`` that member's own health (an error for a member that cannot
 answer). Everything else (writes included) goes to the leader as usual.
-Linearizable and serializable reads (Range) are spread over the voters (``pick_reader``: the least
-busy, in turn), as etcd's clients spread over its members: any voter serves a linearizable read by
-ReadIndex (it asks the leader for its commit index, which the leader confirms with a heartbeat
-round, and answers once it has applied that far), and checks permissions there against its own
-auth state at that point, never older than the auth revision the request is stamped with. A node
-whose read fails (unreachable, cut off from the leader: `leader changed`, `request timed out`)
-gets none for a while and the read is retried on another. ``--store-reads leader`` sends them
-to the leader as before.
+With ``spread_reads``, linearizable and serializable reads (Range) are spread over the voters
+(``pick_reader``: the least busy, in turn), as etcd's clients spread over its members: any
+voter serves a linearizable read by ReadIndex (it asks the leader for its commit index, which
+the leader confirms with a heartbeat round, and answers once it has applied that far), and
+checks permissions there against its own auth state at that point, never older than the auth
+revision the request is stamped with. A node whose read fails (unreachable, cut off from the
+leader: `leader changed`, `request timed out`) gets none for a while and the read is retried on
+another. Off by default (``--store-reads leader``): on one small machine, where the nodes share
+the cores, the proxy's batching over one stream is worth more than the store CPU spread over
+three.
 Watch streams are retried here too (``WatchStreams``): proxy/watch.py only resumes its
 watches on each new stream.
 
@@ -96,7 +98,7 @@ REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
 #: how long a node whose read failed gets no spread reads (the next discoveries judge it again)
 SUSPECT_SECONDS = 2 * REFRESH_SECONDS
-#: KV.Range: the reads a proxy spreads over the nodes (``--store-reads spread``)
+#: KV.Range: the reads a proxy spreads over the nodes with ``--store-reads spread``
 SPREAD_FIELDS = frozenset(m.field for m in METHODS if m.service == "KV" and m.name == "Range")
 #: at most this many store nodes are followed (etcd's clusters are a handful of members)
 MAX_MEMBERS = 64
@@ -187,7 +189,7 @@ def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
 
 class StoreClient:
     def __init__(self, targets: str | list[str] | tuple[str, ...], *, secret: str | None = None,
-                 tls: InternalTLS | None = None, member: str | None = None, spread_reads: bool = True) -> None:
+                 tls: InternalTLS | None = None, member: str | None = None, spread_reads: bool = False) -> None:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()

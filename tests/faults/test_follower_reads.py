@@ -39,17 +39,20 @@ KEY = PREFIX + b"k"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with program_cluster(Path(tmp_path_factory.mktemp("follower-reads")), nodes=3) as c:
-        c.leader(timeout=60)
-        root = Client(c.endpoint)
-        try:
-            retry_ok(lambda: root.put(KEY, b"v0"), 30, "a first write")
-            setup_auth(root)
-            for n in c.nodes:
-                c.leader_info(n)  # learns each node's member id
-        finally:
-            root.close()
-        yield c
+    """Three nodes and a proxy with ``--store-reads spread``; auth on, one key written."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAFTGATE_PROXY_STORE_READS", "spread")  # read by the proxy program_cluster starts
+        with program_cluster(Path(tmp_path_factory.mktemp("follower-reads")), nodes=3) as c:
+            c.leader(timeout=60)
+            root = Client(c.endpoint)
+            try:
+                retry_ok(lambda: root.put(KEY, b"v0"), 30, "a first write")
+                setup_auth(root)
+                for n in c.nodes:
+                    c.leader_info(n)  # learns each node's member id
+            finally:
+                root.close()
+            yield c
 
 
 def _root(cluster: Cluster) -> Client:

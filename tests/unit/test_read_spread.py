@@ -64,9 +64,9 @@ def test_store_reads_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     secret = tmp_path / "secret"
     secret.write_text("0123456789abcdef0123")
     base = ["--store-endpoints=127.0.0.1:7000", f"--internal-secret-file={secret}"]
-    assert load(base, env={}).spread_reads is True
-    assert load([*base, "--store-reads=leader"], env={}).spread_reads is False
-    assert load(base, env={"RAFTGATE_PROXY_STORE_READS": "leader"}).spread_reads is False
+    assert load(base, env={}).spread_reads is False
+    assert load([*base, "--store-reads=spread"], env={}).spread_reads is True
+    assert load(base, env={"RAFTGATE_PROXY_STORE_READS": "spread"}).spread_reads is True
 
 
 def _refusal(err: Err) -> grpc.aio.AioRpcError:
@@ -79,7 +79,7 @@ def test_a_read_that_fails_on_one_node_is_retried_on_another() -> None:
     spread reads for a while. A refusal (permission denied) is passed on as it is, never retried."""
 
     async def run() -> None:
-        client = StoreClient(["a:1", "b:2", "c:3"], secret="s")
+        client = StoreClient(["a:1", "b:2", "c:3"], secret="s", spread_reads=True)
         try:
             for ep in client._endpoints:
                 ep.serves_reads = True
