@@ -103,6 +103,8 @@ class ProxyConfig:
     sidecar: bool = False
     #: --workers: processes sharing the client port (SO_REUSEPORT), each its own store stream
     workers: int = 1
+    #: --store-reads: Range spread over the store's voters (True) or sent to the leader
+    spread_reads: bool = False
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -204,6 +206,12 @@ def _parser() -> FlagParser:
     p.add_argument("--oidc-user-map",
                    help='JSON file mapping a token\'s sub to a raftgate user: [{"match": "system:serviceaccount:'
                    'NS:NAME or a glob", "user": "NAME"}, ...], first match wins (required with --oidc-issuer)')
+    p.add_argument(
+        "--store-reads", default="leader", choices=("spread", "leader"),
+        help="where Range requests go: 'spread' over every voting store node (each answers a "
+        "linearizable read by ReadIndex, as any etcd member does) or the 'leader' only (default: "
+        "leader; spreading pays where each node has cores of its own)",
+    )
     return p
 
 
@@ -276,6 +284,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         tls_listen=tls_listen,
         sidecar=sidecar,
         workers=proxy_workers,
+        spread_reads=f["store_reads"] == "spread",
     )
 
 

@@ -50,7 +50,7 @@ class ProxyServer:
         self.config = config
         self.reuse_port = reuse_port
         self.store = StoreClient(config.store_endpoints, secret=config.internal_secret, tls=config.internal_tls,
-                                 member=config.member_store_endpoint)
+                                 member=config.member_store_endpoint, spread_reads=config.spread_reads)
         self.hasher = PasswordHasher(config.bcrypt_cost, config.bcrypt_workers, config.bcrypt_queue_limit)
         simple = config.auth_token.kind == SIMPLE
         self.resolver = Resolver(

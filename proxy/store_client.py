@@ -1,6 +1,7 @@
 """The proxy's connection to the store cluster's internal service (raftgate.storepb.Store).
 
-The proxy sends each request to the leader, which it learns by asking the nodes (``Store.Leader``).
+The proxy sends each request to the leader (with ``--store-reads spread``, Range is spread over
+the nodes, below), which it learns by asking the nodes (``Store.Leader``).
 It knows the nodes from the cluster itself, as etcd's clients auto-sync their endpoints from
 MemberList: each Leader answer lists the members with the internal URL each one published, and
 the proxy follows that list (from the leader's answer, or the newest term's), so adds, removes
@@ -20,6 +21,16 @@ own (Maintenance.Status, Hash, HashKV) and reads (Range) go to that node and no 
 ``etcdctl endpoint status --cluster`` shows each member's own ID, term and indexes, and
 ``endpoint health --cluster`` that member's own health (an error for a member that cannot
 answer). Everything else (writes included) goes to the leader as usual.
+With ``spread_reads``, linearizable and serializable reads (Range) are spread over the voters
+(``pick_reader``: the least busy, in turn), as etcd's clients spread over its members: any
+voter serves a linearizable read by ReadIndex (it asks the leader for its commit index, which
+the leader confirms with a heartbeat round, and answers once it has applied that far), and
+checks permissions there against its own auth state at that point, never older than the auth
+revision the request is stamped with. A node whose read fails (unreachable, cut off from the
+leader: `leader changed`, `request timed out`) gets none for a while and the read is retried on
+another. Off by default (``--store-reads leader``): on one small machine, where the nodes share
+the cores, the proxy's batching over one stream is worth more than the store CPU spread over
+three.
 Watch streams are retried here too (``WatchStreams``): proxy/watch.py only resumes its
 watches on each new stream.
 
@@ -32,9 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -84,6 +96,10 @@ SILENCE_GRACE = 0.25
 PROBE_TIMEOUT = 1.0
 REFRESH_SECONDS = 2.0
 BACKOFF = 0.05
+#: how long a node whose read failed gets no spread reads (the next discoveries judge it again)
+SUSPECT_SECONDS = 2 * REFRESH_SECONDS
+#: KV.Range: the reads a proxy spreads over the nodes with ``--store-reads spread``
+SPREAD_FIELDS = frozenset(m.field for m in METHODS if m.service == "KV" and m.name == "Range")
 #: at most this many store nodes are followed (etcd's clusters are a handful of members)
 MAX_MEMBERS = 64
 #: a node no longer in the member list is closed this long after it left (calls under way end first)
@@ -110,6 +126,29 @@ class _Endpoint:
             request_serializer=store_pb2.LeaderRequest.SerializeToString,
             response_deserializer=store_pb2.LeaderResponse.FromString,
         )
+        #: calls under way on this node (the spreading choice takes the least busy)
+        self.outstanding = 0
+        #: the last discovery found it a voter that follows a leader (or leads): it may serve reads
+        self.serves_reads = False
+        #: a read on it failed (unreachable, cut off from the leader): no spread reads until then
+        self.suspect_until = 0.0
+
+
+def pick_reader(endpoints: Sequence[_Endpoint], leader: _Endpoint, now: float, turn: int) -> _Endpoint:
+    """The node for the next spread read: of the nodes that may serve reads and are not suspect,
+    one with the fewest reads outstanding, ties taken in turn (``turn``: a counter); the leader
+    when there is none. Any voter serves a linearizable read (ReadIndex: it asks the leader for
+    its commit index and answers once it has applied that far), so reads grow with the cluster."""
+    best: list[_Endpoint] = []
+    least = 0
+    for ep in endpoints:
+        if not ep.serves_reads or ep.suspect_until > now:
+            continue
+        if not best or ep.outstanding < least:
+            best, least = [ep], ep.outstanding
+        elif ep.outstanding == least:
+            best.append(ep)
+    return best[turn % len(best)] if best else leader
 
 
 def _target(url: str) -> str | None:
@@ -150,7 +189,7 @@ def _etcd_error(error: grpc.aio.AioRpcError) -> Err | None:
 
 class StoreClient:
     def __init__(self, targets: str | list[str] | tuple[str, ...], *, secret: str | None = None,
-                 tls: InternalTLS | None = None, member: str | None = None) -> None:
+                 tls: InternalTLS | None = None, member: str | None = None, spread_reads: bool = False) -> None:
         if isinstance(targets, str):
             targets = [targets]
         self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
@@ -163,6 +202,8 @@ class StoreClient:
         self._closing: set[asyncio.Task[None]] = set()  # retired endpoints being closed (kept referenced)
         #: the node this proxy stands for (a member proxy), else None
         self._member = _Endpoint(member, self._channel(member, tls), self._metadata) if member else None
+        self._spread_reads = spread_reads
+        self._turns = itertools.count()
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
@@ -212,9 +253,17 @@ class StoreClient:
             by_id = {a.member_id: ep for ep, a in got}
             best = max((a for _, a in got if a.leader_id), key=lambda a: a.raft_term, default=None)
             if best is None:
+                for ep in todo:
+                    ep.serves_reads = False
                 return
             # The leader's own list is the newest; else the list of the answer naming it.
             source = next((a for _, a in got if a.member_id == best.leader_id), best)
+            learners = {m.id for m in source.members if m.is_learner}
+            for ep in todo:
+                a = asked[ep.target]
+                # a voter that follows the newest leader; a learner is not asked (etcd refuses it)
+                ep.serves_reads = (a is not None and a.leader_id == best.leader_id
+                                   and a.raft_term == best.raft_term and a.member_id not in learners)
             changed = self._follow(source.members)
             if best.leader_id in by_id:
                 if by_id[best.leader_id] is not self._leader:
@@ -273,9 +322,14 @@ class StoreClient:
             self._discovery = asyncio.get_running_loop().create_task(self._discover())
         await asyncio.shield(self._discovery)
 
+    def _reader(self) -> _Endpoint:
+        return pick_reader(self._endpoints, self._leader, time.monotonic(), next(self._turns))
+
     async def _call(self, invoke: Callable[[_Endpoint, float | None], Awaitable[T]], timeout: float | None,
-                    *, read: bool) -> T:
-        """Sends to the leader; on failure finds the leader again and retries what is safe.
+                    *, read: bool, spread: bool = False) -> T:
+        """Sends to the leader (``spread``: a read, to the node ``pick_reader`` chooses); on failure
+        finds the leader again and retries what is safe (a spread read: on another node, the one
+        that failed is suspect for SUSPECT_SECONDS).
 
         Retries stop early enough to answer with etcd's own error before the client's deadline:
         `no leader` when no node leads (or none can be reached), and, for a write cut off by a
@@ -292,8 +346,9 @@ class StoreClient:
         # call until the client's own deadline.
         answer_deadline = now + RETRY_WINDOW + SILENCE_GRACE
         while True:
-            endpoint = self._leader
+            endpoint = self._reader() if spread else self._leader
             answer: grpc.aio.AioRpcError | None = None  # the store's answer, raised if time runs out
+            endpoint.outstanding += 1
             try:
                 return await invoke(endpoint, max(min(client_deadline, answer_deadline) - time.monotonic(), 0.001))
             except NotSent:
@@ -306,11 +361,17 @@ class StoreClient:
                 # The store's answer (or the client's deadline): retried only when it is etcd's
                 # proof that the request never entered the log, or, for a read, leader trouble.
                 if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and answer_deadline < client_deadline:
+                    endpoint.suspect_until = time.monotonic() + SUSPECT_SECONDS
+                    if endpoint is not self._leader and spread:
+                        raise EtcdError(Err.TIMEOUT) from None  # a silent follower: etcd's own answer
                     raise EtcdError(await self._silent(endpoint, client_deadline, read=read)) from None
                 err = _etcd_error(error)
                 if err is None or (err not in NOT_TAKEN and not (read and err in READ_RETRY)):
                     raise
                 answer = error
+            finally:
+                endpoint.outstanding -= 1
+            endpoint.suspect_until = time.monotonic() + SUSPECT_SECONDS
             if time.monotonic() + BACKOFF >= retry_deadline:
                 if answer is not None:
                     raise answer
@@ -338,7 +399,9 @@ class StoreClient:
         if self._member is not None and field in MEMBER_FIELDS:
             return await self._on_member(self._member, internal_request, timeout, token)
         read = field in READ_FIELDS
-        return await self._call(lambda ep, t: ep.pipe.do(internal_request, t, token=token), timeout, read=read)
+        spread = self._spread_reads and field in SPREAD_FIELDS
+        return await self._call(lambda ep, t: ep.pipe.do(internal_request, t, token=token), timeout, read=read,
+                                spread=spread)
 
     @staticmethod
     async def _on_member(member: _Endpoint, internal_request: bytes, timeout: float | None,

@@ -255,7 +255,7 @@ class StoreService:
     async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
         if kind in READ_KINDS or (kind == "txn" and is_read_only_txn(req.txn)) or (
                 kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
-            if not _serializable(req, kind):
+            if not _serializable(req, kind) or self._behind_auth(req.header):
                 await self.node.wait_applied(await self.node.read_index())
             else:
                 await self.node.settled()  # every write answered so far is visible
@@ -275,6 +275,16 @@ class StoreService:
         await self.node.must_lead()
         await self.quota.check(req, len(data))
         return await self.node.propose(data)
+
+    def _behind_auth(self, header: ipb.RequestHeader) -> bool:
+        """A serializable read stamped with an auth revision this node has not applied yet (a
+        follower behind the node that resolved the caller's token): it first catches up to a read
+        point (which holds that revision), so it never answers with older permissions than the
+        proxy saw. A linearizable read is past such a point anyway."""
+        if not header.auth_revision:
+            return False
+        with self.env.begin() as txn:
+            return header.auth_revision > self.applier.auth.revision(txn)
 
     def _read(self, req: ipb.InternalRaftRequest, kind: str) -> Any:
         with self.env.begin() as txn:
