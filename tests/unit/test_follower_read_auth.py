@@ -32,7 +32,8 @@ class _Applier:
         self.auth = _Auth()
         self.read_at: list[int] = []
 
-    def execute(self, _txn: lmdb.Transaction, _req: ipb.InternalRaftRequest, *, index: int, read: bool) -> Any:
+    def execute(self, _txn: lmdb.Transaction, _req: ipb.InternalRaftRequest, *, index: int, read: bool,
+                kind: str | None = None) -> Any:
         self.read_at.append(self.auth.rev)
         return rpc_pb2.RangeResponse()
 
@@ -50,6 +51,9 @@ class _Node:
 
     async def wait_applied(self, index: int) -> None:
         self.applier.auth.rev = 3
+
+    async def settled(self) -> None:
+        """Every answered write is committed (nothing pending here)."""
 
 
 def _service(tmp_path: Path) -> tuple[StoreService, _Applier, _Node]:
