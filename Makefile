@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# test processes (pytest-xdist): the suite is mostly multi-process tests that wait on elections and
+# timeouts, so two run side by side on 2 cores; a module stays on one (its fixtures start once)
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-fast lint protos clean
 
@@ -20,7 +23,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## test-fast: the unit tests, the Raft core and a short Raft simulation (no processes; about a minute)
 test-fast: $(STAMP)
