@@ -126,3 +126,10 @@ def test_sidecar_mode_holds_no_signing_key(secret: str, tmp_path: Path) -> None:
     identity.write_text("app\napppw\n")
     cfg = load(base(secret, "--sidecar", "--auth-token=", f"--identity-file={identity}"), env={})
     assert cfg.identity is not None and cfg.jwt is None
+
+
+def test_sidecar_refuses_client_certificate_auth(secret: str) -> None:
+    """--client-cert-auth names the user by a certificate only the proxy sees; a sidecar's requests
+    carry identities the store verifies itself, and the store never sees that certificate."""
+    with pytest.raises(ConfigError, match="--client-cert-auth cannot be used with --sidecar"):
+        load(base(secret, "--sidecar", "--client-cert-auth"), env={})
