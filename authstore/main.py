@@ -37,6 +37,8 @@ from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
 from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl, read_key_file
+from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
+from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger("raftgate.store")
 
@@ -94,6 +96,17 @@ def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
                        ttl_seconds=ttl)
     except (TokenKeyError, ValueError) as exc:
         raise StartupError(f"--auth-token: {exc}") from None
+
+
+def _workload(cfg: store_config.StoreConfig) -> WorkloadTokens | None:
+    """--oidc-*: the verifier of workload tokens sidecars forward (a JWKS file is read now)."""
+    if cfg.oidc_issuer is None:
+        return None
+    try:
+        return WorkloadTokens(build_workload(cfg.oidc_issuer, cfg.oidc_audience or "", jwks_file=cfg.oidc_jwks_file,
+                                             ca_file=cfg.oidc_ca_file, user_map_file=cfg.oidc_user_map or ""))
+    except WorkloadConfigError as exc:
+        raise StartupError(f"--oidc-issuer: {exc}") from None
 
 
 def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
@@ -270,7 +283,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                            lockout_attempts=cfg.auth_lockout_attempts,
                            lockout_duration_ms=cfg.auth_lockout_duration_ms,
                            classifier=_classifier(cfg),
-                           jwt=_jwt_keys(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
+                           jwt=_jwt_keys(cfg), workload=_workload(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
                            bcrypt_workers=cfg.bcrypt_workers, bcrypt_cost=cfg.bcrypt_cost)
     service.watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the

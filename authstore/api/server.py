@@ -98,6 +98,7 @@ class StoreService:
                  max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
                  lockout_attempts: int = 0, lockout_duration_ms: int = 0,
                  classifier: Classifier | None = None, jwt: JwtKeys | None = None,
+                 workload: TokenVerifier | None = None,
                  simple_ttl_seconds: int = 300, bcrypt_workers: int = 2, bcrypt_cost: int = 10) -> None:
         """``lockout_*``: the policy stamped into the auth_failures entries this node logs
         (authstore/state/auth/lockout.py); 0 attempts: failures are not recorded."""
@@ -122,12 +123,16 @@ class StoreService:
                                    node.wait_applied, lambda: node.last_index)
         self.classifier = classifier or Classifier()
         #: how the store verifies a sidecar-class caller's token: the first that recognizes it
-        #: decides (raftgate/token_verifier.py; a workload-token verifier is added the same way)
+        #: decides (raftgate/token_verifier.py). Workload tokens (by their ``iss``) before etcd JWTs,
+        #: which recognize any JWT.
         self.verifiers: list[TokenVerifier] = [_StoreSimpleTokens(self.tokens)]
+        if workload is not None:
+            self.verifiers.append(workload)
         if jwt is not None:
             self.verifiers.append(jwt)
         self.login = StoreLogin(self.credentials, self._commit_authenticate, jwt=jwt,
-                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost)
+                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost,
+                                record_failure=self._record_failure)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -343,9 +348,22 @@ class StoreService:
             return ipb.RequestHeader(invalid_token=True)
         revision = found.revision
         if revision is None:
+            # judged now: the user the token maps to must exist (as the proxy's workload check)
             with self.env.begin() as txn:
+                if self.applier.auth.get_user(txn, found.username) is None:
+                    return ipb.RequestHeader(invalid_token=True)
                 revision = self.applier.auth.revision(txn)
         return ipb.RequestHeader(username=found.username, auth_revision=revision, simple_token=found.revocable)
+
+    async def _record_failure(self, name: str) -> None:
+        """A sidecar's failed Authenticate, logged as the central proxy logs its own (one
+        ``auth_failures`` entry, this node's policy stamped by ``_dispatch``). Not recorded (e.g.
+        no leader): logged; the answer stays the wrong-password one."""
+        entry = ipb.InternalRaftRequest(auth_failures=ipb.AuthFailuresEntry(names=[name]))
+        try:
+            await self.answer(entry.SerializeToString())
+        except Exception as exc:
+            log.warning("could not record a failed Authenticate: %s", type(exc).__name__)
 
     async def _commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
