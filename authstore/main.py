@@ -36,7 +36,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
-from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl, read_key_file
+from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
 
@@ -90,10 +90,8 @@ def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
         if kind != "jwt":
             raise TokenKeyError(f"unknown token kind {kind!r} (simple or jwt)")
         ttl = parse_ttl(options["ttl"]) if options.get("ttl") else 300.0
-        return JwtKeys(options.get("sign-method", ""),
-                       public_key=read_key_file(options["pub-key"]) if options.get("pub-key") else None,
-                       private_key=read_key_file(options["priv-key"]) if options.get("priv-key") else None,
-                       ttl_seconds=ttl)
+        return JwtKeys.from_files(options.get("sign-method", ""), options.get("priv-key") or None,
+                                  options.get("pub-key") or None, ttl_seconds=ttl)
     except (TokenKeyError, ValueError) as exc:
         raise StartupError(f"--auth-token: {exc}") from None
 
