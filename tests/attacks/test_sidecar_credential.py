@@ -334,3 +334,15 @@ def test_workload_token_through_the_sidecar_is_verified_by_the_store(cluster: Cl
                   _workload_token("system:serviceaccount:other:x"),  # no rule
                   _workload_token("system:serviceaccount:shop:app", aud="elsewhere")):
         assert _err(kv.Put, put, metadata=(("token", token),)) == Err.INVALID_AUTH_TOKEN.value
+
+
+def test_sidecar_may_follow_the_leader_and_members(cluster: Cluster) -> None:
+    """Kept on purpose: a sidecar's store client finds the leader and follows membership changes
+    with ``Leader`` (its --store-endpoints are only seeds). The answer holds member IDs and the
+    internal URLs the sidecar connects to anyway - no secret, nothing it could not reach."""
+    with grpc.insecure_channel(cluster.store) as ch:
+        call = ch.unary_unary(STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
+                              response_deserializer=spb.LeaderResponse.FromString)
+        answer = call(spb.LeaderRequest(), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),), timeout=10)
+    assert answer.leader_id == answer.member_id
+    assert [list(m.internal_urls) for m in answer.members] == [[f"http://{cluster.store}"]]
