@@ -13,6 +13,7 @@ token is refused; the central proxy works as before.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -33,7 +34,15 @@ from protos.internal import AUTHENTICATE_FIELD, INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
 from tests.support.oidc_issuer import AUDIENCE, public_jwk, rsa_key
-from tests.support.processes import SECRET, Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.processes import (
+    SECRET,
+    Program,
+    free_port,
+    proxy_program,
+    store_program,
+    wait_for,
+    wait_serving,
+)
 
 SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
 #: workload tokens: the store reads the issuer's keys from a JWKS file (never contacted here)
@@ -52,6 +61,7 @@ class Cluster:
     identity: grpc.Channel
     priv_pem: bytes
     root_md: tuple[tuple[str, str], ...]
+    audit: Path
 
 
 def _pem_pair() -> tuple[bytes, bytes]:
@@ -87,7 +97,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         started.append(central)
         sidecar = Program(work / "sidecar", [
             "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{sidecar_port}", "--store-endpoints",
-            internal, "--internal-secret-file", str(work / "sidecar-secret"), "--bcrypt-cost", "4"],
+            internal, "--internal-secret-file", str(work / "sidecar-secret"), "--bcrypt-cost", "4",
+            "--audit-log", str(work / "sidecar-audit.jsonl"), "--audit-level", "all"],
             "raftgate proxy:")
         sidecar.start()
         started.append(sidecar)
@@ -115,7 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
         auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
         token = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password="rootpw"), timeout=10).token
-        yield Cluster(internal, c, s, i, priv, (("token", token),))
+        yield Cluster(internal, c, s, i, priv, (("token", token),), work / "sidecar-audit.jsonl")
     finally:
         for ch in channels:
             ch.close()
@@ -346,3 +357,28 @@ def test_sidecar_may_follow_the_leader_and_members(cluster: Cluster) -> None:
         answer = call(spb.LeaderRequest(), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),), timeout=10)
     assert answer.leader_id == answer.member_id
     assert [list(m.internal_urls) for m in answer.members] == [[f"http://{cluster.store}"]]
+
+
+def test_sidecar_audit_records_name_the_user_the_store_verified(cluster: Cluster) -> None:
+    """The sidecar never learns who a token belongs to; the store's answer carries the name it
+    verified (granted or refused), so the sidecar's audit log names the user as a central one does."""
+    md = (("token", _workload_token("system:serviceaccount:shop:app")),)
+    kv = rpc_pb2_grpc.KVStub(cluster.sidecar)
+    kv.Put(rpc_pb2.PutRequest(key=b"app/audited", value=b"1"), metadata=md, timeout=10)
+    assert _err(kv.Put, rpc_pb2.PutRequest(key=b"audited", value=b"1"), metadata=md) == Err.PERMISSION_DENIED.value
+    keys = {base64.b64encode(k).decode(): k for k in (b"app/audited", b"audited")}
+
+    def records() -> dict[bytes, dict[str, object]]:
+        found = {}
+        lines = cluster.audit.read_text().split("\n")[:-1] if cluster.audit.exists() else []  # complete lines
+        for line in lines:
+            record = json.loads(line)
+            if record.get("method") == "/etcdserverpb.KV/Put" and record.get("key") in keys:
+                found[keys[str(record["key"])]] = record
+        return found
+
+    wait_for(lambda: len(records()) == 2, timeout=10, what="both audit records")
+    got = records()
+    assert got[b"app/audited"]["user"] == "app" and got[b"app/audited"]["result"] == "ok"
+    assert got[b"audited"]["user"] == "app"
+    assert got[b"audited"]["result"] == Err.PERMISSION_DENIED.message
