@@ -175,16 +175,19 @@ class StoreService:
 
         async def one(call_id: int, call: spb.DoCall) -> None:
             method = call.method
+            who: list[str] = []  # the user a sidecar's token was verified as (answer fills it)
             try:
                 if method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
                 if sidecar and method == spb.DoCall.DO:
                     token = call.token if call.HasField("token") else None
-                    ready.answer(call_id, await self.answer(call.request, sidecar=True, token=token))
+                    answer = await self.answer(call.request, sidecar=True, token=token, verified=who)
+                    ready.answer(call_id, answer, user=who[0] if who else "")
                 else:
                     ready.answer(call_id, await methods[method](call.request))
             except (Refusal, EtcdError) as exc:
-                ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message))
+                ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message,
+                                          user=who[0] if who else ""))
             except Exception:
                 log.exception("a streamed request failed")
                 ready.refuse(spb.DoResult(id=call_id, code=grpc.StatusCode.UNKNOWN.value[0],
@@ -223,11 +226,13 @@ class StoreService:
         stopped` (never taken, so the proxy sends them to another node); calls under way finish."""
         self.draining = True
 
-    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None) -> bytes:
+    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None,
+                     verified: list[str] | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``.
 
         ``sidecar``: from a sidecar-class caller, whose header is replaced by the identity of
-        ``token`` (the client's, verified here; None: anonymous)."""
+        ``token`` (the client's, verified here; None: anonymous); its user name is appended to
+        ``verified`` (for the sidecar's audit log)."""
         if self.draining:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
@@ -241,6 +246,8 @@ class StoreService:
             if kind in SIDECAR_REFUSED:
                 raise Refusal(*sidecar_refusal(f"send {kind}"))
             req.header.CopyFrom(await self.verified_header(token))
+            if verified is not None:
+                verified.append(req.header.username)
             data = req.SerializeToString()
         try:
             if req.header.invalid_token:
@@ -452,17 +459,18 @@ class _Outbox:
 
     def __init__(self) -> None:
         self.whole: collections.deque[spb.DoResult] = collections.deque()
-        #: Large answers still being sent: the call id, the answer, and how much of it is sent.
-        self.large: collections.deque[tuple[int, bytes, int]] = collections.deque()
+        #: Large answers still being sent: the call id, the answer, how much of it is sent, and
+        #: the verified user (a sidecar's call; sent with the first part).
+        self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
 
     def __bool__(self) -> bool:
         return bool(self.whole or self.large)
 
-    def answer(self, call_id: int, response: bytes) -> None:
+    def answer(self, call_id: int, response: bytes, user: str = "") -> None:
         if len(response) > ANSWER_PART_BYTES:
-            self.large.append((call_id, response, 0))
+            self.large.append((call_id, response, 0, user))
         else:
-            self.whole.append(spb.DoResult(id=call_id, response=response))
+            self.whole.append(spb.DoResult(id=call_id, response=response, user=user))
 
     def refuse(self, result: spb.DoResult) -> None:
         self.whole.append(result)
@@ -479,16 +487,16 @@ class _Outbox:
             out.append(self.whole.popleft())
             size += n
         while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
-            call_id, response, sent = self.large.popleft()
+            call_id, response, sent, user = self.large.popleft()
             part = response[sent : sent + ANSWER_PART_BYTES]
             if sent == 0:
-                out.append(spb.DoResult(id=call_id, response=part, size=len(response)))
+                out.append(spb.DoResult(id=call_id, response=part, size=len(response), user=user))
             else:
                 out.append(spb.DoResult(id=call_id, response=part, rest=True))
             sent += len(part)
             size += len(part)
             if sent < len(response):
-                self.large.append((call_id, response, sent))  # its next part after the others'
+                self.large.append((call_id, response, sent, user))  # its next part after the others'
         return spb.DoResultBatch(results=out).SerializeToString()
 
 
