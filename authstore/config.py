@@ -81,6 +81,12 @@ class StoreConfig:
     auth_token: str = "simple"
     auth_token_ttl: int = 300
     bcrypt_workers: int = 2
+    #: --oidc-*: Kubernetes workload tokens sidecars forward are verified here (None: off)
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_file: str | None = None
+    oidc_ca_file: str | None = None
+    oidc_user_map: str | None = None
 
 
 #: etcd's maxElectionMs: a longer election timeout is refused
@@ -156,6 +162,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds a simple token issued to a sidecar's Authenticate lives while unused")
     p.add_argument("--bcrypt-workers", type=int, default=2,
                    help="threads checking the passwords of sidecars' Authenticate calls")
+    p.add_argument("--oidc-issuer",
+                   help="verify Kubernetes workload tokens (projected ServiceAccount tokens) of this issuer that "
+                        "sidecars forward, as the proxy's flag of the same name does")
+    p.add_argument("--oidc-audience", help="the audience workload tokens must name (required with --oidc-issuer)")
+    p.add_argument("--oidc-jwks-file", help="the issuer's keys as a JWKS file (default: OIDC discovery)")
+    p.add_argument("--oidc-ca-file", help="CA bundle (PEM) for https to the issuer (discovery and jwks_uri)")
+    p.add_argument("--oidc-user-map", help="JSON rules mapping a token's sub to a raftgate user (required with "
+                                            "--oidc-issuer); the user must exist in the auth store")
     add_observe_flags(p)
     return p
 
@@ -301,6 +315,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
     values["auth_token"] = f["auth_token"]
     values["auth_token_ttl"] = integer(f, "auth_token_ttl", 1)
     values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
+    values.update(_oidc(f))
     values.update(_peer_config(f, name, peer_urls))
     advertise_internal = comma_list(f["advertise_internal_urls"])
     for url in advertise_internal:
@@ -330,6 +345,23 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
         auth_lockout_duration_ms=_lockout_duration(f),
         **values,  # type: ignore[arg-type]
     )
+
+
+_OIDC = ("oidc_issuer", "oidc_audience", "oidc_jwks_file", "oidc_ca_file", "oidc_user_map")
+
+
+def _oidc(f: Flags) -> dict[str, str | None]:
+    """--oidc-*: the same rules as the proxy's flags (the files are read at start-up, in main)."""
+    values = {dest: (str(f[dest]).strip() or None) if f[dest] else None for dest in _OIDC}
+    if values["oidc_issuer"] is None:
+        given = [dest for dest in _OIDC if values[dest] is not None]
+        if given:
+            raise ConfigError(f"{f.source(given[0])} needs --oidc-issuer")
+        return values
+    for dest in ("oidc_audience", "oidc_user_map"):
+        if values[dest] is None:
+            raise ConfigError(f"{f.source('oidc_issuer')} needs {f.source(dest)}")
+    return values
 
 
 def _lockout_duration(f: Flags) -> int:

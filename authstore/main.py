@@ -36,7 +36,9 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
-from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl, read_key_file
+from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl
+from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
+from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger("raftgate.store")
 
@@ -88,12 +90,21 @@ def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
         if kind != "jwt":
             raise TokenKeyError(f"unknown token kind {kind!r} (simple or jwt)")
         ttl = parse_ttl(options["ttl"]) if options.get("ttl") else 300.0
-        return JwtKeys(options.get("sign-method", ""),
-                       public_key=read_key_file(options["pub-key"]) if options.get("pub-key") else None,
-                       private_key=read_key_file(options["priv-key"]) if options.get("priv-key") else None,
-                       ttl_seconds=ttl)
+        return JwtKeys.from_files(options.get("sign-method", ""), options.get("priv-key") or None,
+                                  options.get("pub-key") or None, ttl_seconds=ttl)
     except (TokenKeyError, ValueError) as exc:
         raise StartupError(f"--auth-token: {exc}") from None
+
+
+def _workload(cfg: store_config.StoreConfig) -> WorkloadTokens | None:
+    """--oidc-*: the verifier of workload tokens sidecars forward (a JWKS file is read now)."""
+    if cfg.oidc_issuer is None:
+        return None
+    try:
+        return WorkloadTokens(build_workload(cfg.oidc_issuer, cfg.oidc_audience or "", jwks_file=cfg.oidc_jwks_file,
+                                             ca_file=cfg.oidc_ca_file, user_map_file=cfg.oidc_user_map or ""))
+    except WorkloadConfigError as exc:
+        raise StartupError(f"--oidc-issuer: {exc}") from None
 
 
 def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
@@ -271,7 +282,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                            lockout_attempts=cfg.auth_lockout_attempts,
                            lockout_duration_ms=cfg.auth_lockout_duration_ms,
                            classifier=_classifier(cfg),
-                           jwt=_jwt_keys(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
+                           jwt=_jwt_keys(cfg), workload=_workload(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
                            bcrypt_workers=cfg.bcrypt_workers, bcrypt_cost=cfg.bcrypt_cost)
     service.watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the

@@ -220,6 +220,13 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     for --help)."""
     f = parse_flags(_parser(), argv, os.environ if env is None else env, prefixed(ENV_PREFIX))
     listen, tls_listen = _client_urls(f)
+    sidecar = f["sidecar"] == "true"
+    if sidecar and f["client_cert_auth"]:
+        # the CN would be the user, but the store verifies a sidecar's identities itself and never
+        # sees the client's certificate (THREAT_MODEL.md): there is nothing it could check
+        raise ConfigError(f"{f.source('client_cert_auth')} cannot be used with {f.source('sidecar')}: the store "
+                          "verifies a sidecar's clients by their tokens and never sees a client certificate; "
+                          "use tokens, or a central proxy for certificate identities")
     client_tls = _client_tls(f, tls_listen)
     stores = _store_endpoints(f)
     member = (f["member_store_endpoint"] or "").strip() or None
@@ -232,7 +239,6 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
             "the store needs an internal credential: --internal-secret-file, "
             "or --internal-cert/--internal-key/--internal-ca"
         )
-    sidecar = f["sidecar"] == "true"
     spec, jwt = _auth_token(f)
     if sidecar and jwt is not None and not jwt.verify_only:
         raise f.error("auth_token", "a --sidecar proxy holds no JWT private key (the store signs its tokens)")

@@ -33,6 +33,7 @@ import grpc.aio
 
 from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
+from proxy import audit
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class _Stream:
         self.unsent: dict[int, asyncio.Future[bytes]] = {}
         #: Answers arriving in parts: the announced size, the parts so far and their length.
         self.partial: dict[int, tuple[int, list[bytes], int]] = {}
+        #: call id -> the user the store verified a sidecar's call as (only calls still in ``sent``)
+        self.users: dict[int, str] = {}
         self.wake = asyncio.Event()
         #: while the writer holds a batch back: the future an arriving answer (or the timer) settles
         self.corked: asyncio.Future[None] | None = None
@@ -169,6 +172,8 @@ class _Stream:
 
     def _answer(self, result: store_pb2.DoResult) -> None:
         """Settles the call ``result`` answers, or adds a part to its answer."""
+        if result.user and (result.id in self.sent):
+            self.users[result.id] = result.user  # taken by ``do`` when the call ends
         response = result.response
         if result.rest:
             partial = self.partial.pop(result.id, None)
@@ -270,6 +275,9 @@ class StorePipe:
             return await fut
         finally:
             timer.cancel()
+            user = stream.users.pop(call_id, None)
+            if user is not None:  # a sidecar's call: who the store found the client to be
+                audit.noted_identity(user, 0)
             stream.sent.pop(call_id, None)
             stream.unsent.pop(call_id, None)
             stream.partial.pop(call_id, None)

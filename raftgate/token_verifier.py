@@ -9,7 +9,9 @@ that recognizes the token; kinds: simple tokens (the store holds them, authstore
 etcd JWTs (here: a public key, the algorithm pinned), workload tokens (Kubernetes OIDC, wired in
 the same way by ``raftgate/workload_identity.py``).
 
-``JwtKeys`` also signs, when it was given the private key: a sidecar's Authenticate is decided by
+``JwtKeys`` is raftgate/jwt_keys.py's ``KeyRing`` (the proxy's implementation: the store's keys
+rotate as the proxy's do, ``kid`` headers, several verification keys). It also signs, when it was
+given the private key: a sidecar's Authenticate is decided by
 the store (it checks the password), so in JWT mode the store, not the sidecar, holds the key that
 mints. Claims are exactly etcd's ``{username, revision, exp}``, as the proxy's tokens have.
 """
@@ -26,16 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jwt as pyjwt
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from jwt.algorithms import HMACAlgorithm
+
+from raftgate.jwt_keys import POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
 
 MAX_TOKEN_BYTES = 16 * 1024
-MAX_KEY_FILE_BYTES = 1024 * 1024
 CACHE_SIZE = 4096
-_HMAC = {"HS256": HMACAlgorithm.SHA256, "HS384": HMACAlgorithm.SHA384, "HS512": HMACAlgorithm.SHA512}
-ALGORITHMS = frozenset({*_HMAC, "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
-                        "EdDSA"})
 
 
 @dataclass(frozen=True)
@@ -68,77 +65,39 @@ def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and len(token) <= MAX_TOKEN_BYTES
 
 
-class _RawHMAC(HMACAlgorithm):
-    """HMAC whose secret is the key file's raw bytes (etcd's rule; the algorithm is pinned)."""
-
-    def prepare_key(self, key: str | bytes) -> bytes:
-        key_bytes = key.encode() if isinstance(key, str) else bytes(key)
-        if not key_bytes:
-            raise pyjwt.InvalidKeyError("HMAC key must not be empty")
-        return key_bytes
-
-    def check_key_length(self, key: Any) -> str | None:
-        return None
-
-
 class TokenKeyError(ValueError):
     """A key file that cannot serve the configured algorithm."""
 
 
-def read_key_file(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as e:
-        raise TokenKeyError(f"cannot read key file {path!r}: {e.strerror}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise TokenKeyError(f"key file {path!r} is too large")
-    return data
-
-
 class JwtKeys:
-    """Verifies etcd JWTs with one public key (or HMAC secret), one pinned algorithm; signs when
-    it holds the private key. Valid tokens are cached until they expire (one dict lookup)."""
+    """etcd JWTs verified (and signed, given the private key) with a :class:`KeyRing`, the proxy's
+    implementation: each key's algorithm pinned, ``kid`` headers, files re-read when they change
+    and retired keys verifying until ``ttl_seconds`` after. Valid tokens are cached until their
+    ``exp`` (one without is checked again after a TTL); a key change empties the cache."""
 
-    def __init__(self, algorithm: str, *, public_key: bytes | None = None, private_key: bytes | None = None,
-                 ttl_seconds: float = 300.0, clock: Callable[[], float] = time.time) -> None:
-        if algorithm not in ALGORITHMS:
-            raise TokenKeyError(f"unsupported sign-method {algorithm!r}")
-        self.algorithm = algorithm
+    def __init__(self, ring: KeyRing, *, ttl_seconds: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        self.ring = ring
+        self.algorithm = ring.algorithm
         self.ttl_seconds = ttl_seconds
         self._clock = clock
-        self._jws = pyjwt.PyJWS(algorithms=[algorithm])
-        self._sign_key: Any = None
-        if algorithm in _HMAC:
-            secret = private_key or public_key
-            if not secret:
-                raise TokenKeyError(f"{algorithm} needs priv-key (the shared secret)")
-            self._jws.unregister_algorithm(algorithm)
-            self._jws.register_algorithm(algorithm, _RawHMAC(_HMAC[algorithm]))
-            self._sign_key = self._verify_key = bytes(secret)
-        else:
-            try:
-                priv = serialization.load_pem_private_key(private_key, password=None) if private_key else None
-                if public_key and b"-----BEGIN CERTIFICATE-----" in public_key:
-                    pub = x509.load_pem_x509_certificate(public_key).public_key()
-                else:
-                    pub = serialization.load_pem_public_key(public_key) if public_key else None
-            except (ValueError, TypeError) as e:
-                raise TokenKeyError(f"not a PEM key for {algorithm} ({e})") from None
-            if priv is None and pub is None:
-                raise TokenKeyError(f"{algorithm} needs pub-key and/or priv-key")
-            self._sign_key = priv
-            self._verify_key = pub if priv is None else priv.public_key()  # type: ignore[union-attr]
-            if priv is not None and pub is not None and _der(self._verify_key) != _der(pub):
-                raise TokenKeyError("priv-key and pub-key do not match")
-        self._cache: OrderedDict[str, Verified] = OrderedDict()
-        if self._sign_key is not None and self.verify_now(self.sign("probe", 1)) is None:
-            raise TokenKeyError(f"cannot sign and verify with the key for {algorithm}")
-        self._cache.clear()
+        self._cache: OrderedDict[str, tuple[Verified, float | None]] = OrderedDict()
+
+    @classmethod
+    def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, ttl_seconds: float = 300.0,
+                   clock: Callable[[], float] = time.time, poll_interval: float = POLL_INTERVAL_SECONDS) -> JwtKeys:
+        """``priv-key``/``pub-key`` as the proxy reads them (a PEM, a directory of PEMs, a JWKS)."""
+        if algorithm not in SUPPORTED_ALGORITHMS:
+            raise TokenKeyError(f"unsupported sign-method {algorithm!r}")
+        try:
+            ring = KeyRing.from_files(algorithm, priv_path, pub_path, retain_seconds=ttl_seconds, clock=clock,
+                                      poll_interval=poll_interval)
+        except KeyLoadError as e:
+            raise TokenKeyError(str(e)) from None
+        return cls(ring, ttl_seconds=ttl_seconds, clock=clock)
 
     @property
     def can_sign(self) -> bool:
-        return self._sign_key is not None
+        return self.ring.signing is not None
 
     def recognizes(self, token: str) -> bool:
         return looks_like_jwt(token)
@@ -147,42 +106,43 @@ class JwtKeys:
         return self.verify_now(token)
 
     def verify_now(self, token: str) -> Verified | None:
+        if self.ring.poll():  # at most a stat per poll interval
+            self._cache.clear()
         now = self._clock()
         hit = self._cache.get(token)
         if hit is not None:
-            if hit.expires_at is None or now < hit.expires_at:
+            found, recheck_at = hit
+            if (found.expires_at is None or now < found.expires_at) and (recheck_at is None or now < recheck_at):
                 self._cache.move_to_end(token)
-                return hit
+                return found
             del self._cache[token]
-            return None
+            if found.expires_at is not None:
+                return None
         if len(token) > MAX_TOKEN_BYTES:
             return None
-        try:
-            decoded = self._jws.decode_complete(token, key=self._verify_key, algorithms=[self.algorithm])
-            claims = json.loads(decoded["payload"])
-        except (pyjwt.PyJWTError, ValueError, TypeError):
+        payload = self.ring.verify(token)
+        if payload is None:
             return None
-        if decoded["header"].get("alg") != self.algorithm or not isinstance(claims, dict):
+        try:
+            claims = json.loads(payload)
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(claims, dict):
             return None
         found = _claims(claims, now)
         if found is not None:
-            self._cache[token] = found
+            self._cache[token] = (found, now + self.ttl_seconds if found.expires_at is None else None)
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return found
 
     def sign(self, username: str, revision: int) -> str:
         """A token with etcd's claims; ``exp`` is now + ttl in whole seconds."""
-        if self._sign_key is None:
+        if not self.can_sign:
             raise TokenKeyError("no priv-key: this store only verifies JWTs")
         exp = int(self._clock() + self.ttl_seconds)
         payload = json.dumps({"exp": exp, "revision": revision, "username": username}, separators=(",", ":"))
-        return self._jws.encode(payload.encode(), self._sign_key, algorithm=self.algorithm)
-
-
-def _der(key: Any) -> bytes:
-    return key.public_bytes(serialization.Encoding.DER,  # type: ignore[no-any-return]
-                            serialization.PublicFormat.SubjectPublicKeyInfo)
+        return self.ring.sign(payload.encode())
 
 
 def _number(value: Any) -> bool:

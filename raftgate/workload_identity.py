@@ -23,6 +23,7 @@ loop). A token whose ``kid`` is unknown makes the key set fetched again, at most
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hashlib
 import ipaddress
@@ -42,6 +43,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jwt as pyjwt
+
+from raftgate.token_verifier import Verified
 
 log = logging.getLogger(__name__)
 
@@ -516,6 +519,31 @@ class WorkloadVerifier:
         if user is None:
             raise WorkloadRefused(f"no rule maps subject {subject!r}")
         return WorkloadIdentity(user, subject, float(exp))
+
+
+class WorkloadTokens:
+    """A :class:`WorkloadVerifier` as one of the store's token verifiers (raftgate/token_verifier.py):
+    the store verifies the workload tokens sidecars forward. ``recognizes`` by ``iss`` (an
+    unverified base64 + JSON read of the payload, a few microseconds). ``verify``: a cached result
+    is a sha256 and a dict lookup on the event loop; a miss (once per token until its ``exp``) runs
+    the signature check - and a key fetch, on an unknown ``kid``, bounded - in a worker thread."""
+
+    def __init__(self, verifier: WorkloadVerifier) -> None:
+        self.verifier = verifier
+
+    def recognizes(self, token: str) -> bool:
+        return self.verifier.is_workload_token(token)
+
+    async def verify(self, token: str) -> Verified | None:
+        found = self.verifier.cached(token)
+        if found is None:
+            try:
+                found = await asyncio.to_thread(self.verifier.verify, token)
+            except WorkloadRefused as e:
+                log.info("workload token %s refused: %s", fingerprint(token), e)
+                return None
+        # no revision: the store judges it at its current auth revision, once it saw the user exists
+        return Verified(found.user, None, expires_at=found.expires_at)
 
 
 def build(issuer: str, audience: str, *, jwks_file: str | None, ca_file: str | None, user_map_file: str,

@@ -8,6 +8,11 @@ bcrypt on a bounded thread pool (never on the event loop, never in apply), then 
 ``authenticate`` entry, which apply refuses if R moved (then again, until the deadline). Simple
 tokens are registered by apply as today; JWTs are signed here with the store's private key, so
 sidecars hold only public keys (or none).
+
+Lockout is the same as through a central proxy: a failed check (a name that exists or not, or a
+locked name with the right password) is put in the log as an ``auth_failures`` entry before the
+answer, and a locked name gets the wrong-password answer; so failures spread over sidecars and
+central proxies count toward one replicated lock.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import bcrypt
 from google.protobuf.message import DecodeError
@@ -81,6 +86,7 @@ def _checkpw(password: bytes, hashed: bytes) -> bool:
 class StoreLogin:
     def __init__(self, credentials: Callable[[bytes], Awaitable[bytes]], commit: Callable[[bytes], Awaitable[Any]],
                  *, jwt: JwtKeys | None, simple_ttl_seconds: int, workers: int, cost: int,
+                 record_failure: Callable[[str], Awaitable[None]] | None = None,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._credentials = credentials
         self._commit = commit
@@ -90,6 +96,8 @@ class StoreLogin:
         self._lane = BcryptLane(workers)
         self._cost = cost
         self._dummy: bytes | None = None
+        #: puts one failed check in the log (lockout); None: failures are not counted
+        self._record_failure = record_failure
 
     async def authenticate(self, data: bytes, peer: str) -> bytes:
         """AuthenticateRequest bytes -> AuthenticateResponse bytes, or EtcdError (etcd's answers)."""
@@ -113,14 +121,20 @@ class StoreLogin:
             raise EtcdError(Err.AUTH_NOT_ENABLED)
         if not creds.found:
             await self._lane.check(password, creds.password_hash or await self._dummy_hash(), peer)
-            raise EtcdError(Err.AUTH_FAILED)
+            await self._failed(name, creds.lockout)
         if creds.no_password:
             raise EtcdError(Err.NO_PASSWORD_USER)
-        if not await self._lane.check(password, creds.password_hash, peer):
-            raise EtcdError(Err.AUTH_FAILED)
+        if not await self._lane.check(password, creds.password_hash, peer) or creds.locked:
+            await self._failed(name, creds.lockout)  # locked: the right password fails too
         if self._jwt is not None and not self._jwt.can_sign:
             raise EtcdError(Err.VERIFY_ONLY)
         return creds.auth_revision
+
+    async def _failed(self, name: str, lockout: bool) -> NoReturn:
+        """A failed check: counted by the lockout (when on), then the wrong-password answer."""
+        if lockout and self._record_failure is not None:
+            await self._record_failure(name)
+        raise EtcdError(Err.AUTH_FAILED)
 
     async def _dummy_hash(self) -> bytes:
         if self._dummy is None:

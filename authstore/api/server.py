@@ -98,6 +98,7 @@ class StoreService:
                  max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
                  lockout_attempts: int = 0, lockout_duration_ms: int = 0,
                  classifier: Classifier | None = None, jwt: JwtKeys | None = None,
+                 workload: TokenVerifier | None = None,
                  simple_ttl_seconds: int = 300, bcrypt_workers: int = 2, bcrypt_cost: int = 10) -> None:
         """``lockout_*``: the policy stamped into the auth_failures entries this node logs
         (authstore/state/auth/lockout.py); 0 attempts: failures are not recorded."""
@@ -122,12 +123,16 @@ class StoreService:
                                    node.wait_applied, lambda: node.last_index)
         self.classifier = classifier or Classifier()
         #: how the store verifies a sidecar-class caller's token: the first that recognizes it
-        #: decides (raftgate/token_verifier.py; a workload-token verifier is added the same way)
+        #: decides (raftgate/token_verifier.py). Workload tokens (by their ``iss``) before etcd JWTs,
+        #: which recognize any JWT.
         self.verifiers: list[TokenVerifier] = [_StoreSimpleTokens(self.tokens)]
+        if workload is not None:
+            self.verifiers.append(workload)
         if jwt is not None:
             self.verifiers.append(jwt)
         self.login = StoreLogin(self.credentials, self._commit_authenticate, jwt=jwt,
-                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost)
+                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost,
+                                record_failure=self._record_failure)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -170,16 +175,19 @@ class StoreService:
 
         async def one(call_id: int, call: spb.DoCall) -> None:
             method = call.method
+            who: list[str] = []  # the user a sidecar's token was verified as (answer fills it)
             try:
                 if method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
                 if sidecar and method == spb.DoCall.DO:
                     token = call.token if call.HasField("token") else None
-                    ready.answer(call_id, await self.answer(call.request, sidecar=True, token=token))
+                    answer = await self.answer(call.request, sidecar=True, token=token, verified=who)
+                    ready.answer(call_id, answer, user=who[0] if who else "")
                 else:
                     ready.answer(call_id, await methods[method](call.request))
             except (Refusal, EtcdError) as exc:
-                ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message))
+                ready.refuse(spb.DoResult(id=call_id, code=exc.code.value[0], message=exc.message,
+                                          user=who[0] if who else ""))
             except Exception:
                 log.exception("a streamed request failed")
                 ready.refuse(spb.DoResult(id=call_id, code=grpc.StatusCode.UNKNOWN.value[0],
@@ -218,11 +226,13 @@ class StoreService:
         stopped` (never taken, so the proxy sends them to another node); calls under way finish."""
         self.draining = True
 
-    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None) -> bytes:
+    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None,
+                     verified: list[str] | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``.
 
         ``sidecar``: from a sidecar-class caller, whose header is replaced by the identity of
-        ``token`` (the client's, verified here; None: anonymous)."""
+        ``token`` (the client's, verified here; None: anonymous); its user name is appended to
+        ``verified`` (for the sidecar's audit log)."""
         if self.draining:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
@@ -236,6 +246,8 @@ class StoreService:
             if kind in SIDECAR_REFUSED:
                 raise Refusal(*sidecar_refusal(f"send {kind}"))
             req.header.CopyFrom(await self.verified_header(token))
+            if verified is not None:
+                verified.append(req.header.username)
             data = req.SerializeToString()
         try:
             if req.header.invalid_token:
@@ -358,9 +370,22 @@ class StoreService:
             return ipb.RequestHeader(invalid_token=True)
         revision = found.revision
         if revision is None:
+            # judged now: the user the token maps to must exist (as the proxy's workload check)
             with self.env.begin() as txn:
+                if self.applier.auth.get_user(txn, found.username) is None:
+                    return ipb.RequestHeader(invalid_token=True)
                 revision = self.applier.auth.revision(txn)
         return ipb.RequestHeader(username=found.username, auth_revision=revision, simple_token=found.revocable)
+
+    async def _record_failure(self, name: str) -> None:
+        """A sidecar's failed Authenticate, logged as the central proxy logs its own (one
+        ``auth_failures`` entry, this node's policy stamped by ``_dispatch``). Not recorded (e.g.
+        no leader): logged; the answer stays the wrong-password one."""
+        entry = ipb.InternalRaftRequest(auth_failures=ipb.AuthFailuresEntry(names=[name]))
+        try:
+            await self.answer(entry.SerializeToString())
+        except Exception as exc:
+            log.warning("could not record a failed Authenticate: %s", type(exc).__name__)
 
     async def _commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
@@ -449,17 +474,18 @@ class _Outbox:
 
     def __init__(self) -> None:
         self.whole: collections.deque[spb.DoResult] = collections.deque()
-        #: Large answers still being sent: the call id, the answer, and how much of it is sent.
-        self.large: collections.deque[tuple[int, bytes, int]] = collections.deque()
+        #: Large answers still being sent: the call id, the answer, how much of it is sent, and
+        #: the verified user (a sidecar's call; sent with the first part).
+        self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
 
     def __bool__(self) -> bool:
         return bool(self.whole or self.large)
 
-    def answer(self, call_id: int, response: bytes) -> None:
+    def answer(self, call_id: int, response: bytes, user: str = "") -> None:
         if len(response) > ANSWER_PART_BYTES:
-            self.large.append((call_id, response, 0))
+            self.large.append((call_id, response, 0, user))
         else:
-            self.whole.append(spb.DoResult(id=call_id, response=response))
+            self.whole.append(spb.DoResult(id=call_id, response=response, user=user))
 
     def refuse(self, result: spb.DoResult) -> None:
         self.whole.append(result)
@@ -476,16 +502,16 @@ class _Outbox:
             out.append(self.whole.popleft())
             size += n
         while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
-            call_id, response, sent = self.large.popleft()
+            call_id, response, sent, user = self.large.popleft()
             part = response[sent : sent + ANSWER_PART_BYTES]
             if sent == 0:
-                out.append(spb.DoResult(id=call_id, response=part, size=len(response)))
+                out.append(spb.DoResult(id=call_id, response=part, size=len(response), user=user))
             else:
                 out.append(spb.DoResult(id=call_id, response=part, rest=True))
             sent += len(part)
             size += len(part)
             if sent < len(response):
-                self.large.append((call_id, response, sent))  # its next part after the others'
+                self.large.append((call_id, response, sent, user))  # its next part after the others'
         return spb.DoResultBatch(results=out).SerializeToString()
 
 

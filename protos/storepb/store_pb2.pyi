@@ -180,20 +180,22 @@ class DoBatch(_message.Message):
     def __init__(self, calls: _Optional[_Iterable[_Union[DoCall, _Mapping]]] = ...) -> None: ...
 
 class DoResult(_message.Message):
-    __slots__ = ("id", "response", "code", "message", "size", "rest")
+    __slots__ = ("id", "response", "code", "message", "size", "rest", "user")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     REST_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     id: int
     response: bytes
     code: int
     message: str
     size: int
     rest: bool
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[bytes] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size: _Optional[int] = ..., rest: _Optional[bool] = ...) -> None: ...
+    user: str
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[bytes] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size: _Optional[int] = ..., rest: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
 
 class DoResultBatch(_message.Message):
     __slots__ = ("results",)

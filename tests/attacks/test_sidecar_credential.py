@@ -13,7 +13,9 @@ token is refused; the central proxy works as before.
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +33,22 @@ from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.internal import AUTHENTICATE_FIELD, INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
-from tests.support.processes import SECRET, Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.oidc_issuer import AUDIENCE, public_jwk, rsa_key
+from tests.support.processes import (
+    SECRET,
+    Program,
+    free_port,
+    proxy_program,
+    store_program,
+    wait_for,
+    wait_serving,
+)
 
 SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
+#: workload tokens: the store reads the issuer's keys from a JWKS file (never contacted here)
+ISSUER = "https://issuer.invalid"
+RULES = [{"match": "system:serviceaccount:shop:app", "user": "app"},
+         {"match": "system:serviceaccount:ghost:*", "user": "ghost"}]  # no such user in the store
 STORE = "/raftgate.storepb.Store/"
 pytestmark = pytest.mark.slow
 
@@ -46,6 +61,7 @@ class Cluster:
     identity: grpc.Channel
     priv_pem: bytes
     root_md: tuple[tuple[str, str], ...]
+    audit: Path
 
 
 def _pem_pair() -> tuple[bytes, bytes]:
@@ -63,9 +79,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     (work / "jwt.key").write_bytes(priv)
     (work / "jwt.pub").write_bytes(pub)
     (work / "sidecar-secret").write_text(SIDECAR_SECRET)
+    (work / "jwks.json").write_text(json.dumps({"keys": [public_jwk(rsa_key(0), "k1")]}))
+    (work / "user-map.json").write_text(json.dumps(RULES))
     store, internal = store_program(
         work, "--sidecar-secret-file", str(work / "sidecar-secret"), "--auth-token",
-        f"jwt,pub-key={work / 'jwt.pub'},priv-key={work / 'jwt.key'},sign-method=ES256", "--bcrypt-cost", "4")
+        f"jwt,pub-key={work / 'jwt.pub'},priv-key={work / 'jwt.key'},sign-method=ES256", "--bcrypt-cost", "4",
+        "--oidc-issuer", ISSUER, "--oidc-audience", AUDIENCE, "--oidc-jwks-file", str(work / "jwks.json"),
+        "--oidc-user-map", str(work / "user-map.json"))
     started: list[Program] = []
     channels: list[grpc.Channel] = []
     try:
@@ -77,7 +97,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         started.append(central)
         sidecar = Program(work / "sidecar", [
             "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{sidecar_port}", "--store-endpoints",
-            internal, "--internal-secret-file", str(work / "sidecar-secret"), "--bcrypt-cost", "4"],
+            internal, "--internal-secret-file", str(work / "sidecar-secret"), "--bcrypt-cost", "4",
+            "--audit-log", str(work / "sidecar-audit.jsonl"), "--audit-level", "all"],
             "raftgate proxy:")
         sidecar.start()
         started.append(sidecar)
@@ -105,7 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
         auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
         token = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password="rootpw"), timeout=10).token
-        yield Cluster(internal, c, s, i, priv, (("token", token),))
+        yield Cluster(internal, c, s, i, priv, (("token", token),), work / "sidecar-audit.jsonl")
     finally:
         for ch in channels:
             ch.close()
@@ -284,3 +305,80 @@ def test_watch_through_the_sidecar_is_judged_by_the_store(cluster: Cluster) -> N
     event = next(stream)
     assert event.events[0].kv.value == b"seen"
     stream.cancel()
+
+
+def test_sidecar_logins_count_toward_the_replicated_lockout(cluster: Cluster) -> None:
+    """Failures through a sidecar are the store's ``auth_failures`` entries, as the central proxy's:
+    the 5th (the store's default policy) locks the name everywhere; then the right password gets
+    the wrong-password answer through both; unknown names are answered the same way."""
+    central_auth = rpc_pb2_grpc.AuthStub(cluster.central)
+    central_auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="locky", password="lockypw"), metadata=cluster.root_md,
+                         timeout=10)
+    auth = rpc_pb2_grpc.AuthStub(cluster.sidecar)
+    for _ in range(5):
+        assert _err(auth.Authenticate, rpc_pb2.AuthenticateRequest(name="locky", password="x")) == Err.AUTH_FAILED.value
+    right = rpc_pb2.AuthenticateRequest(name="locky", password="lockypw")
+    assert _err(auth.Authenticate, right) == Err.AUTH_FAILED.value
+    assert _err(central_auth.Authenticate, right) == Err.AUTH_FAILED.value
+    unknown = rpc_pb2.AuthenticateRequest(name="nobody", password="x")
+    for _ in range(6):
+        assert _err(auth.Authenticate, unknown) == Err.AUTH_FAILED.value
+    # root's `user passwd` lifts the lock, seen through the sidecar too
+    central_auth.UserChangePassword(rpc_pb2.AuthUserChangePasswordRequest(name="locky", password="lockypw"),
+                                    metadata=cluster.root_md, timeout=10)
+    assert auth.Authenticate(right, timeout=10).token
+
+
+def _workload_token(sub: str, aud: str = AUDIENCE) -> str:
+    now = int(time.time())
+    claims = {"iss": ISSUER, "aud": [aud], "sub": sub, "iat": now, "nbf": now, "exp": now + 600}
+    return pyjwt.encode(claims, rsa_key(0), algorithm="RS256", headers={"kid": "k1"})
+
+
+def test_workload_token_through_the_sidecar_is_verified_by_the_store(cluster: Cluster) -> None:
+    """The sidecar cannot verify a pod's ServiceAccount token (no Credentials, no user list): the
+    store does, with the issuer's keys, and maps it to an existing user whose roles decide."""
+    _permissions_are_those_of_app(cluster.sidecar, (("token", _workload_token("system:serviceaccount:shop:app")),))
+    kv = rpc_pb2_grpc.KVStub(cluster.sidecar)
+    put = rpc_pb2.PutRequest(key=b"app/wl", value=b"1")
+    for token in (_workload_token("system:serviceaccount:ghost:x"),  # mapped to a user that does not exist
+                  _workload_token("system:serviceaccount:other:x"),  # no rule
+                  _workload_token("system:serviceaccount:shop:app", aud="elsewhere")):
+        assert _err(kv.Put, put, metadata=(("token", token),)) == Err.INVALID_AUTH_TOKEN.value
+
+
+def test_sidecar_may_follow_the_leader_and_members(cluster: Cluster) -> None:
+    """Kept on purpose: a sidecar's store client finds the leader and follows membership changes
+    with ``Leader`` (its --store-endpoints are only seeds). The answer holds member IDs and the
+    internal URLs the sidecar connects to anyway - no secret, nothing it could not reach."""
+    with grpc.insecure_channel(cluster.store) as ch:
+        call = ch.unary_unary(STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
+                              response_deserializer=spb.LeaderResponse.FromString)
+        answer = call(spb.LeaderRequest(), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),), timeout=10)
+    assert answer.leader_id == answer.member_id
+    assert [list(m.internal_urls) for m in answer.members] == [[f"http://{cluster.store}"]]
+
+
+def test_sidecar_audit_records_name_the_user_the_store_verified(cluster: Cluster) -> None:
+    """The sidecar never learns who a token belongs to; the store's answer carries the name it
+    verified (granted or refused), so the sidecar's audit log names the user as a central one does."""
+    md = (("token", _workload_token("system:serviceaccount:shop:app")),)
+    kv = rpc_pb2_grpc.KVStub(cluster.sidecar)
+    kv.Put(rpc_pb2.PutRequest(key=b"app/audited", value=b"1"), metadata=md, timeout=10)
+    assert _err(kv.Put, rpc_pb2.PutRequest(key=b"audited", value=b"1"), metadata=md) == Err.PERMISSION_DENIED.value
+    keys = {base64.b64encode(k).decode(): k for k in (b"app/audited", b"audited")}
+
+    def records() -> dict[bytes, dict[str, object]]:
+        found = {}
+        lines = cluster.audit.read_text().split("\n")[:-1] if cluster.audit.exists() else []  # complete lines
+        for line in lines:
+            record = json.loads(line)
+            if record.get("method") == "/etcdserverpb.KV/Put" and record.get("key") in keys:
+                found[keys[str(record["key"])]] = record
+        return found
+
+    wait_for(lambda: len(records()) == 2, timeout=10, what="both audit records")
+    got = records()
+    assert got[b"app/audited"]["user"] == "app" and got[b"app/audited"]["result"] == "ok"
+    assert got[b"audited"]["user"] == "app"
+    assert got[b"audited"]["result"] == Err.PERMISSION_DENIED.message

@@ -50,7 +50,7 @@ def test_a_write_whose_outcome_is_unknown_is_sent_once(method: object, failure: 
         client = StoreClient("127.0.0.1:1")
         endpoint = client._endpoints[0]  # noqa: SLF001 - the one node, its stream replaced
 
-        async def do(data: bytes, timeout: float | None, *rest: object) -> bytes:
+        async def do(data: bytes, timeout: float | None, *rest: object, token: str | None = None) -> bytes:
             sent.append(data)
             raise FAILURES[failure]()
 

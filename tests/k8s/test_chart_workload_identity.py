@@ -95,3 +95,27 @@ def test_inconsistent_values_fail_to_render(tmp_path: Path, values: dict[str, An
     app = make_app_chart(tmp_path)
     with pytest.raises(Exception, match=message):
         render({"raftgate": values}, chart=app, release="shop", namespace="apps")
+
+
+@pytest.mark.parametrize("jwks", ["", "cluster-jwks"])
+def test_the_store_verifies_workload_tokens_sidecars_forward(jwks: str) -> None:
+    """A sidecar cannot verify a workload token (it may not ask the store which users exist): the
+    store does, with the proxies' issuer, keys and user map."""
+    r = render({"auth": {"workloadIdentity": {**ON, "jwksConfigMap": jwks}}})
+    sts = r.one("StatefulSet", "rg-raftgate-store")
+    validate(sts)
+    pod = sts["spec"]["template"]
+    (store,) = [c for c in all_containers(pod) if c.get("args", [""])[0] == "store"]
+    f = flags(store["args"])
+    assert f["--oidc-issuer"] == "https://kubernetes.default.svc.cluster.local"
+    assert f["--oidc-audience"] == "raftgate"
+    assert f["--oidc-user-map"] == "/etc/raftgate/workload/user-map.json"
+    keys = "--oidc-jwks-file" if jwks else "--oidc-ca-file"
+    assert f[keys] == "/etc/raftgate/workload-keys/" + ("jwks.json" if jwks else "ca.crt")
+    mounts = {m["name"]: m["mountPath"] for m in store["volumeMounts"]}
+    assert mounts["raftgate-workload"] == "/etc/raftgate/workload"
+    assert mounts["raftgate-workload-keys"] == "/etc/raftgate/workload-keys"
+    off = render({})
+    (plain,) = [c for c in all_containers(off.one("StatefulSet", "rg-raftgate-store")["spec"]["template"])
+                if c.get("args", [""])[0] == "store"]
+    assert "--oidc-issuer" not in flags(plain["args"])

@@ -64,6 +64,12 @@ secret_text = st.text(st.characters(min_codepoint=33, max_codepoint=0x10FFFF, ex
                       min_size=12, max_size=40)
 
 
+FIXED_TEXT = ("/etcdserverpb.KV/Put /etcdserverpb.KV/Txn /etcdserverpb.Auth/UserAdd"
+              " /etcdserverpb.Auth/UserChangePassword"
+              " /etcdserverpb.Auth/Authenticate ipv4:127.0.0.1:40000 target_user auth_revision duration_ms token_fp"
+              f" {Err.PERMISSION_DENIED.message} {Err.AUTH_FAILED.message}")
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.binary(min_size=1, max_size=80), value=st.binary(min_size=12, max_size=200), password=secret_text,
        token=secret_text, name=st.text(min_size=1, max_size=20))
@@ -71,6 +77,8 @@ def test_records_never_hold_a_value_a_password_or_a_token(key: bytes, value: byt
                                                           name: str) -> None:
     assume(value not in key and password not in name and token not in name and password not in token)
     assume(token not in password and fingerprint(token) not in token)
+    # a secret that is a piece of the records' own words (e.g. "UserChangePa") is no leak
+    assume(all(s not in FIXED_TEXT for s in (password, token)))
     log = AuditLog("-", "all")
     put = pb.PutRequest(key=key, value=value).SerializeToString()
     txn = pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value))],

@@ -163,3 +163,10 @@ def test_bcrypt_workers_and_proxy_workers_are_separate(secret: str) -> None:
                env={})
     assert (cfg.bcrypt_workers, cfg.workers) == (2, 3)
     assert load(base(secret, "--bcrypt-workers=2"), env={}).bcrypt_workers == 2
+
+
+def test_sidecar_refuses_client_certificate_auth(secret: str) -> None:
+    """--client-cert-auth names the user by a certificate only the proxy sees; a sidecar's requests
+    carry identities the store verifies itself, and the store never sees that certificate."""
+    with pytest.raises(ConfigError, match="--client-cert-auth cannot be used with --sidecar"):
+        load(base(secret, "--sidecar", "--client-cert-auth"), env={})

@@ -112,3 +112,19 @@ def test_the_rate_limit_answers_too_many_requests() -> None:
 def test_no_rate_limit_by_default(rate: float) -> None:
     a = authenticator(Store(), rate_limit=rate)
     assert all(asyncio.run(login(a, "alice", "pw")) is None for _ in range(5))
+
+
+def test_the_rate_limit_applies_in_sidecar_mode_before_the_store() -> None:
+    """A --sidecar proxy hands Authenticate to the store; its own rate limit still answers first."""
+    store = Store()
+    asked: list[bytes] = []
+
+    async def authenticate(data: bytes, timeout: float | None = None) -> bytes:
+        asked.append(data)
+        return rpc_pb2.AuthenticateResponse(token="t.1").SerializeToString()
+
+    store.authenticate = authenticate  # type: ignore[attr-defined]
+    a = authenticator(store, rate_limit=0.001, sidecar=True)
+    assert asyncio.run(login(a, "alice", "pw")) is None
+    assert asyncio.run(login(a, "alice", "pw")) is Err.TOO_MANY_REQUESTS
+    assert len(asked) == 1  # the refused call never reached the store

@@ -75,3 +75,16 @@ def test_a_bad_etcd_value_names_the_variable(secret: Path, monkeypatch: pytest.M
     with pytest.raises(config.ConfigError,
                        match="ETCD_SNAPSHOT_COUNT: 'many' is not a valid value for --snapshot-count"):
         _parse(secret)
+
+
+def test_oidc_flags_as_the_proxy_s(secret: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--oidc-*: the store verifies workload tokens sidecars forward; the same required pairs."""
+    assert _parse(secret).oidc_issuer is None
+    monkeypatch.setenv("RAFTGATE_STORE_OIDC_AUDIENCE", "raftgate")
+    cfg = _parse(secret, "--oidc-issuer", "https://k8s.invalid", "--oidc-user-map", "/m.json")
+    assert (cfg.oidc_issuer, cfg.oidc_audience, cfg.oidc_user_map) == ("https://k8s.invalid", "raftgate", "/m.json")
+    with pytest.raises(config.ConfigError, match="needs --oidc-user-map"):
+        _parse(secret, "--oidc-issuer", "https://k8s.invalid")
+    monkeypatch.delenv("RAFTGATE_STORE_OIDC_AUDIENCE")
+    with pytest.raises(config.ConfigError, match="needs --oidc-issuer"):
+        _parse(secret, "--oidc-jwks-file", "/k.json")
