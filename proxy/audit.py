@@ -244,6 +244,8 @@ class Call:
     user: str = ""
     auth_revision: int = 0
     token_fp: str = ""
+    #: Authenticate of a locked-out name: the client's answer is a wrong password's, the record says so
+    locked: bool = False
 
 
 CURRENT: contextvars.ContextVar[Call | None] = contextvars.ContextVar("raftgate_audit_call", default=None)
@@ -254,6 +256,13 @@ def noted_token(token: str | None) -> None:
     call = CURRENT.get()
     if call is not None:
         call.token_fp = "" if token is None else fingerprint(token)
+
+
+def noted_locked() -> None:
+    """The current Authenticate named a locked-out user (for the operator; never for the client)."""
+    call = CURRENT.get()
+    if call is not None:
+        call.locked = True
 
 
 def noted_identity(username: str, revision: int) -> None:
@@ -480,6 +489,8 @@ def _finish(audit: AuditLog, call: Call, code: grpc.StatusCode | None, details: 
         user, token_fp = call.user, call.token_fp
         if method.kind is Kind.AUTHENTICATE:
             user, token_fp = _login(request, answer, extra)
+            if call.locked:
+                extra["locked"] = True
         line = build(wall=call.wall, method=method, user=user, peer=call.peer, result=status_result(code, details),
                      auth_revision=call.auth_revision, duration_ms=(time.perf_counter() - call.started) * 1000,
                      token_fp=token_fp, extra=extra)

@@ -31,7 +31,7 @@ import grpc.aio
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
 from protos.internal import AUTHENTICATE_FIELD
-from proxy import metrics
+from proxy import audit, metrics
 from proxy.lockout import FailureRecorder, RateLimiter
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
@@ -152,6 +152,8 @@ class Authenticator:
         creds = await self._store.credentials(name, timeout)
         if not creds.auth_enabled:
             raise _Refused(Err.AUTH_NOT_ENABLED, "not_enabled")
+        if creds.locked:
+            audit.noted_locked()  # the operator's record says so; the caller's answer does not
         if not creds.found:
             await self._hasher.check_dummy(password, creds.password_hash, peer=peer)
             await self._failed(name, creds.lockout)
