@@ -23,22 +23,22 @@ loop). A token whose ``kid`` is unknown makes the key set fetched again, at most
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
+import http.client
 import ipaddress
 import json
 import logging
 import math
 import os
+import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import jwt as pyjwt
@@ -253,31 +253,56 @@ def check_url(url: str, what: str) -> None:
     raise WorkloadConfigError(f"{what} {url!r} must be https:// (http:// only to a loopback address)")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a redirect is an error: keys come from the URL named, nowhere else
-
-
 class Fetcher:
-    """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env)."""
+    """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env),
+    the whole answer within ``timeout``: a socket timeout bounds each read only, so an issuer that
+    trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
+    shuts the connection at the deadline."""
 
     def __init__(self, ca_file: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> None:
-        context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), _NoRedirect(), urllib.request.HTTPSHandler(context=context)
-        )
 
     def get(self, url: str) -> bytes:
         check_url(url, "URL")
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        parts = urlsplit(url)
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                data = response.read(MAX_DOCUMENT_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            raise OSError(f"GET {url}: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise OSError(f"GET {url}: {getattr(e, 'reason', e)}") from None
+            if parts.scheme == "https":
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    parts.hostname or "", parts.port, timeout=self.timeout, context=self._context)
+            else:
+                conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
+        except ValueError as e:  # a bad port
+            raise OSError(f"GET {url}: {e}") from None
+        expired = threading.Event()
+
+        def shut() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # wakes a blocked read
+
+        watchdog = threading.Timer(self.timeout, shut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("GET", path, headers={"Accept": "application/json"})
+            response = conn.getresponse()
+            status = response.status
+            data = response.read(MAX_DOCUMENT_BYTES + 1) if status == 200 else b""
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            if expired.is_set():
+                raise OSError(f"GET {url}: no whole answer within {self.timeout} s") from None
+            raise OSError(f"GET {url}: {e}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if expired.is_set():
+            raise OSError(f"GET {url}: no whole answer within {self.timeout} s")
+        if status != 200:  # a redirect too: keys come from the URL named, nowhere else
+            raise OSError(f"GET {url}: HTTP {status}")
         if len(data) > MAX_DOCUMENT_BYTES:
             raise OSError(f"GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes")
         return data
