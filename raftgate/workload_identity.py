@@ -23,16 +23,13 @@ loop). A token whose ``kid`` is unknown makes the key set fetched again, at most
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
-import http.client
 import ipaddress
 import json
 import logging
 import math
 import os
-import socket
 import ssl
 import threading
 import time
@@ -42,6 +39,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import jwt as pyjwt
+
+from raftgate import bounded_get
 
 log = logging.getLogger(__name__)
 
@@ -265,42 +264,7 @@ class Fetcher:
 
     def get(self, url: str) -> bytes:
         check_url(url, "URL")
-        parts = urlsplit(url)
-        try:
-            if parts.scheme == "https":
-                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                    parts.hostname or "", parts.port, timeout=self.timeout, context=self._context)
-            else:
-                conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
-        except ValueError as e:  # a bad port
-            raise OSError(f"GET {url}: {e}") from None
-        expired = threading.Event()
-
-        def shut() -> None:
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # wakes a blocked read
-
-        watchdog = threading.Timer(self.timeout, shut)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            conn.request("GET", path, headers={"Accept": "application/json"})
-            response = conn.getresponse()
-            status = response.status
-            data = response.read(MAX_DOCUMENT_BYTES + 1) if status == 200 else b""
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            if expired.is_set():
-                raise OSError(f"GET {url}: no whole answer within {self.timeout} s") from None
-            raise OSError(f"GET {url}: {e}") from None
-        finally:
-            watchdog.cancel()
-            conn.close()
-        if expired.is_set():
-            raise OSError(f"GET {url}: no whole answer within {self.timeout} s")
+        status, data = bounded_get.get(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
         if status != 200:  # a redirect too: keys come from the URL named, nowhere else
             raise OSError(f"GET {url}: HTTP {status}")
         if len(data) > MAX_DOCUMENT_BYTES:
