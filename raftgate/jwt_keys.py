@@ -16,7 +16,7 @@ Shared by the proxy (``--auth-token jwt,...``) and, later, the store; it imports
   with a known ``kid`` is checked with that key only; one without (etcd's own tokens) or with an
   unknown one with the keys in order, at most ``MAX_UNKEYED_TRIES`` of them.
 * :class:`JwksFollower` keeps a verify-only set in step with another proxy's published JWKS
-  (``jwks-url``): fetched with urllib in a thread, bounded in size and time, refreshed
+  (``jwks-url``): fetched in a thread (raftgate/bounded_get.py), bounded in size and time, refreshed
   periodically and (rate-limited) when a token names a kid nobody knows yet.
 """
 
@@ -33,9 +33,7 @@ import ssl
 import stat
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +44,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorithm
+
+from raftgate import bounded_get
 
 log = logging.getLogger(__name__)
 
@@ -635,11 +635,6 @@ class KeyRing:
 # following a published JWKS
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect refused ({code})", headers, fp)
-
-
 def jwks_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
     """The TLS context for an https JWKS URL: the system CAs, or only ``ca_file``'s."""
     scheme = urllib.parse.urlsplit(url).scheme
@@ -655,29 +650,18 @@ def jwks_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
 
 def fetch(url: str, context: ssl.SSLContext | None, *, timeout: float = JWKS_TIMEOUT_SECONDS,
           max_bytes: int = MAX_KEY_FILE_BYTES) -> bytes:
-    """GET ``url`` (no proxy from the environment, no redirects), at most ``max_bytes``, within
-    about ``timeout`` seconds overall; raises KeyLoadError."""
-    handlers: list[Any] = [urllib.request.ProxyHandler({}), _NoRedirect()]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
-    deadline = time.monotonic() + timeout
+    """GET ``url`` (no proxy from the environment, no redirects), at most ``max_bytes``, the whole
+    answer within ``timeout`` seconds (a watchdog lets go of a trickling one); raises KeyLoadError."""
     try:
-        with opener.open(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout=timeout) as r:
-            chunks, size = [], 0
-            while True:
-                chunk = r.read(64 * 1024)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > max_bytes:
-                    raise KeyLoadError(f"{url} answered more than {max_bytes} bytes")
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise KeyLoadError(f"{url} took longer than {timeout} s")
-    except (OSError, urllib.error.URLError, ValueError) as e:  # HTTPError is a URLError
-        raise KeyLoadError(f"cannot fetch {url}: {getattr(e, 'reason', None) or e}") from None
-    return b"".join(chunks)
+        status, data = bounded_get.get(url, context, timeout=timeout, max_bytes=max_bytes)
+    except bounded_get.GetError as e:
+        raise KeyLoadError(f"cannot fetch: {e}") from None
+    if status != 200:
+        refused = " (redirect refused)" if 300 <= status < 400 else ""
+        raise KeyLoadError(f"cannot fetch {url}: HTTP {status}{refused}")
+    if len(data) > max_bytes:
+        raise KeyLoadError(f"{url} answered more than {max_bytes} bytes")
+    return data
 
 
 class JwksFollower:

@@ -34,16 +34,14 @@ import os
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import jwt as pyjwt
 
+from raftgate import bounded_get
 from raftgate.token_verifier import Verified
 
 log = logging.getLogger(__name__)
@@ -256,31 +254,21 @@ def check_url(url: str, what: str) -> None:
     raise WorkloadConfigError(f"{what} {url!r} must be https:// (http:// only to a loopback address)")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a redirect is an error: keys come from the URL named, nowhere else
-
-
 class Fetcher:
-    """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env)."""
+    """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env),
+    the whole answer within ``timeout``: a socket timeout bounds each read only, so an issuer that
+    trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
+    shuts the connection at the deadline."""
 
     def __init__(self, ca_file: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> None:
-        context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), _NoRedirect(), urllib.request.HTTPSHandler(context=context)
-        )
 
     def get(self, url: str) -> bytes:
         check_url(url, "URL")
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})
-        try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                data = response.read(MAX_DOCUMENT_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            raise OSError(f"GET {url}: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise OSError(f"GET {url}: {getattr(e, 'reason', e)}") from None
+        status, data = bounded_get.get(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
+        if status != 200:  # a redirect too: keys come from the URL named, nowhere else
+            raise OSError(f"GET {url}: HTTP {status}")
         if len(data) > MAX_DOCUMENT_BYTES:
             raise OSError(f"GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes")
         return data
@@ -347,7 +335,9 @@ class DiscoverySource:
 class KeySet:
     """The issuer's current keys; thread-safe. Fetches lazily: when older than the source's
     ``max_age``, or for an unknown ``kid`` at most once per ``refetch_interval``. A failed fetch
-    keeps the keys it had."""
+    keeps the keys it had. One fetch at a time, made outside the lock: while it waits on a slow
+    issuer, a token whose key is known is verified at once (only callers that need the fetch's
+    answer, an unknown kid or no keys yet, wait for it)."""
 
     def __init__(self, source: FileSource | DiscoverySource, *, clock: Callable[[], float] = time.monotonic,
                  max_age: float | None = None, refetch_interval: float | None = None) -> None:
@@ -355,48 +345,70 @@ class KeySet:
         self.max_age = source.max_age if max_age is None else max_age
         self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._keys: dict[str | None, pyjwt.PyJWK] = {}
         self._fetched_at: float | None = None  # last successful fetch
         self._tried_at: float | None = None  # last attempt
+        self._fetching = False
         self.fetches = 0
 
     def load(self) -> None:
         """Fetches now; raises WorkloadConfigError if that fails (used at start-up for a file)."""
-        with self._lock:
-            error = self._refresh()
+        error = self._refresh(lambda now: True, wait=True)
         if error is not None:
             raise WorkloadConfigError(error)
 
     def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
+        def stale(now: float) -> bool:
+            return ((self._fetched_at is None or now - self._fetched_at >= self.max_age)
+                    and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)))
+
+        def may_refetch(now: float) -> bool:
+            return self._tried_at is None or now - self._tried_at >= self.refetch_interval
+
+        # stale keys: whoever notices fetches; the others keep using the keys they have
+        self._refresh(stale, wait=False)
         with self._lock:
-            now = self._clock()
-            stale = self._fetched_at is None or now - self._fetched_at >= self.max_age
-            if stale and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)):
-                self._refresh()
             key = self._find(kid)
-            if key is None and (self._tried_at is None or self._clock() - self._tried_at >= self.refetch_interval):
-                self._refresh()
+        if key is None:
+            self._refresh(may_refetch, wait=True)
+            with self._lock:
                 key = self._find(kid)
-            return key
+        return key
 
     def _find(self, kid: str | None) -> pyjwt.PyJWK | None:
         if kid is None:
             return next(iter(self._keys.values())) if len(self._keys) == 1 else None
         return self._keys.get(kid)
 
-    def _refresh(self) -> str | None:
-        """Fetches the keys (the lock held); returns why it failed, or None."""
-        self._tried_at = self._clock()
-        self.fetches += 1
+    def _refresh(self, due: Callable[[float], bool], *, wait: bool) -> str | None:
+        """Fetches the keys if ``due(now)`` and no fetch is under way; with ``wait``, a fetch under
+        way is waited for instead. Returns why the fetch failed, or None."""
+        with self._lock:
+            if self._fetching:
+                if wait:
+                    self._lock.wait_for(lambda: not self._fetching)
+                return None
+            if not due(self._clock()):
+                return None
+            self._fetching = True
+            self._tried_at = self._clock()
+            self.fetches += 1
+        keys: dict[str | None, pyjwt.PyJWK] | None = None
+        error: str | None = None
         try:
             keys = parse_jwks(self.source.fetch(), str(self.source))
         except (OSError, WorkloadConfigError) as e:
             log.warning("workload identity: cannot fetch keys from %s: %s", self.source, e)
-            return str(e)
-        self._keys = keys
-        self._fetched_at = self._clock()
-        return None
+            error = str(e)
+        finally:
+            with self._lock:
+                if keys is not None:
+                    self._keys = keys
+                    self._fetched_at = self._clock()
+                self._fetching = False
+                self._lock.notify_all()
+        return error
 
 
 # --- the verifier -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ The class comes from the credential alone:
   certificate counts as central only when a CA of ``--trusted-ca-file`` signed it directly (its
   signature verifies with that CA's key). Anything else - signed by the sidecar CA, or through an
   intermediate - is a sidecar: an unexpected certificate gets the lesser powers, never root's.
+  A sidecar CA that is also a central CA (it would make every sidecar central) is refused.
 * development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar.
 Both in use: central only if every credential presented says central.
 """
@@ -27,6 +28,7 @@ from typing import Any
 import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 
 from protos.internal import INTERNAL_SECRET_METADATA
 
@@ -57,6 +59,8 @@ class Classifier:
         self._sidecar_secret = sidecar_secret
         #: set only when sidecar certificates exist: then each client certificate is classified
         self._central_cas = _load_cas(central_ca_pem) if sidecar_ca_pem and central_ca_pem else None
+        if self._central_cas is not None and sidecar_ca_pem:
+            _refuse_shared_keys(self._central_cas, _load_cas(sidecar_ca_pem))
         self._by_cert: OrderedDict[bytes, Caller] = OrderedDict()
 
     @property
@@ -109,6 +113,20 @@ class Classifier:
 
 def _load_cas(pem: bytes) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem)
+
+
+def _refuse_shared_keys(central: list[x509.Certificate], sidecar: list[x509.Certificate]) -> None:
+    """A sidecar CA whose key is also a central CA's (the same file twice, one issuer for both, a
+    central bundle holding it) signs certificates that verify as central: every sidecar would be
+    root. A start-up error rather than that."""
+    central_keys = {_spki(ca) for ca in central}
+    if any(_spki(ca) in central_keys for ca in sidecar):
+        raise ValueError("a sidecar CA is also a central CA (--trusted-ca-file): every sidecar "
+                         "certificate would be central; give sidecars a CA of their own")
+
+
+def _spki(cert: x509.Certificate) -> bytes:
+    return cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def sidecar_refusal(what: str) -> tuple[grpc.StatusCode, str]:

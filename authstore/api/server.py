@@ -64,6 +64,13 @@ log = logging.getLogger("raftgate.store.server")
 
 SERVICE = "raftgate.storepb.Store"
 MAX_MESSAGE = 64 << 20
+#: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
+#: its outbox), and answer bytes waiting: beyond either the store reads no more calls from that
+#: stream until the caller reads answers (HTTP/2 flow control then holds the sender back), so a
+#: caller that never reads - a sidecar's credential is held by whoever reads its namespace's
+#: Secrets - cannot make the store buffer answers without end.
+STREAM_CALLS_HELD = 1024
+STREAM_BYTES_HELD = 64 << 20
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 SNAPSHOT_CHUNK = 32 << 10
 #: client snapshots copying or streaming at once on one node; each is a full copy of the store on
@@ -157,8 +164,13 @@ class StoreService:
         await context.send_initial_metadata(())
         ready = _Outbox()
         wake = asyncio.Event()
+        room = asyncio.Event()
         running: set[asyncio.Task[None]] = set()
         reading = True
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            room.set()
 
         sidecar = self.classifier.classify(context) is Caller.SIDECAR
         peer = _peer_host(context.peer())
@@ -200,9 +212,12 @@ class StoreService:
             try:
                 async for raw in batches:
                     for call in spb.DoBatch.FromString(raw).calls:
+                        while len(running) + ready.count >= STREAM_CALLS_HELD or ready.bytes >= STREAM_BYTES_HELD:
+                            room.clear()
+                            await room.wait()
                         task = loop.create_task(one(call.id, call))
                         running.add(task)
-                        task.add_done_callback(running.discard)
+                        task.add_done_callback(finished)
             finally:
                 reading = False
                 wake.set()
@@ -215,6 +230,7 @@ class StoreService:
                 wake.clear()
                 while ready:
                     yield ready.take()
+                    room.set()
             await reader  # raises what ended the reader (a malformed batch, a broken stream)
         finally:
             reader.cancel()
@@ -477,17 +493,26 @@ class _Outbox:
         #: Large answers still being sent: the call id, the answer, how much of it is sent, and
         #: the verified user (a sidecar's call; sent with the first part).
         self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
+        #: bytes of answers (and refusal messages) not yet taken
+        self.bytes = 0
 
     def __bool__(self) -> bool:
         return bool(self.whole or self.large)
 
+    @property
+    def count(self) -> int:
+        """Calls whose answer is not (wholly) taken yet."""
+        return len(self.whole) + len(self.large)
+
     def answer(self, call_id: int, response: bytes, user: str = "") -> None:
+        self.bytes += len(response)
         if len(response) > ANSWER_PART_BYTES:
             self.large.append((call_id, response, 0, user))
         else:
             self.whole.append(spb.DoResult(id=call_id, response=response, user=user))
 
     def refuse(self, result: spb.DoResult) -> None:
+        self.bytes += len(result.response) + len(result.message)
         self.whole.append(result)
 
     def take(self) -> bytes:
@@ -501,6 +526,7 @@ class _Outbox:
                 break
             out.append(self.whole.popleft())
             size += n
+            self.bytes -= n
         while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
             call_id, response, sent, user = self.large.popleft()
             part = response[sent : sent + ANSWER_PART_BYTES]
@@ -510,6 +536,7 @@ class _Outbox:
                 out.append(spb.DoResult(id=call_id, response=part, rest=True))
             sent += len(part)
             size += len(part)
+            self.bytes -= len(part)
             if sent < len(response):
                 self.large.append((call_id, response, sent, user))  # its next part after the others'
         return spb.DoResultBatch(results=out).SerializeToString()

@@ -1,0 +1,81 @@
+"""A caller that sends calls on Store.DoStream and never reads the answers must not make the store
+hold an unbounded number of them.
+
+Since sidecars got their own credential, DoStream is open to a caller the store does not trust
+(whoever reads an application namespace's Secrets holds a sidecar's credential). The store read
+every call it was sent, ran it and kept its answer until the stream could take it: a caller that
+sends calls and never reads makes the store buffer answers without end, until the node runs out
+of memory. The store must stop taking calls from a stream while too many are taken and not yet
+written (HTTP/2 flow control then holds the sender back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from authstore.api.callers import Caller, Classifier
+from authstore.api.server import StoreService
+from protos.internal import INTERNAL_SECRET_METADATA
+from protos.storepb import store_pb2 as spb
+
+SIDECAR_SECRET = b"sidecar-secret-for-tests-0123456789"
+CALLS = 20_000
+PER_BATCH = 500
+#: far more than any bound the store may keep, far fewer than the calls sent
+HELD_AT_MOST = 4096
+
+
+class Context:
+    """What do_stream asks of a grpc.aio context: a sidecar's secret, its address."""
+
+    def invocation_metadata(self) -> list[tuple[str, bytes]]:
+        return [(INTERNAL_SECRET_METADATA, SIDECAR_SECRET)]
+
+    def peer(self) -> str:
+        return "ipv4:10.0.0.7:40000"
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    async def send_initial_metadata(self, _metadata: object) -> None:
+        return None
+
+
+def test_a_stream_whose_answers_are_not_read_is_not_read_without_end() -> None:
+    asyncio.run(_scenario())
+
+
+async def _scenario() -> None:
+    service = StoreService.__new__(StoreService)  # only what DoStream uses
+    service.classifier = Classifier(secret=b"central-secret-for-tests-0123456789", sidecar_secret=SIDECAR_SECRET)
+    assert service.classifier.classify(Context()) is Caller.SIDECAR
+    answered = 0
+
+    async def answer(_data: bytes, *, sidecar: bool = False, token: str | None = None) -> bytes:
+        nonlocal answered
+        answered += 1
+        return b"a" * 1024
+
+    async def unused(_data: bytes) -> bytes:
+        raise AssertionError("not called")
+
+    service.answer = answer  # type: ignore[method-assign]
+    service.credentials = unused  # type: ignore[method-assign,assignment]
+    service.resolve_token = unused  # type: ignore[method-assign,assignment]
+    service.login = None  # type: ignore[assignment]
+
+    async def batches() -> AsyncIterator[bytes]:
+        for first in range(0, CALLS, PER_BATCH):
+            calls = [spb.DoCall(id=first + i, method=spb.DoCall.DO, request=b"") for i in range(PER_BATCH)]
+            yield spb.DoBatch(calls=calls).SerializeToString()
+            await asyncio.sleep(0)
+
+    stream = service.do_stream(batches(), Context())  # type: ignore[arg-type]
+    try:
+        await anext(stream)  # the caller reads one message, then never again
+        for _ in range(2 * CALLS // PER_BATCH + 100):  # every batch had its turn to be read
+            await asyncio.sleep(0)
+        assert answered <= HELD_AT_MOST, f"the store took {answered} calls whose answers nobody reads"
+    finally:
+        await stream.aclose()
