@@ -11,7 +11,8 @@ write to a directory this process reads and removes at the end) and
 ``--health-addr`` (SERVING once every worker serves). It prints its ready line once every worker
 serves. A worker that dies brings the whole proxy down with exit code 1 (the others stopped
 cleanly): a proxy with fewer workers than asked for is not what was configured, and the one that
-restarts the proxy (Kubernetes, ``raftgate local``'s operator) sees it. A worker that ends with
+restarts the proxy (Kubernetes, ``raftgate local``'s operator) sees it; a supervisor that dies,
+even by SIGKILL, takes its workers with it (Linux's parent-death signal). A worker that ends with
 code 0 was stopped by a signal (Ctrl-C reaches the whole process group): all stop, exit 0.
 SIGTERM or SIGINT stops every worker gracefully; the exit code is 0 when each stopped cleanly.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
@@ -49,6 +51,20 @@ STOP_TIMEOUT = 10.0
 WORKER_READY = "raftgate proxy worker"
 #: prometheus_client's multiprocess mode: set in a worker's environment before it imports the library.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The supervisor's pid, in each worker's environment (a worker stops when it is gone).
+SUPERVISOR_ENV = "RAFTGATE_PROXY_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_supervisor() -> None:
+    """A worker's SIGTERM (its graceful stop) when its supervisor dies, even by SIGKILL: orphans
+    would keep the client port (a restarted proxy finds it in use) and serve unsupervised. Linux's
+    parent-death signal; elsewhere nothing. Called before the worker serves."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if supervisor.isdigit() and os.getppid() != int(supervisor):
+        os.kill(os.getpid(), signal.SIGTERM)  # it died before the signal was asked for
 
 
 def check_ports_free(config: ProxyConfig) -> None:
@@ -128,6 +144,7 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
         stop_on_signals(stop)
     check_ports_free(config)
     env = dict(os.environ)
+    env[SUPERVISOR_ENV] = str(os.getpid())
     metrics_dir: str | None = None
     registry = REGISTRY
     if config.observe.metrics_addr is not None:
