@@ -13,6 +13,7 @@ As in etcd, a trusted CA makes the port require and verify a client certificate;
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -21,11 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 log = logging.getLogger(__name__)
 
 #: the auth-context key grpc-core fills with the verified client certificate's subject CN
 COMMON_NAME_KEY = "x509_common_name"
+#: ... and with the verified client certificate itself (PEM)
+PEM_CERT_KEY = "x509_pem_cert"
 MAX_PEM_BYTES = 1024 * 1024
 
 
@@ -160,4 +165,19 @@ def common_name(auth_context: dict[str, list[bytes]] | None) -> str | None:
     values = auth_context.get(COMMON_NAME_KEY)
     if not values:
         return None
-    return values[0].decode("utf-8", "replace")
+    pem = auth_context.get(PEM_CERT_KEY)
+    last = _last_common_name(pem[0]) if pem else None
+    return last if last is not None else values[0].decode("utf-8", "replace")
+
+
+@functools.lru_cache(maxsize=256)
+def _last_common_name(pem: bytes) -> str | None:
+    """The subject's last CN, as Go's x509 (etcd's AuthInfoFromTLS) reads it: grpc-core's
+    ``x509_common_name`` is the first, so a certificate with several CNs would name another user
+    here than in etcd. Cached by the certificate (a connection presents the same one each call)."""
+    try:
+        names = x509.load_pem_x509_certificate(pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    strings = [n.value for n in names if isinstance(n.value, str)]
+    return strings[-1] if strings else None
