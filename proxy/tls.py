@@ -124,6 +124,9 @@ class ServerTLS:
         self._loader = loader
         self._current = loader(spec)  # start-up: a bad file stops the program
         self._lock = threading.Lock()
+        #: the files' identity (or the error, when one cannot be found) the last time they failed
+        #: to load: not tried or logged again until that changes
+        self._failed: object = None
         #: rotations taken (for tests and logs)
         self.reloads = 0
 
@@ -140,15 +143,21 @@ class ServerTLS:
         """Called by grpc-core before a handshake (on its own thread): a new configuration when
         the files changed and load, else None (keep the current one)."""
         with self._lock:
+            stamp: object = None
             try:
                 paths = [self.spec.cert_file, self.spec.key_file] + ([self.spec.ca_file] if self.spec.ca_file else [])
-                if tuple(_stamp(p) for p in paths) == self._current.stamp:
-                    return None
+                stamp = tuple(_stamp(p) for p in paths)
+                if stamp == self._current.stamp or stamp == self._failed:
+                    return None  # unchanged, or still the files that failed (tried once, not per handshake)
                 loaded = self._loader(self.spec)
             except (OSError, TLSFileError) as e:
                 # mid-rotation (one file swapped, not the other yet) or a broken file: keep serving
-                log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
+                failed = stamp if stamp is not None else ("error", str(e))
+                if failed != self._failed:
+                    log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
+                self._failed = failed
                 return None
+            self._failed = None
             if (loaded.cert, loaded.key, loaded.ca) == (self._current.cert, self._current.key, self._current.ca):
                 self._current = loaded
                 return None
