@@ -421,10 +421,15 @@ class AuditLog:
                         self._lock.wait()
                 reopen, self._reopen = self._reopen, False
                 closing = self._closing
-                batch = self._unwritten
-                while self._lines and len(batch) < BATCH_BYTES:
-                    batch += self._lines.popleft()
+                # only the lines are taken here (the event loop waits for this lock at every
+                # request); the batch is joined outside it, in linear time
+                parts = [self._unwritten] if self._unwritten else []
+                size = len(self._unwritten)
+                while self._lines and size < BATCH_BYTES:
+                    parts.append(self._lines.popleft())
+                    size += len(parts[-1])
                 self._unwritten = b""
+            batch = b"".join(parts)
             if closing and not batch and not reopen:
                 return
             written, error = self._write(batch, reopen)

@@ -20,6 +20,7 @@ beyond it).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -53,6 +54,21 @@ def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
 _RESULTS: dict[Err, metrics.AuthResult] = {Err.AUTH_FAILED: "auth_failed", Err.AUTH_NOT_ENABLED: "not_enabled",
                                            Err.NO_PASSWORD_USER: "no_password", Err.VERIFY_ONLY: "verify_only",
                                            Err.TIMEOUT: "revision_retry_exhausted"}
+
+
+#: Bytes of a name that does not exist recorded as they are; a longer one is recorded by digest.
+MAX_UNKNOWN_NAME_BYTES = 256
+
+
+def unknown_name_record(name: str) -> str:
+    """The name an ``auth_failures`` entry records for a name that does not exist: itself when
+    short, else a fixed-size digest of it (the same name counts together, and a failed guess with a
+    1.5 MiB name costs a small entry, not the name in every node's log). A digest that happens to
+    equal a real user's name only adds to that user's count, which guessing does anyway."""
+    raw = name.encode()
+    if len(raw) <= MAX_UNKNOWN_NAME_BYTES:
+        return name
+    return "raftgate-sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 class _Refused(Exception):
@@ -156,7 +172,7 @@ class Authenticator:
             audit.noted_locked()  # the operator's record says so; the caller's answer does not
         if not creds.found:
             await self._hasher.check_dummy(password, creds.password_hash, peer=peer)
-            await self._failed(name, creds.lockout)
+            await self._failed(unknown_name_record(name), creds.lockout)
         if creds.no_password:
             raise _Refused(Err.NO_PASSWORD_USER, "no_password")
         if not await self._hasher.check(password, creds.password_hash, peer=peer) or creds.locked:

@@ -40,9 +40,11 @@ class FailureRecorder:
         self.entries = 0  # entries sent (tests and the benchmark read it)
 
     async def record(self, name: str) -> None:
-        """Returns once the failure is in the log (or could not be put there: logged, not raised,
-        as the caller's answer is the wrong-password one either way)."""
+        """Returns once the failure is in the log; raises the store's error when it could not be
+        put there: a failure the lockout does not count must not be answered as a wrong password
+        (the right password gets that error too, so the caller learns nothing uncounted)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if the caller left
         self._pending.append((name, fut))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send())
@@ -63,14 +65,19 @@ class FailureRecorder:
             batch = self._take()
             entry = raft_internal_pb2.AuthFailuresEntry(names=[name for name, _ in batch])
             data = wire.build_internal_request(None, AUTH_FAILURES_FIELD, entry.SerializeToString())
+            error: Exception | None = None
             try:
                 self.entries += 1
                 await self._store.do(data, self._timeout)
-            except Exception as exc:  # the answer stays the wrong-password one; the count misses these
+            except Exception as exc:  # each caller gets the store's error, not the wrong-password answer
                 log.warning("could not record %d failed Authenticate calls: %s", len(batch), type(exc).__name__)
+                error = exc
             for _, fut in batch:
                 if not fut.done():
-                    fut.set_result(None)
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
 
 
 class RateLimiter:

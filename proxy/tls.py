@@ -13,6 +13,7 @@ As in etcd, a trusted CA makes the port require and verify a client certificate;
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -21,11 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 log = logging.getLogger(__name__)
 
 #: the auth-context key grpc-core fills with the verified client certificate's subject CN
 COMMON_NAME_KEY = "x509_common_name"
+#: ... and with the verified client certificate itself (PEM)
+PEM_CERT_KEY = "x509_pem_cert"
 MAX_PEM_BYTES = 1024 * 1024
 
 
@@ -119,6 +124,9 @@ class ServerTLS:
         self._loader = loader
         self._current = loader(spec)  # start-up: a bad file stops the program
         self._lock = threading.Lock()
+        #: the files' identity (or the error, when one cannot be found) the last time they failed
+        #: to load: not tried or logged again until that changes
+        self._failed: object = None
         #: rotations taken (for tests and logs)
         self.reloads = 0
 
@@ -135,15 +143,21 @@ class ServerTLS:
         """Called by grpc-core before a handshake (on its own thread): a new configuration when
         the files changed and load, else None (keep the current one)."""
         with self._lock:
+            stamp: object = None
             try:
                 paths = [self.spec.cert_file, self.spec.key_file] + ([self.spec.ca_file] if self.spec.ca_file else [])
-                if tuple(_stamp(p) for p in paths) == self._current.stamp:
-                    return None
+                stamp = tuple(_stamp(p) for p in paths)
+                if stamp == self._current.stamp or stamp == self._failed:
+                    return None  # unchanged, or still the files that failed (tried once, not per handshake)
                 loaded = self._loader(self.spec)
             except (OSError, TLSFileError) as e:
                 # mid-rotation (one file swapped, not the other yet) or a broken file: keep serving
-                log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
+                failed = stamp if stamp is not None else ("error", str(e))
+                if failed != self._failed:
+                    log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
+                self._failed = failed
                 return None
+            self._failed = None
             if (loaded.cert, loaded.key, loaded.ca) == (self._current.cert, self._current.key, self._current.ca):
                 self._current = loaded
                 return None
@@ -160,4 +174,19 @@ def common_name(auth_context: dict[str, list[bytes]] | None) -> str | None:
     values = auth_context.get(COMMON_NAME_KEY)
     if not values:
         return None
-    return values[0].decode("utf-8", "replace")
+    pem = auth_context.get(PEM_CERT_KEY)
+    last = _last_common_name(pem[0]) if pem else None
+    return last if last is not None else values[0].decode("utf-8", "replace")
+
+
+@functools.lru_cache(maxsize=256)
+def _last_common_name(pem: bytes) -> str | None:
+    """The subject's last CN, as Go's x509 (etcd's AuthInfoFromTLS) reads it: grpc-core's
+    ``x509_common_name`` is the first, so a certificate with several CNs would name another user
+    here than in etcd. Cached by the certificate (a connection presents the same one each call)."""
+    try:
+        names = x509.load_pem_x509_certificate(pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    strings = [n.value for n in names if isinstance(n.value, str)]
+    return strings[-1] if strings else None

@@ -11,15 +11,18 @@ write to a directory this process reads and removes at the end) and
 ``--health-addr`` (SERVING once every worker serves). It prints its ready line once every worker
 serves. A worker that dies brings the whole proxy down with exit code 1 (the others stopped
 cleanly): a proxy with fewer workers than asked for is not what was configured, and the one that
-restarts the proxy (Kubernetes, ``raftgate local``'s operator) sees it. A worker that ends with
+restarts the proxy (Kubernetes, ``raftgate local``'s operator) sees it; a supervisor that dies,
+even by SIGKILL, takes its workers with it (Linux's parent-death signal). A worker that ends with
 code 0 was stopped by a signal (Ctrl-C reaches the whole process group): all stop, exit 0.
 SIGTERM or SIGINT stops every worker gracefully; the exit code is 0 when each stopped cleanly.
+With an audit log file, SIGHUP (logrotate) is passed on to the workers, which reopen it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
@@ -36,7 +39,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import CollectorRegistry
 
 from proxy.config import ConfigError, ProxyConfig, load
-from proxy.signals import stop_on_signals
+from proxy.signals import reopen_on_sighup, stop_on_signals
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
 
@@ -49,6 +52,20 @@ STOP_TIMEOUT = 10.0
 WORKER_READY = "raftgate proxy worker"
 #: prometheus_client's multiprocess mode: set in a worker's environment before it imports the library.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The supervisor's pid, in each worker's environment (a worker stops when it is gone).
+SUPERVISOR_ENV = "RAFTGATE_PROXY_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_supervisor() -> None:
+    """A worker's SIGTERM (its graceful stop) when its supervisor dies, even by SIGKILL: orphans
+    would keep the client port (a restarted proxy finds it in use) and serve unsupervised. Linux's
+    parent-death signal; elsewhere nothing. Called before the worker serves."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if supervisor.isdigit() and os.getppid() != int(supervisor):
+        os.kill(os.getpid(), signal.SIGTERM)  # it died before the signal was asked for
 
 
 def check_ports_free(config: ProxyConfig) -> None:
@@ -72,6 +89,8 @@ class Worker:
         self.env = env
         self.proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
+        #: printed its ready line (its own signal handlers are set: SIGHUP may be passed on)
+        self.ready = False
 
     @property
     def name(self) -> str:
@@ -95,6 +114,7 @@ class Worker:
                 raise RuntimeError(f"{self.name} exited with code {code} before it was ready")
             text = line.decode(errors="replace")
             if text.startswith(WORKER_READY):
+                self.ready = True
                 break
             sys.stdout.write(text)
         sys.stdout.flush()
@@ -128,6 +148,7 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
         stop_on_signals(stop)
     check_ports_free(config)
     env = dict(os.environ)
+    env[SUPERVISOR_ENV] = str(os.getpid())
     metrics_dir: str | None = None
     registry = REGISTRY
     if config.observe.metrics_addr is not None:
@@ -138,6 +159,9 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
     health = HealthServicer()
     observability = None
     workers = [Worker(i + 1, argv, env) for i in range(config.workers)]
+    if config.audit_log is not None and config.audit_log != "-":
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            reopen_on_sighup(lambda: _pass_on(signal.SIGHUP, workers))
     code = 0
     starting = True
     try:
@@ -193,6 +217,15 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return code
+
+
+def _pass_on(sig: signal.Signals, workers: list[Worker]) -> None:
+    """logrotate's SIGHUP reaches the supervisor (the pid it knows): each serving worker reopens its
+    audit log (one still starting has no handler yet: it opens the file it finds anyway)."""
+    for w in workers:
+        if w.ready and w.proc is not None and w.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(sig)
 
 
 def worker_main(argv: list[str]) -> int:

