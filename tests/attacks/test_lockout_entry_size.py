@@ -72,3 +72,35 @@ def test_a_short_unknown_name_and_an_existing_name_are_recorded_as_they_are() ->
     assert asyncio.run(login(a, "ghost", "pw")) is Err.AUTH_FAILED
     assert asyncio.run(login(a, "alice", "wrong")) is Err.AUTH_FAILED
     assert names(store) == ["ghost", "alice"]
+
+
+def test_a_sidecar_login_with_a_huge_unknown_name_records_a_small_entry() -> None:
+    """The store checks sidecars' logins itself (authstore/api/login.py): the same bound holds there."""
+    from authstore.api.login import StoreLogin
+
+    recorded: list[str] = []
+
+    async def credentials(data: bytes) -> bytes:
+        name = store_pb2.CredentialsRequest.FromString(data).name
+        return store_pb2.CredentialsResponse(auth_enabled=True, auth_revision=3, found=name == "alice",
+                                             password_hash=HASH, lockout=True).SerializeToString()
+
+    async def commit(data: bytes) -> bytes:
+        raise AssertionError("a failed login commits no token")
+
+    async def record(name: str) -> None:
+        recorded.append(name)
+
+    async def attempt(name: str) -> Err | None:
+        login = StoreLogin(credentials, commit, jwt=None, simple_ttl_seconds=300, workers=2, cost=4,
+                           record_failure=record)
+        try:
+            await login.authenticate(rpc_pb2.AuthenticateRequest(name=name, password="pw").SerializeToString(),
+                                     peer="ipv4:10.0.0.9")
+        except EtcdError as e:
+            return e.err
+        return None
+
+    assert asyncio.run(attempt(HUGE)) is Err.AUTH_FAILED
+    assert asyncio.run(attempt(HUGE)) is Err.AUTH_FAILED
+    assert len(recorded) == 2 and recorded[0] == recorded[1] and len(recorded[0].encode()) <= 256
