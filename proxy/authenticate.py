@@ -20,7 +20,6 @@ beyond it).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient
 from proxy.tokens.jwt import JwtProvider
 from raftgate.errors import REVISION_MOVED, Err, EtcdError, from_message
+from raftgate.lockout_names import unknown_name_record
 from raftgate.simple_token import generate_prefix
 
 log = logging.getLogger(__name__)
@@ -54,21 +54,6 @@ def is_revision_moved(error: grpc.aio.AioRpcError) -> bool:
 _RESULTS: dict[Err, metrics.AuthResult] = {Err.AUTH_FAILED: "auth_failed", Err.AUTH_NOT_ENABLED: "not_enabled",
                                            Err.NO_PASSWORD_USER: "no_password", Err.VERIFY_ONLY: "verify_only",
                                            Err.TIMEOUT: "revision_retry_exhausted"}
-
-
-#: Bytes of a name that does not exist recorded as they are; a longer one is recorded by digest.
-MAX_UNKNOWN_NAME_BYTES = 256
-
-
-def unknown_name_record(name: str) -> str:
-    """The name an ``auth_failures`` entry records for a name that does not exist: itself when
-    short, else a fixed-size digest of it (the same name counts together, and a failed guess with a
-    1.5 MiB name costs a small entry, not the name in every node's log). A digest that happens to
-    equal a real user's name only adds to that user's count, which guessing does anyway."""
-    raw = name.encode()
-    if len(raw) <= MAX_UNKNOWN_NAME_BYTES:
-        return name
-    return "raftgate-sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 class _Refused(Exception):

@@ -32,6 +32,7 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
+from raftgate.lockout_names import unknown_name_record
 from raftgate.simple_token import generate_prefix
 from raftgate.token_verifier import JwtKeys
 
@@ -121,7 +122,7 @@ class StoreLogin:
             raise EtcdError(Err.AUTH_NOT_ENABLED)
         if not creds.found:
             await self._lane.check(password, creds.password_hash or await self._dummy_hash(), peer)
-            await self._failed(name, creds.lockout)
+            await self._failed(unknown_name_record(name), creds.lockout)
         if creds.no_password:
             raise EtcdError(Err.NO_PASSWORD_USER)
         if not await self._lane.check(password, creds.password_hash, peer) or creds.locked:
