@@ -157,8 +157,11 @@ BODIES: dict[str, st.SearchStrategy[Message]] = {
     "member_add": st.builds(pb.MemberAddRequest, peerURLs=st.just(["http://127.0.0.1:1"]), isLearner=st.booleans()),
     "member_remove": st.builds(pb.MemberRemoveRequest, ID=st.integers(0, 3)),
 }
+#: kinds added after the table (the function before it never knew them): not compared here
+AFTER_TABLE = frozenset({"auth_failures"})
 #: every message field of InternalRaftRequest but the header, so kinds outside the table are asked too
-FIELDS = [f for f in ipb.InternalRaftRequest.DESCRIPTOR.fields if f.message_type is not None and f.name != "header"]
+FIELDS = [f for f in ipb.InternalRaftRequest.DESCRIPTOR.fields
+          if f.message_type is not None and f.name != "header" and f.name not in AFTER_TABLE]
 
 
 def _body(field: Any) -> st.SearchStrategy[Message]:
@@ -182,7 +185,7 @@ requests = st.one_of(one_request, one_request, one_request, one_request, malform
 
 
 def test_every_request_kind_of_the_table_is_generated() -> None:
-    assert set(REQUESTS) <= {f.name for f in FIELDS}
+    assert set(REQUESTS) - AFTER_TABLE <= {f.name for f in FIELDS}
 
 
 def _world(path: Path, calls: list[tuple[str, Message]]) -> lmdb.Environment:
