@@ -115,3 +115,33 @@ def test_a_read_that_fails_on_one_node_is_retried_on_another() -> None:
             await client.close()
 
     asyncio.run(run())
+
+
+def test_a_write_that_only_meets_not_leader_gets_etcds_no_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`not leader` and `stopped` are the store's internal proof that a request never entered the
+    log (the proxy retries them elsewhere); when the retry window ends on one, the client gets
+    etcd's `no leader`, never the internal answer (seen in a kill -9 loop: `not leader` reached a
+    client after the leader it knew of lost leadership for the whole window)."""
+    monkeypatch.setattr(store_client, "RETRY_WINDOW", 0.3)
+
+    async def run() -> None:
+        client = StoreClient(["a:1"], secret="s")
+        try:
+            async def nothing_new() -> None:
+                return None
+
+            client._rediscover = nothing_new  # type: ignore[method-assign]
+
+            async def not_leader(ep: store_client._Endpoint, _timeout: float | None) -> bytes:
+                raise _refusal(Err.NOT_LEADER)
+
+            for read in (False, True):
+                with pytest.raises((grpc.aio.AioRpcError, store_client.EtcdError)) as info:
+                    await client._call(not_leader, 5.0, read=read)
+                err = info.value
+                seen = (err.code(), err.details()) if isinstance(err, grpc.aio.AioRpcError) else err.err.value
+                assert seen == Err.NO_LEADER.value
+        finally:
+            await client.close()
+
+    asyncio.run(run())
