@@ -373,8 +373,9 @@ class StoreClient:
                 endpoint.outstanding -= 1
             endpoint.suspect_until = time.monotonic() + SUSPECT_SECONDS
             if time.monotonic() + BACKOFF >= retry_deadline:
-                if answer is not None:
+                if answer is not None and _etcd_error(answer) not in NOT_TAKEN:
                     raise answer
+                # not leader / stopped are the store's internal proofs (never etcd's answers)
                 raise EtcdError(Err.NO_LEADER)
             await self._rediscover()
             if self._leader is endpoint:
