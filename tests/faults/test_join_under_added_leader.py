@@ -9,6 +9,7 @@ tests/attacks/test_proxy_outlives_its_seeds.py in the runs where an added member
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -39,6 +40,14 @@ def _names(ep: str) -> str:
     return out if rc == 0 else ""
 
 
+def _status_from_leader(ep: str) -> bool:
+    rc, out, _err = etcdctl(ep, "endpoint", "status", "-w", "json", timeout=30)
+    if rc != 0:
+        return False
+    (status,) = json.loads(out)
+    return bool(status["Status"]["leader"]) and status["Status"]["header"]["member_id"] == status["Status"]["leader"]
+
+
 def test_a_member_joins_under_a_leader_that_was_added_later(tmp_path: Path) -> None:
     with program_cluster(tmp_path, nodes=3) as cluster:
         ep = cluster.endpoint
@@ -48,6 +57,9 @@ def test_a_member_joins_under_a_leader_that_was_added_later(tmp_path: Path) -> N
         first = _add(cluster, ep, "added1", tmp_path, secret, client_url)
         wait_for(lambda: "added1" in _names(ep), 60, "added1 to publish its name")
         info = wait_for(lambda: cluster.leader_info(first), 30, "added1's own ID")
+        # etcdctl move-leader asks the endpoint's Status and needs it to be the leader's answer; under
+        # load the proxy may still be re-learning the leader after the member change, so wait for that
+        wait_for(lambda: _status_from_leader(ep), 30, "the proxy's Status to come from the leader")
         rc, out, err = etcdctl(ep, "move-leader", f"{info.member_id:x}", timeout=60)
         assert rc == 0, (out, err)
         wait_for(lambda: (i := cluster.leader_info(first)) is not None and i.leader_id == i.member_id, 30,
