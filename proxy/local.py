@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import config as proxy_config
+from proxy.children import forward_output, stop_child
 from proxy.signals import stop_on_signals
 from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
@@ -423,10 +424,8 @@ class Child:
         self._pump = asyncio.get_running_loop().create_task(self._forward())
 
     async def _forward(self) -> None:
-        assert self.proc and self.proc.stdout
-        async for line in self.proc.stdout:
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
+        assert self.proc is not None
+        await forward_output(self.proc)
 
     def signal(self, sig: int) -> None:
         """Passes ``sig`` on once the child is ready (before, it could still end it)."""
@@ -442,16 +441,7 @@ class Child:
         print(f"raftgate local: {self.role} exited with code {self.proc.returncode}", file=sys.stderr, flush=True)
 
     async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), STOP_TIMEOUT)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+        await stop_child(self.proc, STOP_TIMEOUT)
 
 
 async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:

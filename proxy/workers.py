@@ -38,6 +38,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import CollectorRegistry
 
+from proxy.children import forward_output, stop_child
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.signals import reopen_on_sighup, stop_on_signals
 from raftgate.methods import ETCD_PACKAGE, SERVICES
@@ -121,23 +122,11 @@ class Worker:
         self._pump = loop.create_task(self._forward())
 
     async def _forward(self) -> None:
-        assert self.proc and self.proc.stdout
-        async for line in self.proc.stdout:
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
+        assert self.proc is not None
+        await forward_output(self.proc)
 
     async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), STOP_TIMEOUT)
-        except TimeoutError:
-            log.error("%s (pid %d) did not stop in %.0fs; killed", self.name, self.proc.pid, STOP_TIMEOUT)
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+        await stop_child(self.proc, STOP_TIMEOUT, self.name)
 
 
 async def supervise(config: ProxyConfig, argv: list[str]) -> int:
