@@ -169,3 +169,40 @@ def test_the_right_password_through_a_sidecar_that_starts_at_a_follower_works(se
     finally:
         channel.close()
         program.stop()
+
+
+def test_every_wrong_password_answer_through_a_leader_kill_was_counted(tmp_path: Path) -> None:
+    """Guesses through a sidecar while the leader is killed (-9): each answer is the wrong-password
+    one (counted) or the store's error (not counted, or not known to be); once ATTEMPTS
+    wrong-password answers were given, the name is locked on the new leader."""
+    (tmp_path / "sidecar-secret").write_text(SIDECAR_SECRET)
+    flags = ["--sidecar-secret-file", str(tmp_path / "sidecar-secret"), "--bcrypt-cost", "4",
+             "--auth-lockout-attempts", str(ATTEMPTS), "--auth-lockout-duration", "10m"]
+    with program_cluster(tmp_path / "c", nodes=3, store_flags=flags) as cluster:
+        wait_serving(f"http://{cluster.endpoint}")
+        with grpc.insecure_channel(cluster.endpoint) as central:
+            auth = rpc_pb2_grpc.AuthStub(central)
+            auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=30)
+            auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=30)
+            auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="erin", password="pw"), timeout=30)
+            auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=30)
+            leader = cluster.leader()
+            setup = Setup(cluster, leader, cluster.followers(leader)[0], tmp_path, central)
+            program, channel, _ = _sidecar(setup, "sidecar-kill")
+            try:
+                answers = [login(channel, "erin", "guess-before")]
+                cluster.kill(leader)
+                for i in range(20 * ATTEMPTS):
+                    if sum(a == AUTH_FAILED for a in answers) >= ATTEMPTS:
+                        break
+                    answers.append(login(channel, "erin", f"guess{i}"))
+                assert sum(a == AUTH_FAILED for a in answers) >= ATTEMPTS, answers
+                store_errors = {(e.code, e.message) for e in (Err.NO_LEADER, Err.TIMEOUT, Err.LEADER_CHANGED,
+                                                               Err.TIMEOUT_DUE_TO_LEADER_FAIL,
+                                                               Err.TIMEOUT_DUE_TO_CONNECTION_LOST)}
+                assert set(answers) <= {AUTH_FAILED} | store_errors, answers
+                assert login(channel, "erin", "pw") == AUTH_FAILED  # locked
+                assert login(central, "erin", "pw") == AUTH_FAILED
+            finally:
+                channel.close()
+                program.stop()
