@@ -13,6 +13,15 @@ Lockout is the same as through a central proxy: a failed check (a name that exis
 locked name with the right password) is put in the log as an ``auth_failures`` entry before the
 answer, and a locked name gets the wrong-password answer; so failures spread over sidecars and
 central proxies count toward one replicated lock.
+
+Only a node that can put a failure into the log checks a password: the leader. Any other node
+answers `not leader` (or `no leader`, `server stopped`) before it reads or checks anything, which
+the sidecar's store client takes as "never taken" and sends to the leader; so a guess sent to a
+follower (a stale leader guess, or a caller with the sidecar credential) is counted as one sent
+to the leader, and the bcrypt work of sidecar logins stays on the leader's bounded lane. A failure
+whose entry still cannot be logged (the node stopped leading meanwhile, the proposal timed out)
+gets the store's error, never the wrong-password answer: the right password meets the same error
+there (its ``authenticate`` entry fails the same way), so the answer tells nothing uncounted.
 """
 
 from __future__ import annotations
@@ -86,11 +95,13 @@ def _checkpw(password: bytes, hashed: bytes) -> bool:
 
 class StoreLogin:
     def __init__(self, credentials: Callable[[bytes], Awaitable[bytes]], commit: Callable[[bytes], Awaitable[Any]],
-                 *, jwt: JwtKeys | None, simple_ttl_seconds: int, workers: int, cost: int,
-                 record_failure: Callable[[str], Awaitable[None]] | None = None,
+                 *, lead: Callable[[], Awaitable[None]], jwt: JwtKeys | None, simple_ttl_seconds: int,
+                 workers: int, cost: int, record_failure: Callable[[str], Awaitable[None]] | None = None,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._credentials = credentials
         self._commit = commit
+        #: returns if this node may take a login now (it leads), else raises the store's error
+        self._lead = lead
         self._jwt = jwt
         self._simple_ttl = simple_ttl_seconds
         self._clock_ms = clock_ms
@@ -101,7 +112,9 @@ class StoreLogin:
         self._record_failure = record_failure
 
     async def authenticate(self, data: bytes, peer: str) -> bytes:
-        """AuthenticateRequest bytes -> AuthenticateResponse bytes, or EtcdError (etcd's answers)."""
+        """AuthenticateRequest bytes -> AuthenticateResponse bytes, or EtcdError (etcd's answers;
+        a failure that could not be logged: the store's error, as ``record_failure`` raised it)."""
+        await self._lead()  # before anything is read or checked: see the module's docstring
         try:
             req = pb.AuthenticateRequest.FromString(data)
         except DecodeError:
@@ -114,6 +127,7 @@ class StoreLogin:
             except AuthRevisionMoved:
                 if time.monotonic() >= deadline:
                     raise EtcdError(Err.TIMEOUT) from None
+            await self._lead()  # the next check too: leadership may have moved meanwhile
 
     async def _check(self, name: str, password: bytes, peer: str) -> int:
         creds = spb.CredentialsResponse.FromString(await self._credentials(
@@ -132,7 +146,8 @@ class StoreLogin:
         return creds.auth_revision
 
     async def _failed(self, name: str, lockout: bool) -> NoReturn:
-        """A failed check: counted by the lockout (when on), then the wrong-password answer."""
+        """A failed check: counted by the lockout (when on), then the wrong-password answer. Not
+        counted: ``record_failure`` raises the store's error, and that is the answer."""
         if lockout and self._record_failure is not None:
             await self._record_failure(name)
         raise EtcdError(Err.AUTH_FAILED)

@@ -137,7 +137,7 @@ class StoreService:
             self.verifiers.append(workload)
         if jwt is not None:
             self.verifiers.append(jwt)
-        self.login = StoreLogin(self.credentials, self._commit_authenticate, jwt=jwt,
+        self.login = StoreLogin(self.credentials, self._commit_authenticate, lead=self._may_login, jwt=jwt,
                                 simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost,
                                 record_failure=self._record_failure)
 
@@ -395,15 +395,27 @@ class StoreService:
                 revision = self.applier.auth.revision(txn)
         return ipb.RequestHeader(username=found.username, auth_revision=revision, simple_token=found.revocable)
 
+    async def _may_login(self) -> None:
+        """A login (StoreLogin) is taken only by a node that can log its failure: the leader, not
+        stopping. Elsewhere the store's `not leader` / `no leader` / `server stopped`, answered
+        before the password is read or checked; none was taken, so the sidecar sends it to the
+        leader."""
+        if self.draining:
+            raise EtcdError(Err.STOPPED)
+        await self.node.must_lead()
+
     async def _record_failure(self, name: str) -> None:
         """A sidecar's failed Authenticate, logged as the central proxy logs its own (one
-        ``auth_failures`` entry, this node's policy stamped by ``_dispatch``). Not recorded (e.g.
-        no leader): logged; the answer stays the wrong-password one."""
+        ``auth_failures`` entry, this node's policy stamped by ``_dispatch``). Not recorded (this
+        node no longer leads, the proposal timed out, ...): the store's error is raised and is the
+        caller's answer - a failure the lockout did not count is never answered as a wrong
+        password (the right password meets the same error), as proxy/lockout.py does."""
         entry = ipb.InternalRaftRequest(auth_failures=ipb.AuthFailuresEntry(names=[name]))
         try:
             await self.answer(entry.SerializeToString())
         except Exception as exc:
-            log.warning("could not record a failed Authenticate: %s", type(exc).__name__)
+            log.warning("could not record a failed Authenticate: %s", getattr(exc, "message", type(exc).__name__))
+            raise
 
     async def _commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""

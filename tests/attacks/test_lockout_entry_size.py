@@ -91,8 +91,11 @@ def test_a_sidecar_login_with_a_huge_unknown_name_records_a_small_entry() -> Non
     async def record(name: str) -> None:
         recorded.append(name)
 
+    async def lead() -> None:
+        pass  # this node leads
+
     async def attempt(name: str) -> Err | None:
-        login = StoreLogin(credentials, commit, jwt=None, simple_ttl_seconds=300, workers=2, cost=4,
+        login = StoreLogin(credentials, commit, lead=lead, jwt=None, simple_ttl_seconds=300, workers=2, cost=4,
                            record_failure=record)
         try:
             await login.authenticate(rpc_pb2.AuthenticateRequest(name=name, password="pw").SerializeToString(),
