@@ -42,7 +42,7 @@ def private_dir(path: Path) -> bool:
 def wider_than_private(path: Path) -> str | None:
     """etcd's warning, when the existing directory `path` lets others in; None if it does not."""
     mode = path.stat().st_mode
-    if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if not stat.S_ISDIR(mode) or not mode & (stat.S_IRWXG | stat.S_IRWXO):
         return None
     return (f"check file permission: data dir {str(path)!r} exists, but its permission is "
             f"{stat.filemode(mode)!r}; the recommended permission is 'drwx------' (chmod 700) to prevent "

@@ -296,7 +296,8 @@ class Transport:
         digest = hashlib.sha256()
         last: peer_pb2.SnapshotChunk | None = None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+            path.unlink(missing_ok=True)  # made here, owner-only: never an older file's mode
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
             with os.fdopen(fd, "wb") as f:
                 async for data in requests:
                     chunk = peer_pb2.SnapshotChunk.FromString(data)

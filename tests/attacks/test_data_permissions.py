@@ -89,10 +89,11 @@ def test_store_files_snapshot_install_and_restore_are_private(tmp_path: Path) ->
     assert loose(restored) == []
 
 
-def test_local_data_dir_is_private(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mask", [0o022, 0o000])
+def test_local_data_dir_is_private(tmp_path: Path, mask: int) -> None:
     local = RaftgateLocal(tmp_path)
     try:
-        with umask(0o022):
+        with umask(mask):
             local.start()
         rc, _, err = local.ctl("put", "k", "v")
         assert rc == 0, err
