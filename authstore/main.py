@@ -36,6 +36,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
+from raftgate.private_files import private_dir, restrict_umask, wider_than_private
 from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
@@ -119,8 +120,14 @@ def lock_data_dir(data_dir: Path) -> int:
     """Takes an exclusive lock on the data dir for the life of the process (etcd locks its WAL
     files), before anything in it is opened: a second node on the same log and store would say
     ready, take the leadership and stall the cluster. The kernel drops the lock when the process
-    ends, however it ends. Returns the lock file's descriptor (kept open)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    ends, however it ends. Returns the lock file's descriptor (kept open).
+
+    A new data dir is made 0700; an existing one that lets other users in is named in one
+    warning and left as it is, as etcd does (raftgate/private_files.py)."""
+    if private_dir(data_dir):
+        wider = wider_than_private(data_dir)
+        if wider is not None:
+            log.warning("%s", wider)
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -375,6 +382,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    restrict_umask()  # every file and directory the store (or LMDB) creates is owner-only
     try:
         cfg = store_config.parse(argv, os.environ)
     except store_config.ConfigError as exc:

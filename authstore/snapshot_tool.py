@@ -40,6 +40,7 @@ from authstore.state.backend import MEMBER_ID_KEY, Backend
 from authstore.state.membership import member_id
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, restrict_umask
 
 SHA_SIZE = hashlib.sha256().digest_size
 #: what every raftgate store holds (an LMDB file without it is someone else's)
@@ -251,9 +252,12 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     if staging.exists():
         shutil.rmtree(staging)
     try:
+        # owner-only, whatever the umask: the copy holds every key, value and password hash
+        staging.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
         store = staging / "store"
-        store.mkdir(parents=True)
-        with open(path, "rb") as src, open(store / "data.mdb", "wb") as dst:
+        store.mkdir(mode=PRIVATE_DIR_MODE)
+        fd = os.open(store / "data.mdb", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
             left = length
             while left > 0 and (data := src.read(min(_CHUNK, left))):
                 dst.write(data)
@@ -357,6 +361,7 @@ def main(argv: list[str]) -> int:
         if a.command == "status":
             print(format_status(status(Path(a.file)), a.write_out))
             return 0
+        restrict_umask()  # the new data dir, as the store makes its own (raftgate/private_files.py)
         try:
             cluster = parse_initial_cluster(a.initial_cluster)
         except ConfigError as exc:

@@ -37,6 +37,7 @@ from proxy.children import forward_output, stop_child
 from proxy.signals import stop_on_signals
 from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
+from raftgate.private_files import private_dir, wider_than_private, write_private
 
 #: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
 #: raftgate.cli (the proxy never imports the store's code), so local can check a store's values without starting it.
@@ -356,12 +357,7 @@ def _read_layout(path: Path) -> list[dict[str, Any]]:
 
 def _write_layout(path: Path, layout: list[dict[str, Any]]) -> None:
     """Written whole or not at all (a crash mid-write must not leave half a file)."""
-    staged = path.with_name(path.name + ".tmp")
-    with open(staged, "w") as f:
-        f.write(json.dumps(layout, indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staged, path)
+    write_private(path, json.dumps(layout, indent=2).encode())
 
 
 #: the ports a node of the layout uses: Raft peers, the internal service, its member proxy
@@ -447,7 +443,11 @@ class Child:
 async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # It holds the internal secret and every node's data: a new one is made 0700; an existing
+        # wider one is named in one warning and left as it is, as etcd and the store do. The
+        # umask is not narrowed here: the proxies local starts keep theirs (unix:// sockets).
+        if private_dir(data_dir) and (wider := wider_than_private(data_dir)) is not None:
+            print(f"raftgate local: WARNING: {wider}", file=sys.stderr, flush=True)
         lock = _lock(data_dir)
     except OSError as exc:
         print(f"raftgate local: --data-dir {str(data_dir)!r}: {exc.strerror}", file=sys.stderr, flush=True)
@@ -544,9 +544,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
             processes[-1]["metrics_addr"] = str(metrics[a.nodes])
         state = {"client_url": client_url, "data_dir": str(data_dir), "python": sys.executable,
                  "processes": processes}  # fmt: skip
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(state_file)
+        write_private(state_file, json.dumps(state, indent=2).encode())
         print(f"raftgate local: ready on 127.0.0.1:{a.client_port}", flush=True)
         # A store node (or a member proxy) that dies is reported but does not stop the others: the
         # cluster keeps serving while a quorum lives. The proxy is the endpoint: if it dies,

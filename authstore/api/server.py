@@ -57,6 +57,7 @@ from protos.internal import (
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.methods import INTERNAL, METHODS, Kind, Route, requests
+from raftgate.private_files import PRIVATE_DIR_MODE
 from raftgate.simple_token import looks_like_simple_token
 from raftgate.token_verifier import JwtKeys, TokenVerifier, Verified
 
@@ -346,7 +347,7 @@ class StoreService:
             try:
                 # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes
                 # a small memory-backed volume); what a crash leaves there goes when the node starts.
-                self.node.snapshot_dir.mkdir(parents=True, exist_ok=True)
+                self.node.snapshot_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
                 path = await asyncio.get_running_loop().run_in_executor(None, self.applier.snapshot, tmp)
             except (OSError, lmdb.Error) as exc:

@@ -13,6 +13,7 @@ from pathlib import Path
 from authstore.node.fsm import StateMachine
 from authstore.node.ports import Peers, Worker
 from authstore.raft.types import Message
+from raftgate.private_files import PRIVATE_DIR_MODE
 
 log = logging.getLogger("raftgate.store.driver")
 
@@ -60,7 +61,7 @@ class SnapshotSender:
         ok = False
         tmp: Path | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix="snap-out-", dir=self.directory))
             path = await self.copier.run(self.fsm.snapshot, tmp)
             ok = await self.peers.send_snapshot(msg, path)
@@ -85,7 +86,7 @@ class IncomingSnapshots:
         self._kept: dict[int, Path] = {}
 
     def keep(self, index: int, path: Path) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         kept = self.directory / f"{index:016x}.mdb"
         path.replace(kept)
         self._kept[index] = kept

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from protos import wire
 from protos.internal import PEER_SECRET_METADATA, STREAM_BATCH_BYTES
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
+from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 log = logging.getLogger("raftgate.store.transport")
 
@@ -289,12 +291,14 @@ class Transport:
     async def _receive_snapshot(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         if not self.security.admits(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
-        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        self.snapshot_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         path = self.snapshot_dir / f"incoming-{id(context):x}.mdb"
         digest = hashlib.sha256()
         last: peer_pb2.SnapshotChunk | None = None
         try:
-            with open(path, "wb") as f:
+            path.unlink(missing_ok=True)  # made here, owner-only: never an older file's mode
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
                 async for data in requests:
                     chunk = peer_pb2.SnapshotChunk.FromString(data)
                     if chunk.HasField("message"):

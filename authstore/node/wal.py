@@ -37,6 +37,7 @@ from authstore import failpoints, metrics
 from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
 from authstore.raft.types import Entry, HardState, SnapshotMetadata
 from protos.raftpb import raft_pb2
+from raftgate.private_files import PRIVATE_DIR_MODE
 
 # version 1 record: u32 payload length | u32 crc32(payload) | payload (read only)
 _FRAME_V1 = struct.Struct(">II")
@@ -105,7 +106,7 @@ def _is_v1_segment(data: bytes) -> bool:
 
 class WAL:
     def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         self.dir = directory
         self.segment_bytes = segment_bytes
         self._segments = sorted(directory.glob("*.wal"))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import lmdb
 
+from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+
 _APPLIED = b"applied_index"
 #: this node's member ID: node-local, although it lives in the store (and so in its copies)
 MEMBER_ID_KEY = b"member_id"
@@ -40,14 +42,16 @@ def set_member_id(store_file: Path, member_id: int) -> None:
 
 class Backend:
     def __init__(self, path: Path, map_size: int = DEFAULT_MAP_SIZE) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         self.path = path
         self.map_size = map_size
         self._open()
 
     def _open(self) -> None:
+        # mode: data.mdb and lock.mdb are owner-only (py-lmdb's default 0o755 leaves them 0644
+        # under umask 022, readable by every local user)
         self.env = lmdb.open(str(self.path), max_dbs=32, map_size=self.map_size, subdir=True, sync=True,
-                             metasync=False, writemap=False, max_readers=1024)
+                             metasync=False, writemap=False, max_readers=1024, mode=PRIVATE_FILE_MODE)
         self._meta = self.env.open_db(b"meta")
         self._page_size = self.env.stat()["psize"]
 
@@ -59,9 +63,11 @@ class Backend:
         crashed the process in LMDB 0.9.36 (the `lmdb` 3.0.0 wheel) once one key of the MVCC
         index had more revisions than fit in a page. The price is that free pages travel too.
         """
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         self.env.copy(str(directory), compact=False)
-        return directory / "data.mdb"
+        copy = directory / "data.mdb"
+        os.chmod(copy, PRIVATE_FILE_MODE)  # LMDB creates it 0666 less the umask
+        return copy
 
     def replace(self, snapshot_file: Path) -> None:
         """Swaps the store for a copy received from the leader, durably, then reopens it."""

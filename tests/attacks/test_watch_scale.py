@@ -199,8 +199,13 @@ def test_watches_beyond_the_user_cap_are_refused_on_every_stream(tmp_world: Any)
         world.put(b"k0")
         assert [r.watch_id for r in drain(s1) if r.events] == [0]
         assert [r.watch_id for r in drain(s2) if r.events] == [0]
-        await world.create(s2, b"k5", resume=True, watch_id=7)  # the proxy moves a watch it has: kept
-        assert 7 in s2.watchers
+        # a resume is capped too (any sidecar-class caller can mark a create `resume`): canceled
+        # under its own id, with no `created`
+        await world.create(s2, b"k5", resume=True, watch_id=7)
+        assert 7 not in s2.watchers
+        refused = pb.WatchResponse.FromString(s2.queue.get_nowait())
+        assert (refused.watch_id, refused.created, refused.canceled, refused.cancel_reason) == (
+            7, False, True, PER_USER)
         for w in list(s1.watchers.values()):  # the stream ends: its watches free the user's places
             world.hub._remove(w)
         assert not (await world.create(s1, b"k1")).canceled

@@ -502,18 +502,22 @@ class WatchHub:
         self._release(w)
         self._gone.append(w.gid)
 
-    def _cap(self, stream: Stream, w: Watcher, resume: bool) -> Err | None:
-        """Takes one of the user's places for `w`, or says which cap a new watch would pass. A
-        resumed watch (the proxy moving a watch the cluster already holds) is counted, never refused."""
+    def _cap(self, stream: Stream, w: Watcher) -> Err | None:
+        """Takes one of the user's places for `w`, or says which cap it would pass.
+
+        Every create is capped, a resume too: any sidecar-class caller can mark a create `resume`,
+        so a resume proves nothing about a place held before. The proxy's own resumes fit anyway:
+        it re-opens on a fresh stream exactly the watches it held on one stream of the old leader
+        (within the per-stream cap there), before anything else, and the old leader's watches are
+        gone from this node's counts (a node drops a stream's watches when the stream ends)."""
         size = w.key_bytes
         user_bytes = self._per_user_key_bytes.get(w.username, 0)
-        if not resume:
-            if len(stream.watchers) >= self.max_watches_per_stream or \
-                    stream.key_bytes + size > self.max_watch_key_bytes_per_stream:
-                return Err.TOO_MANY_WATCHES_STREAM
-            if self._per_user.get(w.username, 0) >= self.max_watches_per_user or \
-                    user_bytes + size > self.max_watch_key_bytes_per_user:
-                return Err.TOO_MANY_WATCHES_USER
+        if len(stream.watchers) >= self.max_watches_per_stream or \
+                stream.key_bytes + size > self.max_watch_key_bytes_per_stream:
+            return Err.TOO_MANY_WATCHES_STREAM
+        if self._per_user.get(w.username, 0) >= self.max_watches_per_user or \
+                user_bytes + size > self.max_watch_key_bytes_per_user:
+            return Err.TOO_MANY_WATCHES_USER
         self._per_user[w.username] = self._per_user.get(w.username, 0) + 1
         self._per_user_key_bytes[w.username] = user_bytes + size
         stream.key_bytes += size
@@ -642,10 +646,13 @@ class WatchHub:
                     fragment=creq.fragment, token_digest=msg.token_digest,
                     certificate=msg.current_revision and not msg.token_digest)
         w.gid = next(self._gids)
-        capped = self._cap(stream, w, msg.resume)
+        capped = self._cap(stream, w)
         if capped is not None:  # refused before it costs the apply thread anything
-            self._control(stream, self.rev, INVALID_WATCH_ID, created=True, canceled=True,
-                          cancel_reason=EtcdError(capped).status_string())
+            reason = EtcdError(capped).status_string()
+            if msg.resume:  # the client knows this watch: cancel it under its own id
+                self._control(stream, self.rev, creq.watch_id, canceled=True, cancel_reason=reason)
+            else:
+                self._control(stream, self.rev, INVALID_WATCH_ID, created=True, canceled=True, cancel_reason=reason)
             return
         refusal = self._refusal(stream, creq.watch_id, msg.resume)
         try:
