@@ -71,9 +71,17 @@ def test_two_domains_sharing_an_issuer_are_refused(a: str, b: str) -> None:
 
 
 def test_the_same_issuer_written_two_ways_is_refused() -> None:
-    """kind and group default to Issuer and cert-manager.io: leaving them out names the same issuer."""
-    values = separate(peerIssuerRef={"name": "raftgate-internal-ca", "kind": "", "group": ""})
+    """group defaults to cert-manager.io (as in cert-manager): leaving it empty names the same issuer."""
+    values = separate(peerIssuerRef={"name": "raftgate-internal-ca", "kind": "Issuer", "group": ""})
     with pytest.raises(helm.HelmError, match="name the same issuer"):
+        render(values)
+
+
+def test_a_misspelt_issuer_is_refused_by_the_schema() -> None:
+    """A typo must not leave a domain on another's issuer (or the value silently unused)."""
+    values = separate()
+    values["tls"]["certManager"]["peerIssureRef"] = _ref("raftgate-peer-ca")
+    with pytest.raises(helm.HelmError, match="peerIssureRef"):
         render(values)
 
 
