@@ -85,6 +85,19 @@ def test_a_misspelt_issuer_is_refused_by_the_schema() -> None:
         render(values)
 
 
+@pytest.mark.parametrize("name", ["raftgate-internal-ca ", "Raftgate-Internal-CA", "a/b"])
+def test_an_issuer_name_that_is_no_kubernetes_name_is_refused(name: str) -> None:
+    """Not a name cert-manager could resolve, nor one a string compare would find equal to another."""
+    with pytest.raises(helm.HelmError, match="peerIssuerRef/name"):
+        render(separate(peerIssuerRef={"name": name, "kind": "Issuer", "group": "cert-manager.io"}))
+
+
+def test_a_null_issuer_ref_means_the_charts_own_cas() -> None:
+    r = render({"tls": {"provider": "certManager", "certManager": {"issuerRef": None}}})
+    internal = next(c for c in r.all("Certificate") if c["metadata"]["name"] == f"{FULLNAME}-internal")
+    assert internal["spec"]["issuerRef"]["name"] == f"{FULLNAME}-internal-ca"
+
+
 def test_an_issuer_of_a_domain_without_issuer_ref_is_refused() -> None:
     """Without issuerRef the chart makes its own CAs; a peer/sidecar/client issuer would be ignored
     silently, so it is refused instead."""
