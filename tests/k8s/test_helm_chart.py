@@ -62,6 +62,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "cert-manager-cluster-issuer": {
         "tls": {"provider": "certManager", "certManager": {
             "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+            "peerIssuerRef": {"name": "corp-peer-ca", "kind": "ClusterIssuer"},
             "sidecarIssuerRef": {"name": "corp-sidecar-ca", "kind": "ClusterIssuer"}}}
     },
     "five-replicas": {"replicaCount": 5},
@@ -555,8 +556,9 @@ def test_cert_manager_issues_from_two_cas_or_the_given_issuer() -> None:
 
     r = rendered("cert-manager-cluster-issuer")
     assert not r.all("Issuer")
+    own = {f"{FULLNAME}-sidecar": "corp-sidecar-ca", f"{FULLNAME}-peer": "corp-peer-ca"}
     for cert in r.all("Certificate"):
-        name = "corp-sidecar-ca" if cert["metadata"]["name"] == f"{FULLNAME}-sidecar" else "corp-ca"
+        name = own.get(cert["metadata"]["name"], "corp-ca")
         assert cert["spec"]["issuerRef"] == {"name": name, "kind": "ClusterIssuer", "group": "cert-manager.io"}
 
 

@@ -119,6 +119,69 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 
+{{/*
+tls.provider=certManager: the issuer of each trust domain's certificates, as YAML {CA name: issuerRef}.
+The domains: internal (the store's internal certificate and the central proxies' client certificate:
+the store treats that CA as central, i.e. root-equivalent), peer (the Raft log), sidecar (an
+ordinary client's powers) and client (the client port; a client certificate's CN is a user, root
+included). Without tls.certManager.issuerRef the chart makes one CA per domain; with it every domain
+needs an issuer of its own, since whoever may request a Certificate from an issuer gets the powers
+of every domain it signs for. Distinct issuer references are checked here; that two issuers are
+not backed by the same CA key is the operator's part (chart README).
+*/}}
+{{- define "raftgate.certManager.issuers" -}}
+{{- $cm := .Values.tls.certManager -}}
+{{- $fullname := include "raftgate.fullname" . -}}
+{{- $clientCert := and .Values.auth.client.secureTransport (not .Values.auth.client.existingSecret) -}}
+{{- $keys := dict "internal" "issuerRef" "peer" "peerIssuerRef" "sidecar" "sidecarIssuerRef" "client" "clientIssuerRef" -}}
+{{- $domains := list "internal" "peer" "sidecar" -}}
+{{- if $clientCert }}{{ $domains = append $domains "client" }}{{ end -}}
+{{- $out := dict -}}
+{{- if not (dig "issuerRef" "name" "" $cm) -}}
+{{- range $k := list "peerIssuerRef" "sidecarIssuerRef" "clientIssuerRef" -}}
+{{- if dig $k "name" "" $cm -}}
+{{- fail (printf "tls.certManager.%s.name needs tls.certManager.issuerRef: without issuerRef the chart makes a CA of its own for every trust domain and would ignore %s; give every domain its issuer, or none" $k $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $d := $domains -}}
+{{- $_ := set $out $d (dict "name" (printf "%s-%s-ca" $fullname $d) "kind" "Issuer" "group" "cert-manager.io") -}}
+{{- end -}}
+{{- else -}}
+{{- $missing := list -}}
+{{- range $d := $domains -}}
+{{- if not (dig (index $keys $d) "name" "" $cm) -}}
+{{- $missing = append $missing (printf "tls.certManager.%s.name" (index $keys $d)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "with tls.certManager.issuerRef every trust domain needs an issuer of its own CA: set %s. issuerRef signs the internal port (central proxies: raftgate root); one issuer for the peers, the sidecars or the client port too would give whoever may request a Certificate from it root's powers (CN root on the client port, or a central certificate)" (join ", " $missing)) -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $d := $domains -}}
+{{- $key := index $keys $d -}}
+{{- $ref := index $cm $key -}}
+{{- $norm := dict "name" $ref.name "kind" (default "Issuer" $ref.kind) "group" (default "cert-manager.io" $ref.group) -}}
+{{- $id := printf "%s %s.%s" $norm.name $norm.kind $norm.group -}}
+{{- if hasKey $seen $id -}}
+{{- fail (printf "tls.certManager.%s and tls.certManager.%s name the same issuer (%s %s): each trust domain needs an issuer of its own CA, else a certificate of one domain carries the other's powers (the internal port's: raftgate root)" (get $seen $id) $key $norm.kind $norm.name) -}}
+{{- end -}}
+{{- $_ := set $seen $id $key -}}
+{{- $_ := set $out $d $norm -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* NOTES: the Secret holding a sidecar's certificate, and the one whose ca.crt verifies the store. */}}
+{{- define "raftgate.sidecar.secretNames" -}}
+{{- $fullname := include "raftgate.fullname" . -}}
+{{- if eq .Values.tls.provider "existingSecret" -}}
+{{ .Values.tls.existingSecret.sidecar }} and ca.crt of {{ .Values.tls.existingSecret.internal }}
+{{- else -}}
+{{ $fullname }}-sidecar-tls and ca.crt of {{ $fullname }}-internal-tls
+{{- end -}}
+{{- end -}}
+
 {{/* ---- Store addressing ---- */}}
 
 {{- define "raftgate.scheme" -}}{{ ternary "https" "http" .Values.tls.enabled }}{{- end -}}
