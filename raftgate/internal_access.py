@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import grpc
 
 from protos.storepb import store_pb2
-from raftgate.methods import INTERNAL, METHODS, REQUESTS, Kind, Route
+from raftgate.methods import REQUESTS
 
 
 class Caller(enum.Enum):
@@ -71,28 +71,46 @@ CALL_RESOLVE_TOKEN = stream_call("RESOLVE_TOKEN")
 CALL_AUTHENTICATE = stream_call("AUTHENTICATE")
 HEALTH_CHECK = rpc(HEALTH_SERVICE, "Check")
 HEALTH_WATCH = rpc(HEALTH_SERVICE, "Watch")
+HEALTH_LIST = rpc(HEALTH_SERVICE, "List")
 REFLECTION = rpc(REFLECTION_SERVICE, "ServerReflectionInfo")
 
-# ---- request kinds, from the method table ----
+# ---- request kinds ----
 
-#: The requests of etcd's own methods, which proxies forward for their clients.
-CLIENT_KINDS = frozenset(m.request for m in METHODS if m.request)
-#: Maintenance.Snapshot's request: it travels on Store.Snapshot, and only it does.
-SNAPSHOT_KINDS = frozenset(m.request for m in METHODS if m.route is Route.SNAPSHOT)
-#: The `authenticate` entry registers a token for a password its sender checked: a central proxy
-#: checks passwords itself; a sidecar may not (it logs in with the DoStream AUTHENTICATE call,
-#: whose password the store checks).
-AUTHENTICATE_KINDS = frozenset(m.request for m in METHODS if m.kind is Kind.AUTHENTICATE)
-#: Entries of the store's own making that a central proxy also sends: the failed password checks
-#: it counts for the lockout (proxy/authenticate.py).
-PROXY_ENTRIES = frozenset({"auth_failures"})
-#: Entries only the store proposes (lease keeper, token expiry, quota, member attributes): no
-#: caller may send them.
-STORE_ENTRIES = frozenset(e.request for e in INTERNAL) - PROXY_ENTRIES
+C, S, N = Caller.CENTRAL, Caller.SIDECAR, Caller.NONE
+BOTH: frozenset[Caller] = frozenset({C, S})
+CENTRAL_ONLY: frozenset[Caller] = frozenset({C})
+NOBODY: frozenset[Caller] = frozenset()
 
-#: What each class may carry on Do and in DoStream's DO calls.
-CENTRAL_DO_KINDS = (CLIENT_KINDS - SNAPSHOT_KINDS) | PROXY_ENTRIES
-SIDECAR_DO_KINDS = CLIENT_KINDS - SNAPSHOT_KINDS - AUTHENTICATE_KINDS
+#: Every request kind (InternalRaftRequest field): the classes that may send it on Do and in
+#: DoStream's DO calls. A proxy forwards its client's request under the field of the etcd method
+#: it serves; the store then judges the identity (a central proxy's stamp, a sidecar's token).
+DO_SENDERS: dict[str, frozenset[Caller]] = {
+    **dict.fromkeys(("range", "put", "delete_range", "txn", "compaction"), BOTH),
+    **dict.fromkeys(("lease_grant", "lease_revoke", "lease_keep_alive", "lease_time_to_live", "lease_leases"), BOTH),
+    **dict.fromkeys(("member_add", "member_remove", "member_update", "member_list", "member_promote"), BOTH),
+    **dict.fromkeys(("alarm", "status", "defragment", "hash", "hash_kv", "move_leader", "downgrade"), BOTH),
+    # Maintenance.Snapshot travels on Store.Snapshot, and nothing else does (issue 21)
+    "snapshot": NOBODY,
+    **dict.fromkeys(("auth_enable", "auth_disable", "auth_status"), BOTH),
+    **dict.fromkeys(("auth_user_add", "auth_user_delete", "auth_user_get", "auth_user_change_password",
+                     "auth_user_grant_role", "auth_user_revoke_role", "auth_user_list"), BOTH),
+    **dict.fromkeys(("auth_role_add", "auth_role_delete", "auth_role_get", "auth_role_grant_permission",
+                     "auth_role_revoke_permission", "auth_role_list"), BOTH),
+    # registers a token for a password its sender checked: a central proxy checks passwords
+    # itself; a sidecar may not (it logs in with DoStream's AUTHENTICATE, which the store checks)
+    "authenticate": CENTRAL_ONLY,
+    # failed password checks a central proxy counts for the lockout (proxy/authenticate.py)
+    "auth_failures": CENTRAL_ONLY,
+    # entries only the store proposes (lease keeper, token expiry, quota, member attributes)
+    **dict.fromkeys(("lease_checkpoint", "lease_renew", "lease_expire", "expire_tokens", "member_attr_set",
+                     "store_alarm"), NOBODY),
+}
+
+#: The request kinds each class may carry on Do and in DoStream's DO calls.
+CENTRAL_DO_KINDS = frozenset(k for k, who in DO_SENDERS.items() if C in who)
+SIDECAR_DO_KINDS = frozenset(k for k, who in DO_SENDERS.items() if S in who)
+#: What Store.Snapshot carries: the snapshot request only.
+SNAPSHOT_KINDS = frozenset({"snapshot"})
 
 #: A method that carries no request kind.
 NO_KINDS = None
@@ -112,8 +130,6 @@ class Row:
     def carries_kinds(self) -> bool:
         return any(kinds is not None for kinds in self.may.values())
 
-
-C, S, N = Caller.CENTRAL, Caller.SIDECAR, Caller.NONE
 
 ROWS: tuple[Row, ...] = (
     Row(DO, "call Do", {C: CENTRAL_DO_KINDS, S: SIDECAR_DO_KINDS}),
@@ -136,6 +152,7 @@ ROWS: tuple[Row, ...] = (
     # probes carry no credential
     Row(HEALTH_CHECK, "check health", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
     Row(HEALTH_WATCH, "watch health", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
+    Row(HEALTH_LIST, "list health", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
     # the internal contract, to authenticated callers only
     Row(REFLECTION, "use reflection", {C: NO_KINDS, S: NO_KINDS}),
 )
@@ -146,7 +163,7 @@ UNAUTHENTICATED = (grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port req
 
 
 def short_name(method: str) -> str:
-    """``Do``, ``DoStream#CREDENTIALS``, ``Health/Check``: how a refusal names a method."""
+    """``Store/Do``, ``Store/DoStream#CREDENTIALS``, ``Health/Check``: how a refusal names a method."""
     return method.rsplit(".", 1)[-1]
 
 
@@ -170,7 +187,11 @@ def decide(method: str, caller: Caller, kind: str | None = None) -> tuple[grpc.S
 
 
 def _check_table() -> None:
-    """Every kind a row names is a request kind (a typo would silently allow nothing)."""
+    """Every request kind has its senders, and every kind a row names is a request kind (a
+    typo would silently allow nothing)."""
+    missing, extra = sorted(REQUESTS.keys() - DO_SENDERS.keys()), sorted(DO_SENDERS.keys() - REQUESTS.keys())
+    if missing or extra:
+        raise ValueError(f"raftgate/internal_access.py: no senders for {missing}, senders of no request {extra}")
     for row in ROWS:
         for kinds in row.may.values():
             unknown = (kinds or frozenset()) - REQUESTS.keys()

@@ -9,6 +9,7 @@ request kind it puts into a call, it acts only as the user whose token it forwar
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import bcrypt
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
 from protos import wire
 from protos.authpb import auth_pb2
@@ -24,6 +27,22 @@ from protos.etcdserverpb import rpc_pb2
 from protos.internal import INTERNAL_SECRET_METADATA, INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
+from raftgate.internal_access import (
+    CALL_DO,
+    CREDENTIALS,
+    DO,
+    DO_STREAM,
+    LEADER,
+    RESOLVE_TOKEN,
+    SNAPSHOT,
+    UNAUTHENTICATED,
+    WATCH_BATCHES,
+    Caller,
+    decide,
+    rpc,
+    stream_call,
+)
+from raftgate.methods import REQUESTS, Perm
 from tests.support.processes import SECRET, Program, store_program, wait_for
 
 SIDECAR_SECRET = "sidecar-secret-for-access-tests-0123456789"
@@ -149,3 +168,195 @@ def test_a_sidecar_credential_cannot_download_the_store(store: Store) -> None:
     assert _snapshot(store, snap, SIDECAR_SECRET, store.app_token)[:2] == Err.PERMISSION_DENIED.value
     code, _, received = _snapshot(store, snap, SIDECAR_SECRET, store.root_token)
     assert code == grpc.StatusCode.OK and received > 0
+
+
+# ---- every cell: method x caller class x request kind, with and without a token ----
+
+NONE_SECRET = "wrong-secret-for-access-tests-0123456789"
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+STORE_SERVICE = spb.DESCRIPTOR.services_by_name["Store"]
+#: every request kind, from the descriptor (not from a list of ours)
+KINDS = [f.name for f in ipb.InternalRaftRequest.DESCRIPTOR.fields if f.message_type is not None and f.name != "header"]
+#: every method the internal port serves, from the descriptors: each gRPC method, each DoCall method
+SERVED = [rpc(s.full_name, m.name) for s in (STORE_SERVICE, HEALTH, REFLECTION) for m in s.methods] + [
+    stream_call(v.name) for v in spb.DoCall.Method.DESCRIPTOR.values]
+CODES = {c.value[0]: c for c in grpc.StatusCode}
+Answer = tuple[grpc.StatusCode, str]
+
+
+@dataclass(frozen=True)
+class As:
+    """One way to call: a caller class, the secret it presents, the client token it forwards."""
+
+    caller: Caller
+    secret: str | None
+    token: str | None = None
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        md = [] if self.secret is None else [(INTERNAL_SECRET_METADATA, self.secret)]
+        if self.token is not None:
+            md.append((INTERNAL_TOKEN_METADATA, self.token))
+        return tuple(md)
+
+
+def _ways(store: Store) -> list[As]:
+    """Central (its header stamps no one here), sidecar without a token, with a garbage one and
+    with a valid non-root user's, and no valid credential (none, a wrong secret, with a token)."""
+    return [As(Caller.CENTRAL, SECRET), As(Caller.SIDECAR, SIDECAR_SECRET),
+            As(Caller.SIDECAR, SIDECAR_SECRET, "garbage.1"), As(Caller.SIDECAR, SIDECAR_SECRET, store.app_token),
+            As(Caller.NONE, None), As(Caller.NONE, NONE_SECRET, store.app_token)]
+
+
+def _unary(store: Store, method: str, body: bytes, way: As) -> Answer:
+    call = store.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+    try:
+        call(body, metadata=way.metadata, timeout=20)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _first_of_stream(store: Store, method: str, body: bytes, way: As, *, client_streaming: bool) -> Answer:
+    """The call's first message (OK) or how it ended before one; a client stream stays open
+    until then (the store must not see it end first)."""
+    done = threading.Event()
+
+    def requests() -> Iterator[bytes]:
+        yield body
+        done.wait(30)
+
+    if client_streaming:
+        answers = store.channel.stream_stream(method, request_serializer=None, response_deserializer=None)(
+            requests(), metadata=way.metadata, timeout=20)
+    else:
+        answers = store.channel.unary_stream(method, request_serializer=None, response_deserializer=None)(
+            body, metadata=way.metadata, timeout=20)
+    try:
+        next(answers)
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    except StopIteration:
+        return grpc.StatusCode.OK, "(no message)"
+    finally:
+        done.set()
+        answers.cancel()
+
+
+def _do_calls(store: Store, way: As) -> dict[str, Answer]:
+    """Every DoCall method, and DO with every kind, on one DoStream: cell -> answer (the stream's
+    refusal for each, when the stream itself is refused)."""
+    calls = [spb.DoCall(id=i, method=spb.DoCall.DO, request=_request(kind)) for i, kind in enumerate(KINDS)]
+    cells = [(CALL_DO, kind) for kind in KINDS]
+    others = {"CREDENTIALS": spb.CredentialsRequest(name="root"), "RESOLVE_TOKEN": spb.ResolveTokenRequest(
+        token=store.app_token), "AUTHENTICATE": rpc_pb2.AuthenticateRequest(name="app", password="apppw")}
+    for value in spb.DoCall.Method.DESCRIPTOR.values:
+        if value.name != "DO":
+            calls.append(spb.DoCall(id=len(calls), method=value.number, request=others[value.name].SerializeToString()))
+            cells.append((stream_call(value.name), ""))
+    if way.token is not None:
+        for call in calls:
+            call.token = way.token
+    try:
+        got = _stream(store.channel, calls, way.secret)
+    except grpc.RpcError as exc:
+        return {f"{method} {kind}": (exc.code(), exc.details() or "") for method, kind in cells}
+    return {f"{method} {kind}": (CODES[got[i].code], got[i].message) for i, (method, kind) in enumerate(cells)}
+
+
+def _is_table_refusal(answer: Answer) -> bool:
+    code, message = answer
+    return answer == UNAUTHENTICATED or (code is grpc.StatusCode.PERMISSION_DENIED and message.startswith("raftgate: "))
+
+
+def _judge(cell: str, way: As, method: str, kind: str | None, answer: Answer, wrong: list[str]) -> None:
+    """The declared answer: the table's refusal exactly, or else served - and then judged as the
+    identity the credential carries (a sidecar's token, verified by the store; no stamped user)."""
+    declared = decide(method, way.caller, kind)
+    if declared is not None:
+        if answer != declared:
+            wrong.append(f"{cell} as {way.caller.value} token={way.token is not None}: {answer}, declared {declared}")
+        return
+    if _is_table_refusal(answer):
+        wrong.append(f"{cell} as {way.caller.value}: refused {answer}, declared allowed")
+        return
+    # No user behind the call (no token, a garbage one, a central header naming no one): only what
+    # etcd answers to anyone (AuthStatus; an empty Txn, which touches no key), and the entries a
+    # central proxy records, may succeed; with a garbage token nothing at all (auth is on:
+    # `invalid auth token`, AuthStatus included).
+    names_a_user = way.token is not None and not way.token.startswith("garbage")
+    anyones = way.token is None and kind is not None and (
+        REQUESTS[kind].perm in (Perm.OPEN, Perm.INTERNAL) or kind == "txn")
+    if kind and answer[0] is grpc.StatusCode.OK and not names_a_user and not anyones:
+        wrong.append(f"{cell} as {way.caller.value} token={way.token}: answered OK without a user")
+
+
+def test_every_cell_answers_as_declared(store: Store) -> None:
+    wrong: list[str] = []
+    callable_methods: set[str] = set()
+    kinds_of = {DO: KINDS, SNAPSHOT: KINDS}
+    for way in _ways(store):
+        # Do and Snapshot with every request kind
+        for method, kinds in kinds_of.items():
+            callable_methods.add(method)
+            for kind in kinds:
+                if method == SNAPSHOT:
+                    answer = _first_of_stream(store, method, _request(kind), way, client_streaming=False)
+                else:
+                    answer = _unary(store, method, _request(kind), way)
+                _judge(f"{method} {kind}", way, method, kind, answer, wrong)
+        # DoStream: the stream, then each call in it
+        stream_answers = _do_calls(store, way)
+        callable_methods.add(DO_STREAM)
+        for cell, answer in stream_answers.items():
+            method, kind = cell.split(" ")
+            callable_methods.add(method)
+            if decide(DO_STREAM, way.caller) is not None:  # the stream is refused: every call with it
+                _judge(cell, way, DO_STREAM, None, answer, wrong)
+            else:
+                _judge(cell, way, method, kind or None, answer, wrong)
+        # the methods that carry no request kind
+        for method, body in ((CREDENTIALS, spb.CredentialsRequest(name="root")),
+                             (RESOLVE_TOKEN, spb.ResolveTokenRequest(token=store.app_token)),
+                             (LEADER, spb.LeaderRequest()),
+                             (rpc(HEALTH.full_name, "Check"), health_pb2.HealthCheckRequest()),
+                             (rpc(HEALTH.full_name, "List"), health_pb2.HealthListRequest())):
+            callable_methods.add(method)
+            _judge(method, way, method, None, _unary(store, method, body.SerializeToString(), way), wrong)
+        watch = spb.WatchStreamRequest(request=rpc_pb2.WatchRequest(
+            create_request=rpc_pb2.WatchCreateRequest(key=b"app/w")))
+        if way.token is not None:
+            watch.token = way.token
+        for method, body, streaming in (
+                (WATCH_BATCHES, watch, True),
+                (rpc(HEALTH.full_name, "Watch"), health_pb2.HealthCheckRequest(), False),
+                (rpc(REFLECTION.full_name, "ServerReflectionInfo"),
+                 reflection_pb2.ServerReflectionRequest(list_services=""), True)):
+            callable_methods.add(method)
+            answer = _first_of_stream(store, method, body.SerializeToString(), way, client_streaming=streaming)
+            _judge(method, way, method, None, answer, wrong)
+    assert callable_methods == set(SERVED), f"no call in this test for {set(SERVED) - callable_methods}"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_method_nobody_declared_is_not_served(store: Store) -> None:
+    """Deny by default: a path without a row never reaches a handler (here none exists either)."""
+    body = b""
+    for way in _ways(store):
+        answer = _unary(store, rpc(STORE_SERVICE.full_name, "NoSuchMethod"), body, way)
+        assert answer[0] in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED), answer
+        if way.caller is Caller.NONE:
+            assert answer == UNAUTHENTICATED
+
+
+def test_reflection_lists_only_the_declared_services(store: Store) -> None:
+    call = store.channel.stream_stream(rpc(REFLECTION.full_name, "ServerReflectionInfo"),
+                                       request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                       response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    answers = call(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                   metadata=((INTERNAL_SECRET_METADATA, SECRET),), timeout=20)
+    listed = {s.name for s in next(answers).list_services_response.service}
+    answers.cancel()
+    assert listed == {STORE_SERVICE.full_name, HEALTH.full_name, REFLECTION.full_name}
