@@ -1,9 +1,11 @@
 """The store's internal port, cell by cell: who may call what, carrying which request (issue 21).
 
-One store node in development-secret mode with both classes of credential
-(``--internal-secret-file``: central, ``--sidecar-secret-file``: sidecar), called straight at its
-internal port with each credential and with none. A sidecar's credential is not root: whatever
-request kind it puts into a call, it acts only as the user whose token it forwards.
+One store node, called straight at its internal port with each class of credential and with none:
+in development-secret mode (``--internal-secret-file``: central, ``--sidecar-secret-file``:
+sidecar) and with mTLS (a ``--trusted-ca-file`` certificate: central, a
+``--sidecar-trusted-ca-file`` one: sidecar). A sidecar's credential is not root: whatever request
+kind it puts into a call, it acts only as the user whose token it forwards. Every cell of the
+table (raftgate/internal_access.py) is called and must answer as declared.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import base64
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
@@ -43,21 +45,48 @@ from raftgate.internal_access import (
     stream_call,
 )
 from raftgate.methods import REQUESTS, Perm
-from tests.support.processes import SECRET, Program, store_program, wait_for
+from tests.support.processes import SECRET, Program, free_port, secret_file, store_program, wait_for, write_test_pki
 
 SIDECAR_SECRET = "sidecar-secret-for-access-tests-0123456789"
+NONE_SECRET = "wrong-secret-for-access-tests-0123456789"
 STORE = "/raftgate.storepb.Store/"
 FIELDS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 pytestmark = pytest.mark.slow
 
 
+@dataclass(frozen=True)
+class As:
+    """One way to call: a caller class, the secret it presents, the client token it forwards."""
+
+    caller: Caller
+    secret: str | None = None
+    token: str | None = None
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        md = [] if self.secret is None else [(INTERNAL_SECRET_METADATA, self.secret)]
+        if self.token is not None:
+            md.append((INTERNAL_TOKEN_METADATA, self.token))
+        return tuple(md)
+
+    def with_token(self, token: str | None) -> As:
+        return As(self.caller, self.secret, token)
+
+
 @dataclass
 class Store:
-    address: str
-    channel: grpc.Channel
+    mode: str
+    #: a channel per class (mTLS: each with its certificate; none: no certificate gets through)
+    channels: dict[Caller, grpc.Channel]
+    central: As
+    sidecar: As
     #: tokens the store issued through the sidecar Authenticate: root's and a non-root user's
-    root_token: str
-    app_token: str
+    root_token: str = ""
+    app_token: str = ""
+    nobody: list[As] = field(default_factory=list)
+
+    def channel(self, way: As) -> grpc.Channel:
+        return self.channels[way.caller]
 
 
 def _hashed(password: str) -> str:
@@ -68,16 +97,15 @@ def _request(kind: str, body: bytes = b"", header: bytes | None = None) -> bytes
     return wire.build_internal_request(header, FIELDS[kind], body)
 
 
-def _do(channel: grpc.Channel, data: bytes, secret: str = SECRET) -> bytes:
-    call = channel.unary_unary(STORE + "Do", request_serializer=None, response_deserializer=None)
-    return call(data, metadata=((INTERNAL_SECRET_METADATA, secret),), timeout=10)
+def _do(store: Store, data: bytes) -> bytes:
+    call = store.channel(store.central).unary_unary(STORE + "Do", request_serializer=None, response_deserializer=None)
+    return call(data, metadata=store.central.metadata, timeout=10)
 
 
-def _stream(channel: grpc.Channel, calls: list[spb.DoCall], secret: str | None) -> dict[int, spb.DoResult]:
+def _stream(store: Store, calls: list[spb.DoCall], way: As) -> dict[int, spb.DoResult]:
     """The first result of each call, sent in one DoBatch on one DoStream."""
-    md = () if secret is None else ((INTERNAL_SECRET_METADATA, secret),)
-    stream = channel.stream_stream(STORE + "DoStream", request_serializer=None, response_deserializer=None)
-    answers = stream(iter([spb.DoBatch(calls=calls).SerializeToString()]), metadata=md, timeout=30)
+    stream = store.channel(way).stream_stream(STORE + "DoStream", request_serializer=None, response_deserializer=None)
+    answers = stream(iter([spb.DoBatch(calls=calls).SerializeToString()]), metadata=way.metadata, timeout=30)
     got: dict[int, spb.DoResult] = {}
     for raw in answers:
         for result in spb.DoResultBatch.FromString(raw).results:
@@ -89,29 +117,57 @@ def _stream(channel: grpc.Channel, calls: list[spb.DoCall], secret: str | None) 
     return got
 
 
-def _login(channel: grpc.Channel, name: str, password: str) -> str:
+def _login(store: Store, name: str, password: str) -> str:
     body = rpc_pb2.AuthenticateRequest(name=name, password=password).SerializeToString()
-    result = _stream(channel, [spb.DoCall(id=1, method=spb.DoCall.AUTHENTICATE, request=body)], SIDECAR_SECRET)[1]
+    result = _stream(store, [spb.DoCall(id=1, method=spb.DoCall.AUTHENTICATE, request=body)], store.sidecar)[1]
     assert result.code == 0, result.message
     return rpc_pb2.AuthenticateResponse.FromString(result.response).token
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    work: Path = tmp_path_factory.mktemp("internal-access")
+def _secret_store(work: Path) -> tuple[Program, Store]:
     (work / "sidecar-secret").write_text(SIDECAR_SECRET)
     program, address = store_program(work, "--sidecar-secret-file", str(work / "sidecar-secret"),
                                      "--bcrypt-cost", "4")
-    started: list[Program] = []
+    channel = grpc.insecure_channel(address)
+    return program, Store("secret", {c: channel for c in Caller}, As(Caller.CENTRAL, SECRET),
+                          As(Caller.SIDECAR, SIDECAR_SECRET),
+                          nobody=[As(Caller.NONE), As(Caller.NONE, NONE_SECRET, "garbage.1")])
+
+
+def _mtls_store(work: Path) -> tuple[Program, Store]:
+    central = write_test_pki(work / "central-pki", ["proxy"])
+    sidecar = write_test_pki(work / "sidecar-pki", ["sidecar"], ca_name="raftgate-test-sidecar-ca")
+    port, peer = free_port(), f"http://127.0.0.1:{free_port()}"
+    program = Program(work / "store", [
+        "store", "--name", "s1", "--data-dir", str(work / "store-data"),
+        "--listen-internal-urls", f"https://127.0.0.1:{port}", "--cert-file", str(central["server.crt"]),
+        "--key-file", str(central["server.key"]), "--trusted-ca-file", str(central["ca"]),
+        "--sidecar-trusted-ca-file", str(sidecar["ca"]), "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer, "--peer-secret-file", str(secret_file(work)), "--bcrypt-cost", "4"],
+        "raftgate store:")
+
+    def channel(pki: dict[str, Path], who: str) -> grpc.Channel:
+        creds = grpc.ssl_channel_credentials(root_certificates=central["ca"].read_bytes(),
+                                             private_key=pki[f"{who}.key"].read_bytes(),
+                                             certificate_chain=pki[f"{who}.crt"].read_bytes())
+        return grpc.secure_channel(f"127.0.0.1:{port}", creds)
+
+    channels = {Caller.CENTRAL: channel(central, "proxy"), Caller.SIDECAR: channel(sidecar, "sidecar")}
+    return program, Store("mtls", channels, As(Caller.CENTRAL), As(Caller.SIDECAR))
+
+
+@pytest.fixture(scope="module", params=["secret", "mtls"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    work: Path = tmp_path_factory.mktemp(f"internal-access-{request.param}")
+    program, built = (_secret_store if request.param == "secret" else _mtls_store)(work)
     try:
         program.start()
-        started.append(program)
-        channel = grpc.insecure_channel(address)
 
         def leads() -> bool:
-            call = channel.unary_unary(STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
-                                       response_deserializer=spb.LeaderResponse.FromString)
-            answer = call(spb.LeaderRequest(), metadata=((INTERNAL_SECRET_METADATA, SECRET),), timeout=5)
+            call = built.channel(built.central).unary_unary(
+                STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
+                response_deserializer=spb.LeaderResponse.FromString)
+            answer = call(spb.LeaderRequest(), metadata=built.central.metadata, timeout=5)
             return answer.leader_id == answer.member_id
 
         wait_for(leads, timeout=60, what="the store to lead")
@@ -127,23 +183,21 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             ("put", rpc_pb2.PutRequest(key=b"secret-key", value=b"secret-value")),
             ("auth_enable", rpc_pb2.AuthEnableRequest()),
         ):
-            _do(channel, _request(kind, msg.SerializeToString()))
-        yield Store(address, channel, _login(channel, "root", "rootpw"), _login(channel, "app", "apppw"))
-        channel.close()
+            _do(built, _request(kind, msg.SerializeToString()))
+        built.root_token, built.app_token = _login(built, "root", "rootpw"), _login(built, "app", "apppw")
+        yield built
     finally:
-        for p in reversed(started):
-            p.stop()
+        for channel in set(built.channels.values()):
+            channel.close()
+        program.stop()
 
 
-def _snapshot(store: Store, data: bytes, secret: str, token: str | None = None) -> tuple[grpc.StatusCode, str, int]:
+def _snapshot(store: Store, data: bytes, way: As) -> tuple[grpc.StatusCode, str, int]:
     """Store/Snapshot: (code, message, bytes of snapshot received)."""
-    md = [(INTERNAL_SECRET_METADATA, secret)]
-    if token is not None:
-        md.append((INTERNAL_TOKEN_METADATA, token))
-    call = store.channel.unary_stream(STORE + "Snapshot", request_serializer=None, response_deserializer=None)
+    call = store.channel(way).unary_stream(STORE + "Snapshot", request_serializer=None, response_deserializer=None)
     received = 0
     try:
-        for raw in call(data, metadata=tuple(md), timeout=30):
+        for raw in call(data, metadata=way.metadata, timeout=30):
             received += len(rpc_pb2.SnapshotResponse.FromString(raw).blob)
     except grpc.RpcError as exc:
         return exc.code(), exc.details() or "", received
@@ -158,21 +212,20 @@ def test_a_sidecar_credential_cannot_download_the_store(store: Store) -> None:
                         (_request("expire_tokens"), "garbage"),
                         (_request("lease_checkpoint"), None),
                         (_request("range", rpc_pb2.RangeRequest(key=b"app/x").SerializeToString()), store.app_token)):
-        code, _, received = _snapshot(store, data, SIDECAR_SECRET, token)
+        code, _, received = _snapshot(store, data, store.sidecar.with_token(token))
         assert received == 0
         assert code == grpc.StatusCode.PERMISSION_DENIED
     # the snapshot kind itself: root's check, applied to the identity the store finds in the token
     snap = _request("snapshot")
-    assert _snapshot(store, snap, SIDECAR_SECRET)[:2] == Err.USER_EMPTY.value
-    assert _snapshot(store, snap, SIDECAR_SECRET, "garbage")[:2] == Err.INVALID_AUTH_TOKEN.value
-    assert _snapshot(store, snap, SIDECAR_SECRET, store.app_token)[:2] == Err.PERMISSION_DENIED.value
-    code, _, received = _snapshot(store, snap, SIDECAR_SECRET, store.root_token)
+    assert _snapshot(store, snap, store.sidecar)[:2] == Err.USER_EMPTY.value
+    assert _snapshot(store, snap, store.sidecar.with_token("garbage"))[:2] == Err.INVALID_AUTH_TOKEN.value
+    assert _snapshot(store, snap, store.sidecar.with_token(store.app_token))[:2] == Err.PERMISSION_DENIED.value
+    code, _, received = _snapshot(store, snap, store.sidecar.with_token(store.root_token))
     assert code == grpc.StatusCode.OK and received > 0
 
 
 # ---- every cell: method x caller class x request kind, with and without a token ----
 
-NONE_SECRET = "wrong-secret-for-access-tests-0123456789"
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 STORE_SERVICE = spb.DESCRIPTOR.services_by_name["Store"]
@@ -185,32 +238,16 @@ CODES = {c.value[0]: c for c in grpc.StatusCode}
 Answer = tuple[grpc.StatusCode, str]
 
 
-@dataclass(frozen=True)
-class As:
-    """One way to call: a caller class, the secret it presents, the client token it forwards."""
-
-    caller: Caller
-    secret: str | None
-    token: str | None = None
-
-    @property
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        md = [] if self.secret is None else [(INTERNAL_SECRET_METADATA, self.secret)]
-        if self.token is not None:
-            md.append((INTERNAL_TOKEN_METADATA, self.token))
-        return tuple(md)
-
-
 def _ways(store: Store) -> list[As]:
     """Central (its header stamps no one here), sidecar without a token, with a garbage one and
-    with a valid non-root user's, and no valid credential (none, a wrong secret, with a token)."""
-    return [As(Caller.CENTRAL, SECRET), As(Caller.SIDECAR, SIDECAR_SECRET),
-            As(Caller.SIDECAR, SIDECAR_SECRET, "garbage.1"), As(Caller.SIDECAR, SIDECAR_SECRET, store.app_token),
-            As(Caller.NONE, None), As(Caller.NONE, NONE_SECRET, store.app_token)]
+    with a valid non-root user's, and no valid credential (secret mode: none, a wrong secret;
+    with mTLS no certificate gets past the handshake, so there is no such caller to try)."""
+    return [store.central, store.sidecar, store.sidecar.with_token("garbage.1"),
+            store.sidecar.with_token(store.app_token), *store.nobody]
 
 
 def _unary(store: Store, method: str, body: bytes, way: As) -> Answer:
-    call = store.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+    call = store.channel(way).unary_unary(method, request_serializer=None, response_deserializer=None)
     try:
         call(body, metadata=way.metadata, timeout=20)
     except grpc.RpcError as exc:
@@ -228,10 +265,10 @@ def _first_of_stream(store: Store, method: str, body: bytes, way: As, *, client_
         done.wait(30)
 
     if client_streaming:
-        answers = store.channel.stream_stream(method, request_serializer=None, response_deserializer=None)(
+        answers = store.channel(way).stream_stream(method, request_serializer=None, response_deserializer=None)(
             requests(), metadata=way.metadata, timeout=20)
     else:
-        answers = store.channel.unary_stream(method, request_serializer=None, response_deserializer=None)(
+        answers = store.channel(way).unary_stream(method, request_serializer=None, response_deserializer=None)(
             body, metadata=way.metadata, timeout=20)
     try:
         next(answers)
@@ -260,7 +297,7 @@ def _do_calls(store: Store, way: As) -> dict[str, Answer]:
         for call in calls:
             call.token = way.token
     try:
-        got = _stream(store.channel, calls, way.secret)
+        got = _stream(store, calls, As(way.caller, way.secret))
     except grpc.RpcError as exc:
         return {f"{method} {kind}": (exc.code(), exc.details() or "") for method, kind in cells}
     return {f"{method} {kind}": (CODES[got[i].code], got[i].message) for i, (method, kind) in enumerate(cells)}
@@ -352,11 +389,11 @@ def test_a_method_nobody_declared_is_not_served(store: Store) -> None:
 
 
 def test_reflection_lists_only_the_declared_services(store: Store) -> None:
-    call = store.channel.stream_stream(rpc(REFLECTION.full_name, "ServerReflectionInfo"),
+    call = store.channel(store.central).stream_stream(rpc(REFLECTION.full_name, "ServerReflectionInfo"),
                                        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
                                        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
     answers = call(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                   metadata=((INTERNAL_SECRET_METADATA, SECRET),), timeout=20)
+                   metadata=store.central.metadata, timeout=20)
     listed = {s.name for s in next(answers).list_services_response.service}
     answers.cancel()
     assert listed == {STORE_SERVICE.full_name, HEALTH.full_name, REFLECTION.full_name}
