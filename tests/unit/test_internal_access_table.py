@@ -90,7 +90,7 @@ def test_a_method_without_a_row_is_refused_to_everyone() -> None:
 
 def test_an_unauthenticated_caller_reaches_health_only() -> None:
     open_to_none = {m for m in SERVED if decide(m, Caller.NONE) is None}
-    assert open_to_none == {rpc(SERVICES[1].full_name, m.name) for m in SERVICES[1].methods}
+    assert open_to_none == {access.HEALTH_CHECK, access.HEALTH_WATCH}  # probes (List: not implemented)
     for method in SERVED:
         if method not in open_to_none:
             assert decide(method, Caller.NONE) == access.UNAUTHENTICATED
