@@ -9,13 +9,20 @@ tests/attacks/test_internal_access.py then calls every cell against a running st
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from authstore.api.server import StoreService, store_handlers
+from authstore.api.callers import Classifier
+from authstore.api.server import CALLER, StoreService, _guarded, store_handlers
 from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate import internal_access as access
 from raftgate.internal_access import (
@@ -133,3 +140,85 @@ def test_a_sidecar_sends_client_requests_only_and_never_the_authenticate_entry()
 
 def test_do_and_the_do_call_have_one_rule() -> None:
     assert TABLE[access.DO].may == TABLE[access.CALL_DO].may
+
+
+# ---- the store's one check: before any handler runs ----
+
+CENTRAL_SECRET, SIDECAR_SECRET = b"c" * 24, b"s" * 24
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What the gate asks of a grpc.aio context: the secret presented; abort."""
+
+    def __init__(self, secret: bytes | None) -> None:
+        self._secret = secret
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def invocation_metadata(self) -> list[tuple[str, bytes]]:
+        return [] if self._secret is None else [(INTERNAL_SECRET_METADATA, self._secret)]
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    async def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
+        self.aborted = (code, message)
+        raise _Aborted
+
+
+async def _run(behaviour: Callable[..., Any], context: _Context) -> list[Any]:
+    result = behaviour(b"request", context)
+    if inspect.isasyncgen(result):
+        return [item async for item in result]
+    return [await result]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize(("secret", "method", "caller"), [
+    (SIDECAR_SECRET, access.CREDENTIALS, Caller.SIDECAR),
+    (SIDECAR_SECRET, access.RESOLVE_TOKEN, Caller.SIDECAR),
+    (CENTRAL_SECRET, "/raftgate.storepb.Store/NotInTheTable", Caller.CENTRAL),
+    (None, access.DO, Caller.NONE),
+    (b"wrong", access.SNAPSHOT, Caller.NONE),
+])
+def test_the_store_gate_refuses_before_the_handler_runs(streaming: bool, secret: bytes | None, method: str,
+                                                        caller: Caller) -> None:
+    ran: list[Caller] = []
+
+    async def unary(_request: bytes, _context: object) -> bytes:
+        ran.append(CALLER.get())
+        return b"answer"
+
+    async def stream(_request: bytes, _context: object) -> AsyncIterator[bytes]:
+        ran.append(CALLER.get())
+        yield b"answer"
+
+    classifier = Classifier(secret=CENTRAL_SECRET, sidecar_secret=SIDECAR_SECRET)
+    context = _Context(secret)
+    with pytest.raises(_Aborted):
+        asyncio.run(_run(_guarded(stream if streaming else unary, method, classifier), context))
+    assert context.aborted is not None and context.aborted == decide(method, caller)
+    assert ran == []
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["unary", "stream"])
+def test_the_store_gate_tells_the_handler_who_calls(streaming: bool) -> None:
+    ran: list[Caller] = []
+
+    async def unary(_request: bytes, _context: object) -> bytes:
+        ran.append(CALLER.get())
+        return b"answer"
+
+    async def stream(_request: bytes, _context: object) -> AsyncIterator[bytes]:
+        ran.append(CALLER.get())
+        yield b"answer"
+
+    classifier = Classifier(secret=CENTRAL_SECRET, sidecar_secret=SIDECAR_SECRET)
+    for secret, caller in ((CENTRAL_SECRET, Caller.CENTRAL), (SIDECAR_SECRET, Caller.SIDECAR),
+                           (None, Caller.NONE)):
+        behaviour = _guarded(stream if streaming else unary, access.HEALTH_CHECK, classifier)
+        assert asyncio.run(_run(behaviour, _Context(secret))) == [b"answer"]
+        assert ran[-1] is caller
