@@ -402,3 +402,23 @@ def test_reflection_lists_only_the_declared_services(store: Store) -> None:
     listed = {s.name for s in next(answers).list_services_response.service}
     answers.cancel()
     assert listed == {STORE_SERVICE.full_name, HEALTH.full_name, REFLECTION.full_name}
+
+
+def test_a_snapshot_request_cannot_smuggle_another_kind_or_a_stamped_root(store: Store) -> None:
+    """The ways around `snapshot only, then root's check` a sidecar could try: a second kind in
+    the same message, no kind at all, bytes that do not decode, root's name stamped in the header
+    (the store replaces it with the token's identity), a stale central-looking revision."""
+    root_header = wire.encode_header("root", 1 << 40)
+    two_kinds = _request("snapshot") + _request("auth_status")
+    for data, way in ((two_kinds, store.sidecar), (two_kinds, store.sidecar.with_token(store.root_token)),
+                      (b"", store.sidecar), (b"\xff\xff\xff", store.sidecar)):
+        code, _, received = _snapshot(store, data, way)
+        assert received == 0 and code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL), code
+    stamped = _request("snapshot", header=root_header)
+    assert _snapshot(store, stamped, store.sidecar)[:2] == Err.USER_EMPTY.value
+    assert _snapshot(store, stamped, store.sidecar.with_token(store.app_token))[:2] == Err.PERMISSION_DENIED.value
+    # a central proxy's stamp is believed (it is root-equivalent by design); its other kinds are not a snapshot
+    code, _, received = _snapshot(store, _request("snapshot", header=wire.encode_header("root", 0)), store.central)
+    assert code == grpc.StatusCode.OK and received > 0
+    code, _, received = _snapshot(store, _request("auth_status", header=root_header), store.central)
+    assert (code, received) == (grpc.StatusCode.PERMISSION_DENIED, 0)
