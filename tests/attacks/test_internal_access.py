@@ -49,6 +49,8 @@ from tests.support.processes import SECRET, Program, free_port, secret_file, sto
 
 SIDECAR_SECRET = "sidecar-secret-for-access-tests-0123456789"
 NONE_SECRET = "wrong-secret-for-access-tests-0123456789"
+#: tokens no verifier accepts: no known shape, and a simple token's shape that was never issued
+GARBAGE_TOKENS = ("garbage.1", "AbCdEfGhIjKlMnOp.1")
 STORE = "/raftgate.storepb.Store/"
 FIELDS = {f.name: f.number for f in ipb.InternalRaftRequest.DESCRIPTOR.fields}
 pytestmark = pytest.mark.slow
@@ -132,7 +134,7 @@ def _secret_store(work: Path) -> tuple[Program, Store]:
     channel = grpc.insecure_channel(address)
     return program, Store("secret", {c: channel for c in Caller}, As(Caller.CENTRAL, SECRET),
                           As(Caller.SIDECAR, SIDECAR_SECRET),
-                          nobody=[As(Caller.NONE), As(Caller.NONE, NONE_SECRET, "garbage.1")])
+                          nobody=[As(Caller.NONE), As(Caller.NONE, NONE_SECRET, GARBAGE_TOKENS[0])])
 
 
 def _mtls_store(work: Path) -> tuple[Program, Store]:
@@ -244,7 +246,7 @@ def _ways(store: Store) -> list[As]:
     """Central (its header stamps no one here), sidecar without a token, with a garbage one and
     with a valid non-root user's, and no valid credential (secret mode: none, a wrong secret;
     with mTLS no certificate gets past the handshake, so there is no such caller to try)."""
-    return [store.central, store.sidecar, store.sidecar.with_token("garbage.1"),
+    return [store.central, store.sidecar, *(store.sidecar.with_token(t) for t in GARBAGE_TOKENS),
             store.sidecar.with_token(store.app_token), *store.nobody]
 
 
@@ -325,7 +327,7 @@ def _judge(cell: str, way: As, method: str, kind: str | None, answer: Answer, wr
     # etcd answers to anyone (AuthStatus; an empty Txn, which touches no key), and the entries a
     # central proxy records, may succeed; with a garbage token nothing at all (auth is on:
     # `invalid auth token`, AuthStatus included).
-    names_a_user = way.token is not None and not way.token.startswith("garbage")
+    names_a_user = way.token is not None and way.token not in GARBAGE_TOKENS
     anyones = way.token is None and kind is not None and (
         REQUESTS[kind].perm in (Perm.OPEN, Perm.INTERNAL) or kind == "txn")
     if kind and answer[0] is grpc.StatusCode.OK and not names_a_user and not anyones:
