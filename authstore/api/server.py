@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import hashlib
 import hmac
@@ -728,8 +729,9 @@ def _guarded(behaviour: Callable[..., Any], method: str, classifier: Classifier)
     if inspect.isasyncgenfunction(behaviour):
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await enter(context)
-            async for item in behaviour(request, context):
-                yield item
+            async with contextlib.aclosing(behaviour(request, context)) as items:  # its cleanup, when this ends
+                async for item in items:
+                    yield item
         return stream
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
