@@ -12,35 +12,33 @@ The class comes from the credential alone:
   signature verifies with that CA's key). Anything else - signed by the sidecar CA, or through an
   intermediate - is a sidecar: an unexpected certificate gets the lesser powers, never root's.
   A sidecar CA that is also a central CA (it would make every sidecar central) is refused.
-* development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar.
+* development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar;
+  neither presented (or a wrong one): NONE, which reaches only what raftgate/internal_access.py
+  opens to it.
 Both in use: central only if every credential presented says central.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import logging
 from collections import OrderedDict
 from typing import Any
 
-import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from protos.internal import INTERNAL_SECRET_METADATA
+from raftgate.internal_access import Caller
+
+__all__ = ["Caller", "Classifier", "metadata_value"]
 
 log = logging.getLogger("raftgate.store.callers")
 
 #: certificates classified, by the sha256 of their PEM (one classification per certificate)
 CACHE_SIZE = 1024
-
-
-class Caller(enum.Enum):
-    CENTRAL = "central"
-    SIDECAR = "sidecar"
 
 
 def metadata_value(context: Any, key: str) -> bytes | None:
@@ -72,13 +70,11 @@ class Classifier:
         return tuple(s for s in (self._secret, self._sidecar_secret) if s)
 
     def classify(self, context: Any) -> Caller:
-        if not self.has_sidecars:
-            return Caller.CENTRAL
-        if self._sidecar_secret is not None:
+        if self.secrets():
             given = metadata_value(context, INTERNAL_SECRET_METADATA) or b""
-            central = self._secret is not None and hmac.compare_digest(given, self._secret)
+            central, sidecar = _matches(given, self._secret), _matches(given, self._sidecar_secret)
             if not central:
-                return Caller.SIDECAR  # the sidecar secret (the interceptor let nothing else in)
+                return Caller.SIDECAR if sidecar else Caller.NONE
         if self._central_cas is not None:
             pems = context.auth_context().get("x509_pem_cert") or []
             if not pems:
@@ -111,6 +107,10 @@ class Classifier:
         return found
 
 
+def _matches(given: bytes, secret: bytes | None) -> bool:
+    return bool(secret) and hmac.compare_digest(given, secret or b"")
+
+
 def _load_cas(pem: bytes) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem)
 
@@ -127,8 +127,3 @@ def _refuse_shared_keys(central: list[x509.Certificate], sidecar: list[x509.Cert
 
 def _spki(cert: x509.Certificate) -> bytes:
     return cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def sidecar_refusal(what: str) -> tuple[grpc.StatusCode, str]:
-    """The answer to a call a sidecar's credential may not make."""
-    return grpc.StatusCode.PERMISSION_DENIED, f"raftgate: a sidecar credential may not {what}"

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import hashlib
 import hmac
+import inspect
 import logging
 import os
 import secrets
@@ -29,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from authstore import metrics
-from authstore.api.callers import Caller, Classifier, metadata_value, sidecar_refusal
+from authstore.api.callers import Classifier, metadata_value
 from authstore.api.login import StoreLogin
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
 from authstore.api.quota import Quota
@@ -56,14 +59,24 @@ from protos.internal import (
 )
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
-from raftgate.methods import INTERNAL, METHODS, Kind, Route, requests
+from raftgate.internal_access import (
+    CALL_DO,
+    DO,
+    SNAPSHOT,
+    STORE_SERVICE,
+    UNAUTHENTICATED,
+    Caller,
+    decide,
+    stream_call,
+)
+from raftgate.methods import Route, requests
 from raftgate.private_files import PRIVATE_DIR_MODE
 from raftgate.simple_token import looks_like_simple_token
 from raftgate.token_verifier import JwtKeys, TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
 
-SERVICE = "raftgate.storepb.Store"
+SERVICE = STORE_SERVICE
 MAX_MESSAGE = 64 << 20
 #: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
 #: its outbox), and answer bytes waiting: beyond either the store reads no more calls from that
@@ -85,10 +98,9 @@ FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
 # Answered from applied state, after authorization: nothing to put into the log (the method table's
 # READ route; a Txn without writes and an Alarm GET join them by their body, in _dispatch).
 READ_KINDS = requests(routes=(Route.READ,))
-#: Requests a sidecar-class caller may not send: the entries only the store proposes, and the
-#: `authenticate` entry (it registers a token for a password the store did not check; a sidecar's
-#: Authenticate is the DoCall AUTHENTICATE, whose password the store checks itself).
-SIDECAR_REFUSED = frozenset({e.request for e in INTERNAL} | {m.request for m in METHODS if m.kind is Kind.AUTHENTICATE})
+#: The class of the caller whose call is being served: set by ``_Gate`` before any handler runs
+#: (a handler reached any other way finds none, and fails).
+CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("raftgate_internal_caller")
 
 
 class Refusal(Exception):
@@ -98,6 +110,16 @@ class Refusal(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def admit(method: str, caller: Caller, kind: str | None = None) -> None:
+    """THE check of the internal port: may ``caller`` call ``method`` (carrying request ``kind``)?
+    Decided by the one table (raftgate/internal_access.py); refused with its answer. Every
+    handler goes through it: ``_Gate`` before the handler runs, then Do, DoStream's calls and
+    Snapshot again with the kind they carry."""
+    refusal = decide(method, caller, kind)
+    if refusal is not None:
+        raise Refusal(*refusal)
 
 
 class StoreService:
@@ -149,10 +171,10 @@ class StoreService:
 
     # ---- Do ----
     async def do(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        caller = CALLER.get()
         try:
-            if self.classifier.classify(context) is Caller.SIDECAR:
-                return await self.answer(data, sidecar=True, token=_token_metadata(context))
-            return await self.answer(data)
+            token = _token_metadata(context) if caller is Caller.SIDECAR else None
+            return await self.answer(data, caller=caller, method=DO, token=token)
         except Refusal as exc:
             await context.abort(exc.code, exc.message)
 
@@ -173,28 +195,28 @@ class StoreService:
             running.discard(task)
             room.set()
 
-        sidecar = self.classifier.classify(context) is Caller.SIDECAR
+        caller = CALLER.get()
+        sidecar = caller is Caller.SIDECAR
         peer = _peer_host(context.peer())
 
         async def login(request: bytes) -> bytes:
             return await self.login.authenticate(request, peer)
 
         methods: dict[int, Callable[[bytes], Awaitable[bytes]]] = {
-            spb.DoCall.DO: self.answer, spb.DoCall.CREDENTIALS: self.credentials,
-            spb.DoCall.RESOLVE_TOKEN: self.resolve_token, spb.DoCall.AUTHENTICATE: login}
-        if sidecar:
-            methods[spb.DoCall.CREDENTIALS] = _refuse_sidecar("read password hashes (Credentials)")
-            methods[spb.DoCall.RESOLVE_TOKEN] = _refuse_sidecar("resolve tokens (ResolveToken)")
+            spb.DoCall.CREDENTIALS: self.credentials, spb.DoCall.RESOLVE_TOKEN: self.resolve_token,
+            spb.DoCall.AUTHENTICATE: login}
 
         async def one(call_id: int, call: spb.DoCall) -> None:
             method = call.method
             who: list[str] = []  # the user a sidecar's token was verified as (answer fills it)
             try:
-                if method not in methods:
+                if method != spb.DoCall.DO and method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
-                if sidecar and method == spb.DoCall.DO:
-                    token = call.token if call.HasField("token") else None
-                    answer = await self.answer(call.request, sidecar=True, token=token, verified=who)
+                admit(stream_call(spb.DoCall.Method.Name(method)), caller)
+                if method == spb.DoCall.DO:
+                    token = call.token if sidecar and call.HasField("token") else None
+                    answer = await self.answer(call.request, caller=caller, method=CALL_DO, token=token,
+                                               verified=who)
                     ready.answer(call_id, answer, user=who[0] if who else "")
                 else:
                     ready.answer(call_id, await methods[method](call.request))
@@ -243,13 +265,15 @@ class StoreService:
         stopped` (never taken, so the proxy sends them to another node); calls under way finish."""
         self.draining = True
 
-    async def answer(self, data: bytes, *, sidecar: bool = False, token: str | None = None,
+    async def answer(self, data: bytes, *, caller: Caller | None = None, method: str = DO, token: str | None = None,
                      verified: list[str] | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``.
 
-        ``sidecar``: from a sidecar-class caller, whose header is replaced by the identity of
-        ``token`` (the client's, verified here; None: anonymous); its user name is appended to
-        ``verified`` (for the sidecar's audit log)."""
+        ``caller``: the class of the caller whose ``method`` (Do, or DoStream's DO call) carries
+        the request: its kind must be one the table lets that class send (None: an entry of the
+        store's own making). A sidecar's header is replaced by the identity of ``token`` (the
+        client's, verified here; None: anonymous), whose user name is appended to ``verified``
+        (for the sidecar's audit log)."""
         if self.draining:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
@@ -259,9 +283,9 @@ class StoreService:
             raise Refusal(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc)) from None
         except EtcdError:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request") from None
-        if sidecar:
-            if kind in SIDECAR_REFUSED:
-                raise Refusal(*sidecar_refusal(f"send {kind}"))
+        if caller is not None:
+            admit(method, caller, kind)
+        if caller is Caller.SIDECAR:
             req.header.CopyFrom(await self.verified_header(token))
             if verified is not None:
                 verified.append(req.header.username)
@@ -328,14 +352,23 @@ class StoreService:
 
     # ---- Snapshot ----
     async def snapshot(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Store.Snapshot: the whole store, to a caller whose request is a snapshot request (the
+        table lets it carry no other) that passes etcd's root-only check: a central proxy's
+        stamped user, or the user the store finds in a sidecar's token."""
+        caller = CALLER.get()
         try:
+            try:
+                req = ipb.InternalRaftRequest.FromString(data)
+                kind = request_kind(req)
+            except EtcdError:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "raftgate: malformed internal request") from None
+            admit(SNAPSHOT, caller, kind)
             await self.node.settled()
-            req = ipb.InternalRaftRequest.FromString(data)
-            if self.classifier.classify(context) is Caller.SIDECAR:
+            if caller is Caller.SIDECAR:
                 req.header.CopyFrom(await self.verified_header(_token_metadata(context)))
             with self.env.begin() as txn:
                 self.applier.check(txn, req, read=True)
-        except EtcdError as exc:
+        except (Refusal, EtcdError) as exc:
             await context.abort(exc.code, exc.message)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc))
@@ -433,8 +466,6 @@ class StoreService:
         return req.SerializeToString()
 
     async def credentials(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
-        if context is not None and self.classifier.classify(context) is Caller.SIDECAR:
-            await context.abort(*sidecar_refusal("read password hashes (Credentials)"))
         req = spb.CredentialsRequest.FromString(data)
         await self.node.wait_applied(await self.node.read_index())
         with self.env.begin() as txn:
@@ -474,13 +505,11 @@ class StoreService:
             return 0
 
     async def resolve_token(self, data: bytes, context: grpc.aio.ServicerContext | None = None) -> bytes:
-        if context is not None and self.classifier.classify(context) is Caller.SIDECAR:
-            await context.abort(*sidecar_refusal("resolve tokens (ResolveToken)"))
         token = spb.ResolveTokenRequest.FromString(data).token
         return (await self.tokens.resolve(token)).SerializeToString()
 
     async def watch(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        if self.classifier.classify(context) is Caller.SIDECAR:
+        if CALLER.get() is Caller.SIDECAR:
             requests = self._verified_watch(requests)
         async for response in self.watch_hub.serve(requests, context):
             yield response
@@ -646,23 +675,17 @@ def _peer_host(peer: str) -> str:
     return host if sep and port.isdigit() else peer
 
 
-def _refuse_sidecar(what: str) -> Callable[[bytes], Awaitable[bytes]]:
-    async def refuse(_request: bytes) -> bytes:
-        raise Refusal(*sidecar_refusal(what))
-    return refuse
-
-
 class _SecretCheck(grpc.aio.ServerInterceptor):
     """Refuses internal calls without a shared secret (development mode: a central proxy's or a
-    sidecar's); only health stays open (probes need it; reflection would hand anyone the internal
-    contract)."""
+    sidecar's) at once, before any message is read; what stays open to such a caller is the
+    table's NONE column (raftgate/internal_access.py: health only, for probes)."""
 
     def __init__(self, secrets: tuple[bytes, ...]) -> None:
         self._secrets = secrets
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith("/grpc.health.v1."):
+        if decide(details.method, Caller.NONE) is None:
             return await continuation(details)
         given = b""
         for key, value in details.invocation_metadata or ():
@@ -677,21 +700,63 @@ class _SecretCheck(grpc.aio.ServerInterceptor):
 
 
 async def _deny_behaviour(_request_or_requests: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
+    await context.abort(*UNAUTHENTICATED)
 
 
 _deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
 _deny_stream = grpc.stream_stream_rpc_method_handler(_deny_behaviour)
 
 
-def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
-                 address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
-    secrets = service.classifier.secrets() or ((secret,) if secret else ())
-    interceptors = [_SecretCheck(secrets)] if secrets else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
-        ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
-    handlers = {
+class _Gate(grpc.aio.ServerInterceptor):
+    """Every handler of the internal port (the Store's, health's and reflection's) runs behind
+    ``admit``: the caller's class (its credential, ``Classifier``) and the method's row decide
+    before the handler does anything, and the handler finds the class in ``CALLER``. A method
+    with no row is refused (deny by default)."""
+
+    def __init__(self, classifier: Classifier) -> None:
+        self._classifier = classifier
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None  # no such method: grpc's UNIMPLEMENTED
+        return handler._replace(**{
+            name: _guarded(getattr(handler, name), details.method, self._classifier)
+            for name in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+            if getattr(handler, name) is not None})
+
+
+def _guarded(behaviour: Callable[..., Any], method: str, classifier: Classifier) -> Callable[..., Any]:
+    """``behaviour`` (a coroutine or async generator function, as gRPC calls it), once ``admit``
+    lets the caller in."""
+
+    async def enter(context: grpc.aio.ServicerContext) -> None:
+        caller = classifier.classify(context)
+        try:
+            admit(method, caller)
+        except Refusal as exc:
+            await context.abort(exc.code, exc.message)
+        CALLER.set(caller)
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await enter(context)
+            async with contextlib.aclosing(behaviour(request, context)) as items:  # its cleanup, when this ends
+                async for item in items:
+                    yield item
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await enter(context)
+        result = behaviour(request, context)
+        return await result if inspect.isawaitable(result) else result
+    return call
+
+
+def store_handlers(service: StoreService) -> dict[str, grpc.RpcMethodHandler]:
+    """The Store service's handlers, by method name (each has its row in the access table)."""
+    return {
         "Do": grpc.unary_unary_rpc_method_handler(service.do),
         "DoStream": grpc.stream_stream_rpc_method_handler(service.do_stream),
         "Snapshot": grpc.unary_stream_rpc_method_handler(service.snapshot),
@@ -700,6 +765,17 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
         "WatchBatches": grpc.stream_stream_rpc_method_handler(service.watch),
     }
+
+
+def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
+                 address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
+    secrets = service.classifier.secrets() or ((secret,) if secret else ())
+    interceptors: list[grpc.aio.ServerInterceptor] = [_SecretCheck(secrets)] if secrets else []
+    interceptors.append(_Gate(service.classifier))
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
+    handlers = store_handlers(service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from authstore.api.callers import Caller, Classifier
-from authstore.api.server import StoreService
+from authstore.api.server import CALLER, StoreService
 from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 
@@ -50,9 +50,10 @@ async def _scenario() -> None:
     service = StoreService.__new__(StoreService)  # only what DoStream uses
     service.classifier = Classifier(secret=b"central-secret-for-tests-0123456789", sidecar_secret=SIDECAR_SECRET)
     assert service.classifier.classify(Context()) is Caller.SIDECAR
+    CALLER.set(Caller.SIDECAR)  # what the store's gate finds before DoStream runs
     answered = 0
 
-    async def answer(_data: bytes, *, sidecar: bool = False, token: str | None = None) -> bytes:
+    async def answer(_data: bytes, **_how: object) -> bytes:
         nonlocal answered
         answered += 1
         return b"a" * 1024
