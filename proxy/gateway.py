@@ -203,6 +203,7 @@ ETCD_CLUSTER_VERSION = "3.7.0"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
 READ_CHUNK = 64 * 1024
 STOP_GRACE = 1.0
+BACKLOG = 128  # aiohttp's sites' listen backlog
 #: etcd's CORS headers (its addCORSHeader), beside Access-Control-Allow-Origin
 CORS_HEADERS = {"Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
@@ -749,12 +750,14 @@ class Gateway:
 
         for address in self.listen:
             if address.startswith("unix:"):
-                self._servers.append(await loop.create_unix_server(connection, address.removeprefix("unix:")))
+                self._servers.append(await loop.create_unix_server(connection, address.removeprefix("unix:"),
+                                                                   backlog=BACKLOG))
                 self.addresses.append(address)
                 continue
             host, _, port = address.rpartition(":")
             try:
-                server = await loop.create_server(connection, host.strip("[]"), int(port), reuse_port=False)
+                server = await loop.create_server(connection, host.strip("[]"), int(port), reuse_port=False,
+                                                  backlog=BACKLOG)
             except OSError as e:
                 raise OSError(f"cannot listen on {address} (gateway): {e.strerror or e}") from None
             self._servers.append(server)

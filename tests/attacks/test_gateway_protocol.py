@@ -135,6 +135,6 @@ def test_an_http_1_0_stream_is_answered_until_close(path: str, caplog: pytest.Lo
 ])
 def test_grpc_timeout_overflow_as_grpc_gateway_reads_it(timeout: str, status: str) -> None:
     body = b'{"key": "Zm9v"}'
-    answer = exchange(f"POST /v3/kv/range HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nGrpc-Timeout: {timeout}\r\n"
-                      f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    answer = exchange(f"POST /v3/kv/range HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                      f"Grpc-Timeout: {timeout}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     assert answer[0] == status, answer
