@@ -223,29 +223,34 @@ def test_half_a_header_is_disconnected_after_the_timeout(proxies: Proxies) -> No
 
 def test_a_stalled_body_is_answered_and_closed_but_streams_are_never_cut(proxies: Proxies) -> None:
     _, gateway = proxies.start("--gateway-header-timeout", "1s", "--gateway-body-timeout", "1s")
-    watch = socket.create_connection(gateway, timeout=WAIT)
+    watch = open_watch(gateway, b"/t/w")
+    status, _, body = exchange(gateway, "POST /v3/lease/grant HTTP/1.1\r\nHost: 127.0.0.1\r\n", b'{"TTL": 60}')
+    assert status == "HTTP/1.1 200 OK", body
+    lease = json.dumps({"ID": json.loads(body)["ID"]}).encode()
+    keepalive = socket.create_connection(gateway, timeout=WAIT)
+    keepalive.sendall(b"POST /v3/lease/keepalive HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"%x\r\n%s\r\n" % (len(lease), lease))
+    answers = b""
+    while answers.count(b'"TTL"') < 1:
+        chunk = keepalive.recv(65536)
+        assert chunk, answers
+        answers += chunk
     try:
-        first = json.dumps({"create_request": {"key": b64(b"/t/w")}}).encode()
-        watch.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"%x\r\n%s\r\n" % (len(first), first))
-        seen = b""
-        while b'"created":true' not in seen:
-            chunk = watch.recv(65536)
-            assert chunk, seen
-            seen += chunk
         # a unary body that stops halfway: answered 408 and closed once the body timeout passed
         answer = stalls_until_closed(gateway, b"POST /v3/kv/put HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                               b"Content-Length: 100\r\n\r\n{\"key\": ")
         assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
         # both timeouts have passed for the watch too (it sent nothing since): it still delivers
         assert put(gateway, b"/t/w")[0] == "HTTP/1.1 200 OK"
-        seen = b""
-        while b64(b"pwned").encode() not in seen:
-            chunk = watch.recv(65536)
-            assert chunk, f"the watch stream was cut: {seen!r}"
-            seen += chunk
+        delivers(watch, b"pwned")
+        keepalive.sendall(b"%x\r\n%s\r\n" % (len(lease), lease))  # the lease's stream, also quiet since
+        while answers.count(b'"TTL"') < 2:
+            chunk = keepalive.recv(65536)
+            assert chunk, f"the keepalive stream was cut: {answers!r}"
+            answers += chunk
     finally:
         watch.close()
+        keepalive.close()
 
 
 def _low_descriptor_limit(command: list[str]) -> list[str]:
@@ -253,9 +258,33 @@ def _low_descriptor_limit(command: list[str]) -> list[str]:
     return ["sh", "-c", 'ulimit -n 256 && exec "$0" "$@"', *command]
 
 
+def open_watch(gateway: tuple[str, int], key: bytes) -> socket.socket:
+    """A /v3/watch stream on ``key``, created (its first answer read)."""
+    watch = socket.create_connection(gateway, timeout=WAIT)
+    first = json.dumps({"create_request": {"key": b64(key)}}).encode()
+    watch.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"%x\r\n%s\r\n" % (len(first), first))
+    seen = b""
+    while b'"created":true' not in seen:
+        chunk = watch.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    return watch
+
+
+def delivers(watch: socket.socket, value: bytes) -> None:
+    seen = b""
+    while b64(value).encode() not in seen:
+        chunk = watch.recv(65536)
+        assert chunk, f"the watch stream was cut: {seen!r}"
+        seen += chunk
+
+
 def test_idle_connections_beyond_the_limit_starve_neither_grpc_nor_the_gateway(proxies: Proxies) -> None:
     grpc, gateway = proxies.start(wrap=_low_descriptor_limit)
     held: list[socket.socket] = []
+    watch = open_watch(gateway, b"/idle/gw")  # a stream is never the connection closed to make room
+    held.append(watch)
     try:
         misses = 0
         while len(held) < 400 and misses < 5:  # past the proxy's whole descriptor limit
@@ -269,6 +298,7 @@ def test_idle_connections_beyond_the_limit_starve_neither_grpc_nor_the_gateway(p
                                "/v3/kv/put", "-d", json.dumps({"key": b64(b"/idle/gw"), "value": b64(b"v")})],
                               capture_output=True, text=True, timeout=60)
         assert proc.stdout.endswith("\n200"), f"a well-behaved gateway request failed: {proc.stdout!r} {proc.stderr}"
+        delivers(watch, b"v")
     finally:
         for sock in held:
             with contextlib.suppress(OSError):
