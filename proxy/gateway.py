@@ -204,6 +204,7 @@ METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as me
 READ_CHUNK = 64 * 1024
 STOP_GRACE = 1.0
 BACKLOG = 128  # aiohttp's sites' listen backlog
+REFUSAL_LOG_INTERVAL = 10.0  # seconds between warnings about connections refused at the limit
 #: etcd's CORS headers (its addCORSHeader), beside Access-Control-Allow-Origin
 CORS_HEADERS = {"Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
@@ -630,7 +631,8 @@ def _peer(request: web.Request) -> str:
 
 class _Connection(asyncio.Protocol):
     """aiohttp's protocol for one gateway connection, inside the gateway's own bounds: the header
-    timeout (aiohttp has none) and the connection limit. Requests themselves are aiohttp's."""
+    timeout (aiohttp's keep-alive timer covers idle connections, and on older versions not a
+    connection's first request) and the connection limit. Requests themselves are aiohttp's."""
 
     def __init__(self, gateway: Gateway, inner: asyncio.Protocol) -> None:
         self.gateway = gateway
@@ -701,8 +703,8 @@ class _Connection(asyncio.Protocol):
     def _expired(self) -> None:
         self._timer = None
         if not self.busy:
-            log.info("gateway: closed a connection whose request header did not arrive within %.1f s",
-                     self.gateway.limits.header_timeout)
+            log.debug("gateway: closed a connection whose request header did not arrive within %.1f s",
+                      self.gateway.limits.header_timeout)
             self.close()
 
 
@@ -722,6 +724,8 @@ class Gateway:
         self._servers: list[asyncio.AbstractServer] = []
         #: open connections, oldest first: the one evicted at the limit is the oldest idle one
         self._open: dict[asyncio.BaseTransport, _Connection] = {}
+        self._refused = 0  # connections refused at the limit since the last warning
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
         self.addresses: list[str] = []
 
     def app(self) -> web.Application:
@@ -782,8 +786,12 @@ class Gateway:
         if len(self._open) >= self.limits.max_connections:
             victim = next((c for c in self._open.values() if not c.busy), None)
             if victim is None:
-                log.warning("gateway: refused a connection: %d are open, each in a request (--gateway-max-connections)",
-                            len(self._open))
+                self._refused += 1
+                now = time.monotonic()
+                if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:  # a flood of connects is one line
+                    log.warning("gateway: refused %d connection(s): %d are open, each in a request "
+                                "(--gateway-max-connections)", self._refused, len(self._open))
+                    self._refused, self._refusal_logged = 0, now
                 return False
             self._release(victim)
             victim.close()
@@ -863,7 +871,7 @@ class Gateway:
                 requests = _requests(self.check_message(parse_request(route, value)), values, route, self) \
                     if more else _no_requests()
             except TimeoutError:
-                return self._body_timed_out(request)
+                return await self._body_timed_out(request)
             except Abort as e:
                 code = e.code if e.code is C.RESOURCE_EXHAUSTED else C.UNKNOWN
                 return error_response(code, e.details)
@@ -873,7 +881,7 @@ class Gateway:
                 async with asyncio.timeout(self.limits.body_timeout):
                     body = await self._body(request)
             except TimeoutError:
-                return self._body_timed_out(request)
+                return await self._body_timed_out(request)
             data = self.check_message(parse_request(route, body))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
@@ -889,11 +897,16 @@ class Gateway:
         return web.Response(body=dumps(to_json(route.response.FromString(answer))), content_type=JSON_TYPE,
                             headers=GRPC_HEADERS)
 
-    def _body_timed_out(self, request: web.Request) -> web.Response:
-        """A body that did not arrive within the body timeout: 408, and the connection closes."""
+    async def _body_timed_out(self, request: web.Request) -> web.Response:
+        """A body that did not arrive within the body timeout: 408, and the connection closes at
+        once (aiohttp would otherwise wait up to its lingering time for the rest of the body)."""
         log.info("gateway: %s: the request body did not arrive within %.1f s", request.path, self.limits.body_timeout)
         response = _plain(408, "raftgate: the request body did not arrive in time\n")
         response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        if request.protocol is not None:
+            request.protocol.force_close()  # the answer is written; close() sends it before closing
         return response
 
     async def _body(self, request: web.Request) -> Any:

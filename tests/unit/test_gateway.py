@@ -315,3 +315,43 @@ def test_local_gateway_flags() -> None:
     for flag in ("--cors", "--host-whitelist"):
         with pytest.raises(ConfigError, match=f"{flag}: is for the JSON gateway"):
             parse([flag, "*"], {})
+
+
+def test_connections_over_the_limit_all_in_requests_are_refused_with_503() -> None:
+    """At the limit with every connection in a request (here: streams whose first request has not
+    come), a new connection gets 503 and is closed; once the body timeout ends those requests
+    (408), the gateway serves again."""
+    from proxy.gateway_access import Limits
+
+    async def scenario() -> tuple[list[bytes], list[bytes], bytes]:
+        gateway = Gateway(_Stub(), ["127.0.0.1:0"], max_message_bytes=1 << 20,  # type: ignore[arg-type]
+                          limits=Limits(max_connections=2, body_timeout=1.0))
+        await gateway.start()
+        host, port = gateway.addresses[0].rsplit(":", 1)
+        try:
+            streams = []
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+                streams.append((reader, writer))
+            while sum(c.busy for c in gateway._open.values()) < 2:
+                await asyncio.sleep(0.01)
+            refused = []
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                refused.append(await asyncio.wait_for(reader.read(), 30))
+                writer.close()
+            ended = [await asyncio.wait_for(reader.read(), 60) for reader, _ in streams]
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            served = await asyncio.wait_for(reader.read(), 30)
+            for _, w in streams:
+                w.close()
+            return refused, ended, served
+        finally:
+            await gateway.stop()
+
+    refused, ended, served = asyncio.run(scenario())
+    assert all(r.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for r in refused), refused
+    assert all(r.startswith(b"HTTP/1.1 408 Request Timeout\r\n") for r in ended), ended
+    assert served.startswith(b"HTTP/1.1 200 OK\r\n"), served
