@@ -20,6 +20,17 @@ from urllib.parse import urlsplit
 
 from proxy.audit import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
 from proxy.audit import LEVELS as AUDIT_LEVELS
+from proxy.gateway_access import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    Access,
+    AccessError,
+    Limits,
+    default_max_connections,
+    parse_hosts,
+    parse_origins,
+)
 from proxy.identity_file import JWT as IDENTITY_JWT
 from proxy.identity_file import OIDC as IDENTITY_OIDC
 from proxy.identity_file import PASSWORD as IDENTITY_PASSWORD
@@ -42,6 +53,7 @@ from raftgate.config_support import (
     prefixed,
     read_file,
 )
+from raftgate.go_duration import parse_go_duration
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.workload_identity import WorkloadConfigError, WorkloadVerifier
 from raftgate.workload_identity import build as build_workload
@@ -105,6 +117,10 @@ class ProxyConfig:
     workers: int = 1
     #: --store-reads: Range spread over the store's voters (True) or sent to the leader
     spread_reads: bool = False
+    #: --cors and --host-whitelist: which web pages and Host names the JSON gateway answers
+    gateway_access: Access = field(default_factory=Access)
+    #: --gateway-header-timeout, --gateway-body-timeout, --gateway-max-connections
+    gateway_limits: Limits = field(default_factory=Limits)
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -151,6 +167,27 @@ def _parser() -> FlagParser:
         help="comma list of http:// or unix:// URLs serving etcd's JSON gateway (POST /v3/kv/range, ...); "
         "default: off",
     )
+    p.add_argument(
+        "--cors",
+        help="JSON gateway: comma list of origins (scheme://host[:port]) whose web pages may call it, or '*' for "
+        "every origin (etcd's default); default: none, and a request with another Origin header is refused",
+    )
+    p.add_argument(
+        "--host-whitelist",
+        help="JSON gateway: comma list of host names (or addresses) a request's Host header may name, any port, "
+        "or '*' for every name (etcd's default); default: localhost and IP addresses (a DNS-rebinding web "
+        "page needs a name of its own); others get 421",
+    )
+    p.add_argument("--gateway-header-timeout", default=f"{DEFAULT_HEADER_TIMEOUT:g}s",
+                   help="JSON gateway: a connection whose request header is not complete this long after the "
+                   f"connection (or the request's first byte) is closed (Go duration, default "
+                   f"{DEFAULT_HEADER_TIMEOUT:g}s)")
+    p.add_argument("--gateway-body-timeout", default=f"{DEFAULT_BODY_TIMEOUT:g}s",
+                   help="JSON gateway: a unary request's whole body (and a stream's first request) must arrive "
+                   f"within this, else 408 (Go duration, default {DEFAULT_BODY_TIMEOUT:g}s); streams are not cut")
+    p.add_argument("--gateway-max-connections",
+                   help="JSON gateway: open connections; one more closes the oldest that is not in a request, "
+                   f"or is refused (default {DEFAULT_MAX_CONNECTIONS}, at most half the open-file limit)")
     p.add_argument(
         "--auth-rate-limit", default="0",
         help="Authenticate calls a second one client address may make; beyond it 'too many requests' "
@@ -258,6 +295,11 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         {dest: f.source(dest) for dest in ("metrics_addr", "health_addr")},
     )
     gateway = _listen_urls(f, "listen_gateway_urls") if f["listen_gateway_urls"] else ()
+    access, limits = _gateway_access(f), _gateway_limits(f)
+    if not gateway:
+        for dest in ("cors", "host_whitelist", "gateway_max_connections"):
+            if f.given(dest):
+                log.warning("%s is for the JSON gateway, which is off (no --listen-gateway-urls)", f.source(dest))
     workload = _workload(f)
     identity = _identity(f, listen, spec, jwt, workload, sidecar=sidecar)
     audit_log, fail_closed = _audit(f)
@@ -291,7 +333,39 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         sidecar=sidecar,
         workers=proxy_workers,
         spread_reads=f["store_reads"] == "spread",
+        gateway_access=access,
+        gateway_limits=limits,
     )
+
+
+def _gateway_access(f: Flags) -> Access:
+    """--cors (default none) and --host-whitelist (default None: localhost and IP addresses)."""
+    try:
+        origins = parse_origins(f["cors"]) if f["cors"] is not None else frozenset()
+    except AccessError as e:
+        raise f.error("cors", str(e)) from None
+    try:
+        hosts = parse_hosts(f["host_whitelist"]) if f["host_whitelist"] is not None else None
+    except AccessError as e:
+        raise f.error("host_whitelist", str(e)) from None
+    return Access(origins=origins, hosts=hosts)
+
+
+def _gateway_limits(f: Flags) -> Limits:
+    def seconds(dest: str) -> float:
+        raw = str(f[dest]).strip()
+        try:
+            ns = parse_go_duration(raw)
+        except ValueError as e:
+            raise f.error(dest, str(e)) from None
+        if not 0 < ns <= 24 * 3600 * 10**9:
+            raise f.error(dest, f"must be in (0s, 24h], got {raw!r}")
+        return ns / 1e9
+
+    limit = integer(f, "gateway_max_connections", 1, 1 << 20) if f["gateway_max_connections"] is not None \
+        else default_max_connections()
+    return Limits(header_timeout=seconds("gateway_header_timeout"), body_timeout=seconds("gateway_body_timeout"),
+                  max_connections=limit)
 
 
 #: Go's strconv.ParseBool, as etcd reads its boolean flags

@@ -46,6 +46,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from protos.etcdserverpb import rpc_pb2
+from proxy.gateway_access import Access, Limits, hostname
 from proxy.pipeline import Pipeline
 from proxy.services import _handler as grpc_handler
 from raftgate.methods import METHODS, Method
@@ -202,9 +203,16 @@ ETCD_CLUSTER_VERSION = "3.7.0"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
 READ_CHUNK = 64 * 1024
 STOP_GRACE = 1.0
-#: etcd's client port answers every request with these (its --cors default, "*")
-CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
+BACKLOG = 128  # aiohttp's sites' listen backlog
+REFUSAL_LOG_INTERVAL = 10.0  # seconds between warnings about connections refused at the limit
+#: etcd's CORS headers (its addCORSHeader), beside Access-Control-Allow-Origin
+CORS_HEADERS = {"Access-Control-Allow-Methods": "POST, GET, OPTIONS, PUT, DELETE",
                 "Access-Control-Allow-Headers": "accept, content-type, authorization"}
+_ALLOWED_ORIGIN = "raftgate.cors"  # request key: the Access-Control-Allow-Origin to answer with
+#: written to a connection over --gateway-max-connections (none of them idle), which is then closed
+_TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+             b"Connection: close\r\nContent-Length: 39\r\n\r\nraftgate: too many gateway connections\n")
+_SHOWN = 200  # characters of a refused Host or Origin that are logged and answered
 #: grpc-gateway passes the gRPC answer's header metadata on, prefixed
 GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
 _BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
@@ -513,6 +521,27 @@ def error_response(code: grpc.StatusCode, details: str) -> web.Response:
     return web.Response(status=HTTP_STATUS.get(code, 500), body=error_body(code, details), content_type=JSON_TYPE)
 
 
+def _plain(status: int, text: str) -> web.Response:
+    """A text answer as Go's http.Error writes one."""
+    response = web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+_HOST_REFUSED = """
+raftgate's JSON gateway received your request, but the Host header was unrecognized.
+
+To fix this, add the host name you use to the gateway's list:
+  - e.g. raftgate proxy --host-whitelist {host} (or raftgate local --host-whitelist)
+
+This refusal prevents "DNS Rebinding" attacks (CVE-2018-5702), as etcd's does.
+
+"""
+_ORIGIN_REFUSED = """raftgate's JSON gateway does not serve web pages of origin {origin}.
+To allow them, list the origin: raftgate proxy --cors {origin} (or raftgate local --cors).
+"""
+
+
 def _text(status: int) -> web.Response:
     """Go's http.Error, as grpc-gateway answers a path or method it does not serve."""
     response = web.Response(status=status, text=_reason(status) + "\n", content_type="text/plain", charset="utf-8")
@@ -561,8 +590,16 @@ def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
 
 
 async def _cors(request: web.Request, response: web.StreamResponse) -> None:
+    """etcd's CORS headers on an answer to an allowed origin (``*``: on every answer, as etcd's
+    default); a specific origin is echoed, with ``Vary: Origin`` for caches."""
+    origin = request.get(_ALLOWED_ORIGIN)
+    if origin is None:
+        return
+    response.headers.setdefault("Access-Control-Allow-Origin", origin)
     for key, value in CORS_HEADERS.items():
         response.headers.setdefault(key, value)
+    if origin != "*":
+        response.headers.add("Vary", "Origin")
 
 
 _TIMEOUT_UNITS = {"H": 3600 * 10**9, "M": 60 * 10**9, "S": 10**9, "m": 10**6, "u": 10**3, "n": 1}  # in ns
@@ -592,20 +629,108 @@ def _peer(request: web.Request) -> str:
     return "unix:" if isinstance(peer, str) else ""
 
 
+class _Connection(asyncio.Protocol):
+    """aiohttp's protocol for one gateway connection, inside the gateway's own bounds: the header
+    timeout (aiohttp's keep-alive timer covers idle connections, and on older versions not a
+    connection's first request) and the connection limit. Requests themselves are aiohttp's."""
+
+    def __init__(self, gateway: Gateway, inner: asyncio.Protocol) -> None:
+        self.gateway = gateway
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.busy = False  # a request's handler is running (its body and answer have their own bounds)
+        self.refused = False  # over the limit: never handed to aiohttp
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if not self.gateway._admit(self):
+            self.refused = True
+            transport.write(_TOO_MANY)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self.inner.connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if not self.busy and self._timer is None:
+            self._arm()  # a new request's first bytes: its header has header_timeout from now
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self.refused else self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.gateway._release(self)
+        if not self.refused:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self.refused:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self.refused:
+            self.inner.resume_writing()
+
+    def begin(self) -> None:
+        """A request's header is complete and its handler runs: no header timeout now."""
+        self.busy = True
+        self._disarm()
+
+    def end(self) -> None:
+        """The handler is done; idle until the next request's first byte (aiohttp's keep-alive)."""
+        self.busy = False
+
+    def close(self) -> None:
+        """Drops the connection at once (nothing it waits for is sent)."""
+        self._disarm()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(self.gateway.limits.header_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self.busy:
+            log.debug("gateway: closed a connection whose request header did not arrive within %.1f s",
+                      self.gateway.limits.header_timeout)
+            self.close()
+
+
 class Gateway:
-    def __init__(self, pipeline: Pipeline, listen: Sequence[str], *, max_message_bytes: int) -> None:
+    def __init__(self, pipeline: Pipeline, listen: Sequence[str], *, max_message_bytes: int,
+                 access: Access | None = None, limits: Limits | None = None) -> None:
         """``max_message_bytes``: the gRPC server's receive limit; one request message larger than
-        that is refused as grpc-go refuses it. A body may be larger as JSON (base64 takes 4/3)."""
+        that is refused as grpc-go refuses it. A body may be larger as JSON (base64 takes 4/3).
+        ``access``: --cors and --host-whitelist (default: no origin; localhost and IP addresses)."""
         self.listen = tuple(listen)
         self.max_message_bytes = max_message_bytes
         self.max_body_bytes = 2 * max_message_bytes + READ_CHUNK
+        self.access = access or Access()
+        self.limits = limits or Limits()
         self.routes = routes(pipeline)
         self._runner: web.AppRunner | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        #: open connections, oldest first: the one evicted at the limit is the oldest idle one
+        self._open: dict[asyncio.BaseTransport, _Connection] = {}
+        self._refused = 0  # connections refused at the limit since the last warning
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
         self.addresses: list[str] = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_response_prepare.append(_cors)
         return app
 
@@ -614,36 +739,107 @@ class Gateway:
         # shutdown_timeout: open streams (watches) get this long to end when the proxy stops.
         # auto_decompress off: Go's server inflates no request body (Content-Encoding is not read),
         # and a small gzip body must not become hundreds of MB here.
+        # keepalive_timeout: an idle connection between requests (aiohttp's own); the header
+        # timeout and the connection limit are _Connection's.
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=STOP_GRACE, auto_decompress=False)
+                                     shutdown_timeout=STOP_GRACE, auto_decompress=False,
+                                     keepalive_timeout=self.limits.idle_timeout)
         await self._runner.setup()
+        handlers = self._runner.server
+        assert handlers is not None
+        loop = asyncio.get_running_loop()
+
+        def connection() -> _Connection:
+            return _Connection(self, handlers())
+
         for address in self.listen:
             if address.startswith("unix:"):
-                site: web.BaseSite = web.UnixSite(self._runner, address.removeprefix("unix:"))
-                await site.start()
+                self._servers.append(await loop.create_unix_server(connection, address.removeprefix("unix:"),
+                                                                   backlog=BACKLOG))
                 self.addresses.append(address)
                 continue
             host, _, port = address.rpartition(":")
-            site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_port=False)
             try:
-                await site.start()
+                server = await loop.create_server(connection, host.strip("[]"), int(port), reuse_port=False,
+                                                  backlog=BACKLOG)
             except OSError as e:
                 raise OSError(f"cannot listen on {address} (gateway): {e.strerror or e}") from None
-            server = getattr(site, "_server", None)
-            sockets = getattr(server, "sockets", None) or []
+            self._servers.append(server)
+            sockets = server.sockets or []
             bound = sockets[0].getsockname()[1] if sockets else int(port)
             self.addresses.append(f"{host}:{bound}")
         return self.addresses
 
     async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers = []
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        for conn in list(self._open.values()):
+            conn.close()
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Room for one more connection: at the limit the oldest one not in a request is closed
+        (an idle or stalled client, never a running request or stream); none: refused."""
+        if len(self._open) >= self.limits.max_connections:
+            victim = next((c for c in self._open.values() if not c.busy), None)
+            if victim is None:
+                self._refused += 1
+                now = time.monotonic()
+                if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:  # a flood of connects is one line
+                    log.warning("gateway: refused %d connection(s): %d are open, each in a request "
+                                "(--gateway-max-connections)", self._refused, len(self._open))
+                    self._refused, self._refusal_logged = 0, now
+                return False
+            self._release(victim)
+            victim.close()
+        assert conn.transport is not None
+        self._open[conn.transport] = conn
+        return True
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.transport is not None and self._open.get(conn.transport) is conn:
+            del self._open[conn.transport]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Who may ask (Host, Origin), then the request; its connection is busy meanwhile."""
+        conn = self._open.get(request.transport) if request.transport is not None else None
+        if conn is not None:
+            conn.begin()
+        try:
+            refused = self.refusal(request)
+            if refused is not None:
+                return refused
+            if request.method == "OPTIONS":
+                return web.Response()  # a CORS preflight, as etcd answers it
+            return await self.dispatch(request)
+        finally:
+            if conn is not None:
+                conn.end()
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """etcd's DNS-rebinding refusal for a Host not in --host-whitelist (421); a request from a
+        web page of an origin not in --cors (403). Else None, and the CORS answer is noted."""
+        host = request.headers.get("Host", "")
+        if not self.access.host_allowed(host):
+            shown = hostname(host)[:_SHOWN]  # the name compared, as etcd shows it
+            log.info("gateway: refused a request for host %r (not in --host-whitelist: DNS rebinding)", shown)
+            return _plain(421, _HOST_REFUSED.format(host=json.dumps(shown)))
+        origin = request.headers.get("Origin")
+        if self.access.any_origin:
+            request[_ALLOWED_ORIGIN] = "*"
+        elif origin is not None:
+            if not self.access.origin_allowed(origin):
+                shown = origin[:_SHOWN]
+                log.info("gateway: refused a request from a web page of origin %r (not in --cors)", shown)
+                return _plain(403, _ORIGIN_REFUSED.format(origin=json.dumps(shown)))
+            request[_ALLOWED_ORIGIN] = origin
+        return None
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        if request.method == "OPTIONS":
-            return web.Response()  # a CORS preflight, as etcd answers it
         clean = clean_path(path)
         if clean != path:
             return _redirect(request, clean)
@@ -667,17 +863,26 @@ class Gateway:
         if handler.request_streaming:
             # grpc-gateway decodes the first request before it answers: one that does not decode
             # is an error of its own (not a gRPC status: Unknown, 500); an empty body, no requests.
+            # The first request has the body timeout; the stream after it has none.
             values = _Values(request, self.max_body_bytes)
             try:
-                more, value = await values.next()
+                async with asyncio.timeout(self.limits.body_timeout):
+                    more, value = await values.next()
                 requests = _requests(self.check_message(parse_request(route, value)), values, route, self) \
                     if more else _no_requests()
+            except TimeoutError:
+                return await self._body_timed_out(request)
             except Abort as e:
                 code = e.code if e.code is C.RESOURCE_EXHAUSTED else C.UNKNOWN
                 return error_response(code, e.details)
             return await self.stream(request, route, context, requests)
         try:
-            data = self.check_message(parse_request(route, await self._body(request)))
+            try:
+                async with asyncio.timeout(self.limits.body_timeout):
+                    body = await self._body(request)
+            except TimeoutError:
+                return await self._body_timed_out(request)
+            data = self.check_message(parse_request(route, body))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
             try:
@@ -691,6 +896,18 @@ class Gateway:
             return error_response(C.UNKNOWN, "raftgate: internal error")
         return web.Response(body=dumps(to_json(route.response.FromString(answer))), content_type=JSON_TYPE,
                             headers=GRPC_HEADERS)
+
+    async def _body_timed_out(self, request: web.Request) -> web.Response:
+        """A body that did not arrive within the body timeout: 408, and the connection closes at
+        once (aiohttp would otherwise wait up to its lingering time for the rest of the body)."""
+        log.info("gateway: %s: the request body did not arrive within %.1f s", request.path, self.limits.body_timeout)
+        response = _plain(408, "raftgate: the request body did not arrive in time\n")
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        if request.protocol is not None:
+            request.protocol.force_close()  # the answer is written; close() sends it before closing
+        return response
 
     async def _body(self, request: web.Request) -> Any:
         """The whole body as one JSON value; an empty body is an empty request (grpc-gateway)."""

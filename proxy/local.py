@@ -34,6 +34,7 @@ from typing import Any
 
 from proxy import config as proxy_config
 from proxy.children import forward_output, stop_child
+from proxy.gateway_access import LOOPBACK_HOSTS
 from proxy.signals import stop_on_signals
 from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
@@ -87,6 +88,10 @@ class LocalConfig:
     tls: bool = False
     #: --proxy-workers: processes of the client proxy (``raftgate proxy --workers``)
     proxy_workers: int = 1
+    #: --cors: the origins whose web pages may call the gateway (None: none)
+    cors: str | None = None
+    #: --host-whitelist: the Host names the gateway answers (default: loopback names only)
+    host_whitelist: str = ",".join(LOOPBACK_HOSTS)
 
     def audit_log_of(self, member: str | None) -> str | None:
         """The audit log of the client proxy (None) or of a member proxy: one writer per file."""
@@ -133,6 +138,13 @@ def _parser() -> FlagParser:
                    help="a verified client certificate's CN is the user of requests without a token")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
+    p.add_argument("--cors", default=None,
+                   help="with --gateway-port: comma list of origins (scheme://host[:port]) whose web pages may call "
+                        "the gateway, or '*' for every origin; default: none (no CORS headers; a request with "
+                        "an Origin header is refused)")
+    p.add_argument("--host-whitelist", default=None,
+                   help="with --gateway-port: comma list of host names a request's Host header may name (any port), "
+                        "or '*'; default: localhost, 127.0.0.1 and ::1 (DNS rebinding)")
     p.add_argument("--audit-log", default=None,
                    help="the client proxy's audit log (JSON lines; '-': stdout); member proxy i writes "
                         "PATH.<node name> (default: off)")
@@ -172,6 +184,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
     if proxy_workers > 1 and gateway_port is not None:
         raise ConfigError("--proxy-workers: the JSON gateway (--gateway-port) is served by one process; "
                           "use --proxy-workers 1 with it")
+    for dest in ("cors", "host_whitelist"):
+        if f[dest] is not None and gateway_port is None:
+            raise ConfigError(f"{f.source(dest)}: is for the JSON gateway; give --gateway-port too")
     return LocalConfig(
         data_dir=Path(f["data_dir"]),
         client_port=client_port,
@@ -185,6 +200,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
         audit_log=_audit_path(f["audit_log"]),
         tls=f["cert_file"] is not None or bool(environ.get(CERT_FILE_ENV, "").strip()),
         proxy_workers=proxy_workers,
+        cors=f["cors"],
+        host_whitelist=f["host_whitelist"] if f["host_whitelist"] is not None else ",".join(LOOPBACK_HOSTS),
     )
 
 
@@ -487,7 +504,10 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     if a.audit_log is not None:
         proxy_args += ["--audit-log", a.audit_log]
     if a.gateway_port is not None:
-        proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}"]
+        proxy_args += ["--listen-gateway-urls", f"http://127.0.0.1:{a.gateway_port}",
+                       "--host-whitelist", a.host_whitelist]
+        if a.cors is not None:
+            proxy_args += ["--cors", a.cors]
     if metrics[a.nodes] is not None:
         proxy_args += ["--metrics-addr", str(metrics[a.nodes])]
     if a.proxy_workers > 1:

@@ -95,7 +95,8 @@ class ProxyServer:
         self._jwks_task: asyncio.Task[None] | None = None
         self.addresses: list[str] = []
         # The JSON gateway calls the same handlers (never the lending pipeline: no identity over HTTP).
-        self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes) \
+        self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes,
+                               access=config.gateway_access, limits=config.gateway_limits) \
             if config.listen_gateway else None
 
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:

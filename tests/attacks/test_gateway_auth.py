@@ -102,7 +102,7 @@ class Stream:
         self.sock = socket.create_connection(pod.gateway, timeout=WAIT)
         self.buf = b""
         body = json.dumps({"create_request": {"key": b64(key), "range_end": b64(key[:-1] + bytes([key[-1] + 1]))}})
-        head = "POST /v3/watch HTTP/1.1\r\nHost: x\r\n" + (f"Authorization: {auth}\r\n" if auth else "")
+        head = "POST /v3/watch HTTP/1.1\r\nHost: localhost\r\n" + (f"Authorization: {auth}\r\n" if auth else "")
         self.sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode())
 
     def line(self) -> str:

@@ -43,7 +43,8 @@ def test_store_killed_under_a_gateway_watch_and_put(tmp_path: Path) -> None:
         sock = socket.create_connection(("127.0.0.1", gateway), timeout=WAIT)
         try:
             body = json.dumps({"create_request": {"key": b64(b"/crash")}}).encode()
-            sock.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
             seen = b""
             while b'"created":true' not in seen:
                 chunk = sock.recv(65536)

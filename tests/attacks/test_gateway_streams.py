@@ -69,7 +69,7 @@ def open_watch(d: Deployment, key: bytes, rcvbuf: int | None = None) -> socket.s
     sock.settimeout(WAIT)
     sock.connect(d.gateway)
     body = json.dumps({"create_request": {"key": b64(key)}}).encode()
-    sock.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     return sock
 
 

@@ -50,7 +50,7 @@ def trickle(monkeypatch: pytest.MonkeyPatch, values: list[bytes], piece: int) ->
         try:
             host, port = gateway.addresses[0].rsplit(":", 1)
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"POST /v3/watch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
             for at in range(0, len(body), piece):
                 part = body[at:at + piece]
                 writer.write(b"%x\r\n%s\r\n" % (len(part), part))

@@ -131,7 +131,7 @@ def test_a_watch_reader_that_takes_nothing_holds_the_stream_back() -> None:
             sock.setblocking(False)
             await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
             body = b'{"create_request": {"key": "aw=="}}'
-            await asyncio.get_running_loop().sock_sendall(sock, b"POST /v3/watch HTTP/1.1\r\nHost: x\r\n"
+            await asyncio.get_running_loop().sock_sendall(sock, b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\n"
                                                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             # Wait until the producer stops (or, broken, finishes): bounded, no timing asserted.
             last = -1
@@ -229,3 +229,129 @@ def test_bytes_that_are_not_http_are_refused_without_an_error_or_a_traceback(
     assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info], \
         [(r.levelname, r.getMessage()) for r in caplog.records]
     assert not any("garbage" in r.getMessage() or "\\x00" in r.getMessage() for r in caplog.records)
+
+
+# --- --cors, --host-whitelist and the gateway's connection bounds (issue 21 item 8) ---------------------
+
+
+def test_gateway_access_defaults(secret: str) -> None:
+    from proxy.gateway_access import DEFAULT_MAX_CONNECTIONS, Access, default_max_connections
+
+    cfg = load(base(secret, "--listen-gateway-urls=http://127.0.0.1:8080"), env={})
+    assert cfg.gateway_access == Access(origins=frozenset(), hosts=None)  # no origin; localhost and addresses
+    assert (cfg.gateway_limits.header_timeout, cfg.gateway_limits.body_timeout) == (10.0, 60.0)
+    assert cfg.gateway_limits.max_connections == default_max_connections() <= DEFAULT_MAX_CONNECTIONS
+
+
+def test_gateway_access_flags_and_env(secret: str) -> None:
+    cfg = load(base(secret, "--cors", "https://App.example:443, http://b.example:8080", "--host-whitelist",
+                    "Raftgate.example,[::1],10.0.0.5", "--gateway-header-timeout", "1.5s",
+                    "--gateway-body-timeout", "2m", "--gateway-max-connections", "7"), env={})
+    assert cfg.gateway_access.origins == {"https://app.example", "http://b.example:8080"}
+    assert cfg.gateway_access.hosts == {"raftgate.example", "::1", "10.0.0.5"}
+    assert (cfg.gateway_limits.header_timeout, cfg.gateway_limits.body_timeout) == (1.5, 120.0)
+    assert cfg.gateway_limits.max_connections == 7
+    env = {"RAFTGATE_PROXY_CORS": "*", "RAFTGATE_PROXY_HOST_WHITELIST": "*"}
+    assert load(base(secret), env=env).gateway_access.origins == {"*"}
+    assert load(base(secret), env=env).gateway_access.hosts == {"*"}
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--cors", ""], "--cors: is empty"),
+    (["--cors", "https://a.example/"], "is not an origin"),
+    (["--cors", "https://a.example/app"], "is not an origin"),
+    (["--cors", "a.example"], "is not an origin"),
+    (["--cors", "https://user@a.example"], "is not an origin"),
+    (["--cors", "null"], "is not an origin"),
+    (["--host-whitelist", ""], "--host-whitelist: is empty"),
+    (["--host-whitelist", "a.example:2379"], "without a port"),
+    (["--host-whitelist", "http://a.example"], "without a port"),
+    (["--gateway-header-timeout", "10"], "--gateway-header-timeout"),
+    (["--gateway-header-timeout", "0s"], "must be in"),
+    (["--gateway-body-timeout=-1s"], "must be in"),
+    (["--gateway-max-connections", "0"], "--gateway-max-connections"),
+])
+def test_gateway_access_bad_values(secret: str, args: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        load(base(secret, *args), env={})
+
+
+@pytest.mark.parametrize(("host", "default", "listed"), [
+    ("127.0.0.1:2379", True, False), ("127.0.0.1", True, False), ("[::1]:2379", True, True), ("[::1]", True, True),
+    ("localhost", True, False), ("LOCALHOST:80", True, False), ("10.1.2.3:1", True, False), ("", True, False),
+    ("raftgate.example:2379", False, True), ("RAFTGATE.example", False, True),
+    ("evil.example", False, False), ("127.0.0.1.nip.io:2379", False, False), ("localhost.", False, False),
+    ("localhost.evil.example", False, False), ("[::1]x", False, False), ("0x7f000001", False, False),
+    ("raftgate.example:x", False, False), ("raftgate.example:80:80", False, False),
+])
+def test_host_names_as_compared(host: str, default: bool, listed: bool) -> None:
+    from proxy.gateway_access import Access, parse_hosts
+
+    assert Access().host_allowed(host) is default
+    assert Access(hosts=parse_hosts("raftgate.example,::1")).host_allowed(host) is listed
+    assert Access(hosts=parse_hosts("*")).host_allowed(host)
+
+
+@pytest.mark.parametrize(("origin", "allowed"), [
+    ("https://app.example", True), ("https://APP.example:443", True), ("https://app.example:8443", False),
+    ("http://app.example", False), ("https://app.example.evil.example", False), ("null", False), ("", False),
+    ("https://app.example/", True), ("https://app.example/x", False),
+])
+def test_origins_as_compared(origin: str, allowed: bool) -> None:
+    from proxy.gateway_access import Access, parse_origins
+
+    assert Access(origins=parse_origins("https://app.example")).origin_allowed(origin) is allowed
+    assert not Access().origin_allowed(origin)
+    assert Access(origins=parse_origins("*")).origin_allowed(origin)
+
+
+def test_local_gateway_flags() -> None:
+    from proxy.local import parse
+
+    assert parse(["--gateway-port", "2380"], {}).host_whitelist == "localhost,127.0.0.1,::1"
+    assert parse(["--gateway-port", "2380"], {}).cors is None
+    cfg = parse(["--gateway-port", "2380", "--cors", "https://a.example", "--host-whitelist", "*"], {})
+    assert (cfg.cors, cfg.host_whitelist) == ("https://a.example", "*")
+    for flag in ("--cors", "--host-whitelist"):
+        with pytest.raises(ConfigError, match=f"{flag}: is for the JSON gateway"):
+            parse([flag, "*"], {})
+
+
+def test_connections_over_the_limit_all_in_requests_are_refused_with_503() -> None:
+    """At the limit with every connection in a request (here: streams whose first request has not
+    come), a new connection gets 503 and is closed; once the body timeout ends those requests
+    (408), the gateway serves again."""
+    from proxy.gateway_access import Limits
+
+    async def scenario() -> tuple[list[bytes], list[bytes], bytes]:
+        gateway = Gateway(_Stub(), ["127.0.0.1:0"], max_message_bytes=1 << 20,  # type: ignore[arg-type]
+                          limits=Limits(max_connections=2, body_timeout=1.0))
+        await gateway.start()
+        host, port = gateway.addresses[0].rsplit(":", 1)
+        try:
+            streams = []
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"POST /v3/watch HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+                streams.append((reader, writer))
+            while sum(c.busy for c in gateway._open.values()) < 2:
+                await asyncio.sleep(0.01)
+            refused = []
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                refused.append(await asyncio.wait_for(reader.read(), 30))
+                writer.close()
+            ended = [await asyncio.wait_for(reader.read(), 60) for reader, _ in streams]
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            served = await asyncio.wait_for(reader.read(), 30)
+            for _, w in streams:
+                w.close()
+            return refused, ended, served
+        finally:
+            await gateway.stop()
+
+    refused, ended, served = asyncio.run(scenario())
+    assert all(r.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for r in refused), refused
+    assert all(r.startswith(b"HTTP/1.1 408 Request Timeout\r\n") for r in ended), ended
+    assert served.startswith(b"HTTP/1.1 200 OK\r\n"), served
