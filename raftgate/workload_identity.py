@@ -381,7 +381,9 @@ class KeySet:
         self.source = source
         self.max_age = source.max_age if max_age is None else max_age
         self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
-        self.max_stale = source.max_stale if max_stale is None else max_stale
+        if max_stale is None:  # a source that names no bound gets the HTTP one
+            max_stale = getattr(source, "max_stale", KEYS_MAX_STALE_SECONDS)
+        self.max_stale = max_stale
         self._clock = clock
         self._lock = threading.Condition()
         self._keys: dict[str | None, pyjwt.PyJWK] = {}
