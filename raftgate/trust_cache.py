@@ -1,7 +1,8 @@
 """One cache for every verification raftgate keeps: a result never outlives what it relied on.
 
 Every verifier that caches (the proxy's JWTs, the store's sidecar JWTs, workload tokens in both,
-the proxy's simple-token resolutions) keeps its results in a :class:`TrustCache`. An entry holds
+the proxy's simple-token resolutions and workload users, the store's classes of client
+certificates) keeps its results in a :class:`TrustCache`. An entry holds
 
 * the verified value;
 * its **basis**: what the verification relied on, as the verifier read it *before* verifying - the
@@ -32,8 +33,9 @@ from typing import Generic, TypeVar
 V = TypeVar("V")
 
 
-def token_digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+def token_digest(token: str | bytes) -> bytes:
+    data = token if isinstance(token, bytes) else token.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).digest()
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class TrustCache(Generic[V]):
         self._entries: OrderedDict[bytes, _Entry[V]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, token: str, basis: Hashable = None) -> V | None:
+    def get(self, token: str | bytes, basis: Hashable = None) -> V | None:
         """The value cached for ``token`` if verified under ``basis`` and not past ``until``."""
         digest = token_digest(token)
         with self._lock:
@@ -67,7 +69,7 @@ class TrustCache(Generic[V]):
             self._entries.move_to_end(digest)
             return entry.value
 
-    def put(self, token: str, value: V, *, basis: Hashable = None, until: float | None = None) -> None:
+    def put(self, token: str | bytes, value: V, *, basis: Hashable = None, until: float | None = None) -> None:
         """Caches ``value``, verified under ``basis`` (read before the verification began)."""
         digest = token_digest(token)
         with self._lock:
@@ -76,7 +78,7 @@ class TrustCache(Generic[V]):
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
-    def discard(self, token: str) -> None:
+    def discard(self, token: str | bytes) -> None:
         with self._lock:
             self._entries.pop(token_digest(token), None)
 
