@@ -298,7 +298,7 @@ def _long_token(issuer: TestIssuer, iss: str, kid: str = "k1", key: Any = None) 
     return issuer.token("system:serviceaccount:shop:cart", iss=iss, kid=kid, key=key, lifetime=30 * DAY)
 
 
-@pytest.mark.parametrize("change", ["rotate", "delete", "corrupt"])
+@pytest.mark.parametrize("change", ["rotate", "delete", "corrupt", "huge"])
 def test_workload_cached_result_dies_with_the_jwks_file(tmp_path: Path, issuer: TestIssuer, change: str) -> None:
     mono = Clock(100.0)
     path = tmp_path / "jwks.json"
@@ -313,6 +313,8 @@ def test_workload_cached_result_dies_with_the_jwks_file(tmp_path: Path, issuer: 
         _swap(path, _jwks_doc(("k2", rsa_key(1))))
     elif change == "delete":
         path.unlink()
+    elif change == "huge":  # the same keys, padded over the size bound
+        _swap(path, _jwks_doc(("k1", rsa_key(0))) + b" " * (300 * 1024))
     else:
         _swap(path, b'{"keys": [{"kty": "RSA", "kid": "k1"')
     mono.now += FileSource.max_age + 1  # the file is looked at again
@@ -367,7 +369,7 @@ def test_workload_keys_the_issuer_no_longer_serves_are_trusted_for_a_bounded_tim
         _accepted(v, token)
 
 
-@pytest.mark.parametrize("change", ["delete", "corrupt", "invalid"])
+@pytest.mark.parametrize("change", ["delete", "corrupt", "invalid", "huge"])
 def test_an_unusable_user_map_fails_closed(tmp_path: Path, issuer: TestIssuer, change: str,
                                            caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "jwks.json"
@@ -383,6 +385,8 @@ def test_an_unusable_user_map_fails_closed(tmp_path: Path, issuer: TestIssuer, c
             rules.unlink()
         elif change == "corrupt":
             _swap(rules, b"[{not json")
+        elif change == "huge":  # valid JSON, over the size bound
+            _swap(rules, json.dumps(RULES + [{"match": "x" * 1024, "user": "y"}] * 300).encode())
         else:
             _swap(rules, b'[{"match": "system:serviceaccount:shop:*"}]')
         for _ in range(3):
