@@ -23,6 +23,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
 from raftgate.jwt_keys import jwk_thumbprint, public_jwk
@@ -95,6 +96,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
         auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
         auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="app", password="apppw"), timeout=10)
+        auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="app"), timeout=10)
+        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"app/", range_end=b"app0")
+        auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="app", perm=perm), timeout=10)
+        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
         auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
         yield Cluster(work, c, sc)
     finally:
@@ -144,6 +149,29 @@ def test_a_leaked_etcd_jwt_key_dies_with_its_rotation(cluster: Cluster) -> None:
     fresh = rpc_pb2_grpc.AuthStub(cluster.central).Authenticate(
         rpc_pb2.AuthenticateRequest(name="app", password="apppw"), timeout=10).token
     _verified(cluster, fresh)  # the new key works on both paths
+
+
+def test_a_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluster) -> None:
+    """A stream opened with the token before the rotation keeps no watch once the key is gone
+    (the central proxy verifies JWTs itself; it re-checks its open streams' tokens)."""
+    leaked = ec.generate_private_key(ec.SECP256R1())
+    _jwt_files(cluster.work, leaked)
+    minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
+                          leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
+                          algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
+    wait_for(lambda: _answer(cluster.central, minted) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
+             what="the central proxy to take the leaked key", interval=0.2)
+    create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"app/w"))
+    stream = rpc_pb2_grpc.WatchStub(cluster.central).Watch(iter([create]), metadata=(("token", minted),),
+                                                           timeout=REFUSED_WITHIN * 2)
+    try:
+        created = next(stream)
+        assert created.created and not created.canceled
+        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        ended = next(stream)  # no event can come: nobody writes app/w
+        assert ended.canceled and "invalid auth token" in ended.cancel_reason
+    finally:
+        stream.cancel()
 
 
 def _workload_token(kid: str, key_number: int) -> str:
