@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from protos import wire
@@ -34,6 +33,7 @@ from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
 from raftgate.simple_token import looks_like_simple_token
 from raftgate.token_verifier import unverified_expiry
+from raftgate.trust_cache import TrustCache
 from raftgate.workload_identity import WorkloadIdentity, WorkloadRefused, WorkloadVerifier
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class Resolver:
         self._simple = simple
         self._workload = workload
         self._inflight: dict[str, asyncio.Task[Identity | None]] = {}
-        #: workload user -> (auth revision at which the store had it, when asked)
-        self._workload_users: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: workload user -> the auth revision at which the store had it, for a second (the store
+        #: refuses a stale revision itself: time is this entry's only bound)
+        self._workload_users: TrustCache[int] = TrustCache(WORKLOAD_USERS_CACHED, clock=time.monotonic)
         #: the store's auth revision as last seen, for certificate identities (None: ask the store)
         self._certificate_revision: int | None = None
 
@@ -134,7 +135,7 @@ class Resolver:
         if self._simple is not None and identity.simple_token is not None:
             self._simple.invalidate(identity.simple_token)
         if identity.workload_token is not None:
-            self._workload_users.pop(identity.username, None)
+            self._workload_users.discard(identity.username)
 
     async def _resolve_workload(self, token: str, found: WorkloadIdentity | None,
                                 timeout: float | None, *, fresh: bool = False) -> Identity | None:
@@ -152,24 +153,20 @@ class Resolver:
                 return None
             metrics.token_validation("workload", "valid")
         user = found.user
-        now = time.monotonic()
-        known = self._workload_users.get(user)
-        if known is not None and not fresh and now - known[1] < WORKLOAD_USER_FRESH_SECONDS:
-            self._workload_users.move_to_end(user)
-            revision = known[0]
+        known = None if fresh else self._workload_users.get(user)
+        if known is not None:
+            revision = known
         else:
+            asked = time.monotonic()
             answer = await self._store.credentials(user, timeout)
             if not answer.auth_enabled:
                 return ANONYMOUS
             if not answer.found:
-                self._workload_users.pop(user, None)
+                self._workload_users.discard(user)
                 log.info("workload token %s refused: its user %r is not in the auth store", fingerprint(token), user)
                 return None
             revision = answer.auth_revision
-            self._workload_users[user] = (revision, now)
-            self._workload_users.move_to_end(user)
-            if len(self._workload_users) > WORKLOAD_USERS_CACHED:
-                self._workload_users.popitem(last=False)
+            self._workload_users.put(user, revision, until=asked + WORKLOAD_USER_FRESH_SECONDS)
         return Identity(user, revision, expires_at=found.expires_at, workload_token=token)
 
     async def resolve_certificate(self, name: str, timeout: float | None = None) -> Identity:

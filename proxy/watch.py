@@ -31,6 +31,7 @@ import asyncio
 import collections
 import hashlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 
 _HEADER, _REQUEST, _RESUME, _CURRENT, _DIGEST, _TOKEN = 1, 2, 3, 4, 5, 6  # WatchStreamRequest fields
 IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keeps the last identity
+#: A token the proxy verifies itself (JWT, workload) is verified again this often while its stream
+#: is open: its key may have left the key ring (rotated out) long before its ``exp``.
+RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
@@ -97,6 +101,8 @@ class _State:
     digest: bytes = b""  # sha256 of the simple token (the store's key for it), else empty
     token: str | None = None  # sidecar mode: the client's token, for the store to verify
     expires_at: float | None = None
+    #: the token was verified here (JWT, workload): verified again every RECHECK_SECONDS
+    recheck: bool = False
     dead: set[int] = field(default_factory=set)  # canceled because the token died: reason added
     token_dead: bool = False
     watches: dict[int, _Watch] = field(default_factory=dict)
@@ -151,6 +157,8 @@ def stamp(state: _State, identity: Identity) -> None:
     state.digest = hashlib.sha256(identity.simple_token.encode()).digest() if identity.simple_token else b""
     state.expires_at = identity.expires_at
     state.token = identity.forward
+    state.recheck = (bool(identity.username) and identity.forward is None and identity.simple_token is None
+                     and not identity.certificate and not identity.invalid_token)
 
 
 def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
@@ -312,14 +320,21 @@ class WatchProxy:
             return None
 
     async def _expiry(self, state: _State) -> None:
-        """When a JWT's ``exp`` passes, the stream's open watches end with ``invalid auth token``."""
+        """When a JWT's ``exp`` passes, or a token verified here stops verifying (its key rotated
+        out: checked every RECHECK_SECONDS), the stream's open watches end with ``invalid auth token``."""
         while True:
             exp = state.expires_at
-            if exp is None:
+            if exp is None and not state.recheck:
                 return
-            if time.time() < exp:
-                await asyncio.sleep(exp - time.time())
-                continue
+            now = time.time()
+            if exp is None or now < exp:
+                wait = RECHECK_SECONDS if state.recheck else math.inf
+                await asyncio.sleep(min(wait, exp - now) if exp is not None else wait)
+                if not state.recheck or (exp is not None and not time.time() < exp):
+                    continue
+                identity = await self._identify()  # None: the store could not say; keep going
+                if identity is None or not identity.invalid_token:
+                    continue
             if self.auth_enabled is not None:
                 try:
                     if not await self.auth_enabled():

@@ -11,13 +11,20 @@ Shared by the proxy (``--auth-token jwt,...``) and, later, the store; it imports
   looked at no more than once per poll interval. A new file that cannot be used (unparseable, a
   private key that does not match its public key) keeps the old keys and is reported once.
 * A key that leaves the files (a rotated ``priv-key``) keeps verifying for ``retain_seconds``
-  (the token TTL): every token it signed has expired by then.
+  (the token TTL), counted from when the change is seen: every token it signed has expired by
+  then. After that, nothing it signed verifies, whatever the token's ``exp``.
+* ``generation()`` names the set of keys in force; it moves whenever a key stops verifying (rotated
+  out, its retirement over, fetched keys too stale) or the set changes. Verifiers cache results
+  under it (raftgate/trust_cache.py), so no cached verification outlives its key.
 * Verification pins each key's algorithm: a token's ``alg`` header only has to equal it. A token
   with a known ``kid`` is checked with that key only; one without (etcd's own tokens) or with an
   unknown one with the keys in order, at most ``MAX_UNKEYED_TRIES`` of them.
 * :class:`JwksFollower` keeps a verify-only set in step with another proxy's published JWKS
   (``jwks-url``): fetched in a thread (raftgate/bounded_get.py), bounded in size and time, refreshed
-  periodically and (rate-limited) when a token names a kid nobody knows yet.
+  periodically and (rate-limited) when a token names a kid nobody knows yet. Fetched keys that
+  could not be refreshed for ``JWKS_MAX_STALE_SECONDS`` (an hour) stop verifying: an outage of the
+  signer is survived, but a key it removed is not trusted forever by a follower cut off from it.
+  A failing refresh is logged once (then again only after a success).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import ssl
 import stat
@@ -66,6 +74,8 @@ POLL_INTERVAL_SECONDS = 1.0
 JWKS_REFRESH_SECONDS = 60.0
 JWKS_MIN_INTERVAL_SECONDS = 1.0
 JWKS_TIMEOUT_SECONDS = 5.0
+#: Keys fetched from a JWKS URL and not refreshed successfully for this long stop verifying.
+JWKS_MAX_STALE_SECONDS = 3600.0
 
 #: Reload outcomes reported to ``on_reload(source, result)``: source ``files`` or ``jwks_url``.
 OK, ERROR = "ok", "error"
@@ -430,10 +440,14 @@ class _Snapshot:
     retired: tuple[tuple[VerifyKey, float], ...]  # (key, verifies until)
     remote: tuple[VerifyKey, ...]
     by_kid: dict[str, tuple[VerifyKey, float | None]]
+    generation: int
+    #: the first retired key's end (clock), inf without one: then the set changes by itself
+    retired_until: float
 
 
 def _snapshot(signing: SigningKey | None, current: tuple[VerifyKey, ...],
-              retired: tuple[tuple[VerifyKey, float], ...], remote: tuple[VerifyKey, ...]) -> _Snapshot:
+              retired: tuple[tuple[VerifyKey, float], ...], remote: tuple[VerifyKey, ...],
+              generation: int) -> _Snapshot:
     by_kid: dict[str, tuple[VerifyKey, float | None]] = {}
     for key in remote:  # the files win over a fetched key with the same kid
         if key.kid is not None:
@@ -444,7 +458,14 @@ def _snapshot(signing: SigningKey | None, current: tuple[VerifyKey, ...],
     for key in current:
         if key.kid is not None:
             by_kid[key.kid] = (key, None)
-    return _Snapshot(signing, current, retired, remote, by_kid)
+    retired_until = min((until for _, until in retired), default=math.inf)
+    return _Snapshot(signing, current, retired, remote, by_kid, generation, retired_until)
+
+
+def _material_ids(keys: tuple[VerifyKey, ...]) -> frozenset[tuple[Any, ...]]:
+    """What tells two fetched key sets apart: kid, algorithm and the public key itself (a kid
+    reused for another key is another key)."""
+    return frozenset((k.kid, k.alg, _public_der(k.key) if hasattr(k.key, "public_bytes") else k.key) for k in keys)
 
 
 def _same_signing(a: SigningKey | None, b: SigningKey | None) -> bool:
@@ -486,7 +507,9 @@ class KeyRing:
         self._good = files_signature(self._watch) if self._watch else None
         self._bad: tuple[Any, ...] | None = None
         self._checked_at = monotonic()
-        self._snap = _snapshot(material.signing, material.verify, (), ())
+        self._snap = _snapshot(material.signing, material.verify, (), (), 0)
+        #: fetched keys verify until then (monotonic), unless fetched again; None: no bound
+        self._remote_until: float | None = None
 
     @classmethod
     def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, retain_seconds: float,
@@ -508,20 +531,45 @@ class KeyRing:
     def signing(self) -> SigningKey | None:
         return self._snap.signing
 
+    def generation(self) -> int:
+        """The key set in force now (files re-read if due; keys past their end dropped): a cached
+        verification is answered only under the generation it was verified under."""
+        self.poll()
+        return self._current().generation
+
+    def _current(self) -> _Snapshot:
+        """The snapshot, without the retired keys whose grace is over and without fetched keys
+        too stale to trust (each drop is a new generation)."""
+        snap = self._snap
+        remote_gone = self._remote_until is not None and snap.remote and not self._monotonic() < self._remote_until
+        if not remote_gone and self._clock() < snap.retired_until:
+            return snap
+        with self._lock:
+            snap, now = self._snap, self._clock()
+            retired = tuple((k, until) for k, until in snap.retired if now < until)
+            remote = snap.remote
+            if self._remote_until is not None and remote and not self._monotonic() < self._remote_until:
+                log.error("JWT keys fetched from the JWKS URL are too old (no successful fetch for too "
+                          "long): they no longer verify until a fetch succeeds")
+                remote = ()
+            if retired != snap.retired or remote != snap.remote:
+                self._snap = _snapshot(snap.signing, snap.current, retired, remote, snap.generation + 1)
+            return self._snap
+
     def knows(self, kid: str) -> bool:
-        found = self._snap.by_kid.get(kid)
+        found = self._current().by_kid.get(kid)
         return found is not None and (found[1] is None or self._clock() < found[1])
 
     def verification_keys(self) -> list[VerifyKey]:
         """Current file keys, live retired keys, fetched keys: the order unkeyed tokens try them."""
-        snap, now = self._snap, self._clock()
+        snap, now = self._current(), self._clock()
         return [*snap.current, *(k for k, until in snap.retired if now < until), *snap.remote]
 
     def jwks(self) -> dict[str, Any] | None:
         """The public keys of the files (current and retired) as a JWKS; None when there are none
         (HMAC: a secret is never published)."""
         self.poll()
-        snap, now = self._snap, self._clock()
+        snap, now = self._current(), self._clock()
         keys = [k.jwk for k in snap.current if k.jwk is not None]
         keys += [k.jwk for k, until in snap.retired if k.jwk is not None and now < until]
         return {"keys": keys} if keys else None
@@ -566,17 +614,21 @@ class KeyRing:
             return False
         retired = [(k, until) for k, until in snap.retired if now < until and k.ident not in new]
         retired += [(k, now + self.retain_seconds) for k in snap.current if k.ident not in new]
-        self._snap = _snapshot(material.signing, material.verify, tuple(retired[-MAX_RETIRED:]), snap.remote)
+        self._snap = _snapshot(material.signing, material.verify, tuple(retired[-MAX_RETIRED:]), snap.remote,
+                               snap.generation + 1)
         return True
 
     def remote_keys(self) -> tuple[VerifyKey, ...]:
-        return self._snap.remote
+        return self._current().remote
 
-    def set_remote(self, keys: tuple[VerifyKey, ...]) -> None:
-        """The keys fetched from a JWKS URL, replacing the previous fetch's."""
+    def set_remote(self, keys: tuple[VerifyKey, ...], *, valid_for: float | None = None) -> None:
+        """The keys fetched from a JWKS URL, replacing the previous fetch's; they stop verifying
+        ``valid_for`` seconds from now unless set again (None: no bound)."""
         with self._lock:
             snap = self._snap
-            self._snap = _snapshot(snap.signing, snap.current, snap.retired, keys)
+            self._remote_until = None if valid_for is None else self._monotonic() + valid_for
+            if _material_ids(keys) != _material_ids(snap.remote):
+                self._snap = _snapshot(snap.signing, snap.current, snap.retired, keys, snap.generation + 1)
 
     # -- tokens
     def sign(self, payload: bytes) -> str:
@@ -598,7 +650,7 @@ class KeyRing:
         except (pyjwt.PyJWTError, ValueError, TypeError):
             return None
         alg, kid = header.get("alg"), header.get("kid")
-        found = self._snap.by_kid.get(kid) if isinstance(kid, str) else None
+        found = self._current().by_kid.get(kid) if isinstance(kid, str) else None
         if found is not None:
             key, until = found
             candidates = [key] if until is None or self._clock() < until else []
@@ -667,14 +719,17 @@ def fetch(url: str, context: ssl.SSLContext | None, *, timeout: float = JWKS_TIM
 class JwksFollower:
     """Keeps ``ring``'s fetched keys equal to the JWKS at ``url``: ``run()`` refreshes periodically;
     ``refresh_for(kid)`` fetches now for a kid nobody knows, at most once per ``min_interval`` (the
-    callers waiting then share one fetch)."""
+    callers waiting then share one fetch). Keys not refreshed for ``max_stale`` stop verifying."""
 
     def __init__(self, ring: KeyRing, url: str, *, ca_file: str | None = None,
                  refresh_seconds: float = JWKS_REFRESH_SECONDS, min_interval: float = JWKS_MIN_INTERVAL_SECONDS,
                  timeout: float = JWKS_TIMEOUT_SECONDS, monotonic: Callable[[], float] = time.monotonic,
-                 on_reload: Callable[[str, str], None] | None = None) -> None:
+                 on_reload: Callable[[str, str], None] | None = None,
+                 max_stale: float = JWKS_MAX_STALE_SECONDS) -> None:
         self.ring = ring
         self.url = url
+        self.max_stale = max_stale
+        self._failing = False  # a failure was logged; the next is not, until a fetch succeeds
         self.refresh_seconds = refresh_seconds
         self.min_interval = min_interval
         self.timeout = timeout
@@ -727,11 +782,17 @@ class JwksFollower:
         try:
             keys = await asyncio.to_thread(self.fetch_now)
         except KeyLoadError as e:
-            log.warning("JWKS not refreshed, keeping the keys fetched before: %s", e)
+            if not self._failing:
+                log.warning("JWKS not refreshed, keeping the keys fetched before for at most %.0f s "
+                            "(logged once until a fetch succeeds): %s", self.max_stale, e)
+                self._failing = True
             self._on_reload("jwks_url", ERROR)
             return False
+        if self._failing:
+            log.info("JWKS from %s refreshed again", self.url)
+            self._failing = False
         if {k.kid for k in keys} != {k.kid for k in self.ring.remote_keys()}:
             log.info("JWKS from %s: now %d key(s)", self.url, len(keys))
-        self.ring.set_remote(keys)
+        self.ring.set_remote(keys, valid_for=self.max_stale)
         self._on_reload("jwks_url", OK)
         return True

@@ -22,7 +22,6 @@ import json
 import math
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 import jwt as pyjwt
 
 from raftgate.jwt_keys import POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
+from raftgate.trust_cache import TrustCache
 
 MAX_TOKEN_BYTES = 16 * 1024
 CACHE_SIZE = 4096
@@ -72,15 +72,16 @@ class TokenKeyError(ValueError):
 class JwtKeys:
     """etcd JWTs verified (and signed, given the private key) with a :class:`KeyRing`, the proxy's
     implementation: each key's algorithm pinned, ``kid`` headers, files re-read when they change
-    and retired keys verifying until ``ttl_seconds`` after. Valid tokens are cached until their
-    ``exp`` (one without is checked again after a TTL); a key change empties the cache."""
+    and retired keys verifying until ``ttl_seconds`` after. Valid tokens are cached
+    (raftgate/trust_cache.py) until their ``exp``, under the key set's generation: once a key has
+    left the ring, no cached token it signed is answered."""
 
     def __init__(self, ring: KeyRing, *, ttl_seconds: float = 300.0, clock: Callable[[], float] = time.time) -> None:
         self.ring = ring
         self.algorithm = ring.algorithm
         self.ttl_seconds = ttl_seconds
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[Verified, float | None]] = OrderedDict()
+        self._cache: TrustCache[Verified] = TrustCache(CACHE_SIZE, clock=clock)
 
     @classmethod
     def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, ttl_seconds: float = 300.0,
@@ -106,20 +107,13 @@ class JwtKeys:
         return self.verify_now(token)
 
     def verify_now(self, token: str) -> Verified | None:
-        if self.ring.poll():  # at most a stat per poll interval
-            self._cache.clear()
-        now = self._clock()
-        hit = self._cache.get(token)
-        if hit is not None:
-            found, recheck_at = hit
-            if (found.expires_at is None or now < found.expires_at) and (recheck_at is None or now < recheck_at):
-                self._cache.move_to_end(token)
-                return found
-            del self._cache[token]
-            if found.expires_at is not None:
-                return None
         if len(token) > MAX_TOKEN_BYTES:
             return None
+        basis = self.ring.generation()  # files re-read if due (a stat per poll interval); read first
+        hit = self._cache.get(token, basis)
+        if hit is not None:
+            return hit
+        now = self._clock()
         payload = self.ring.verify(token)
         if payload is None:
             return None
@@ -131,9 +125,7 @@ class JwtKeys:
             return None
         found = _claims(claims, now)
         if found is not None:
-            self._cache[token] = (found, now + self.ttl_seconds if found.expires_at is None else None)
-            if len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            self._cache.put(token, found, basis=basis, until=found.expires_at)
         return found
 
     def sign(self, username: str, revision: int) -> str:

@@ -12,13 +12,23 @@ A :class:`WorkloadVerifier` is given the issuer, the audience, a :class:`KeySet`
 * ``iss`` equal to the issuer, ``aud`` containing the audience, ``exp`` (required, no leeway: a
   token is never used after it), ``nbf`` and ``iat`` with NBF_LEEWAY_SECONDS of clock skew;
 * ``sub`` mapped to a user by the first matching rule (the map file is re-read when it changes,
-  e.g. a ConfigMap update, and the cached results are then forgotten).
+  e.g. a ConfigMap update). A map file that is deleted or no longer parses maps nobody: every
+  workload token is refused, with one error logged, until a valid map is back (fail closed).
 
 Keys come from a JWKS file or from the issuer's OIDC discovery document; they are fetched with
 bounded sizes and timeouts, by whichever thread verifies (callers on an event loop run
 :meth:`WorkloadVerifier.verify` in a worker thread and only :meth:`WorkloadVerifier.cached` on the
 loop). A token whose ``kid`` is unknown makes the key set fetched again, at most once per
-``refetch_interval``. Results are cached by the token's sha256 (bounded), never past ``exp``.
+``refetch_interval``. A JWKS file that is deleted or no longer parses leaves no keys (fail
+closed); keys fetched over HTTP survive failed refreshes (an issuer outage) for at most
+``KEYS_MAX_STALE_SECONDS`` (an hour) after the last good fetch, then stop verifying. Either
+failure is logged once, until a fetch succeeds again.
+
+Results are cached (raftgate/trust_cache.py) by the token's sha256, bounded, never past ``exp``,
+under the generations of the key set and of the user map they were made with: a key removed
+(rotated out, its file deleted, too stale) or a changed map voids them at once; and a cached
+result is not answered while the keys are due to be looked at again, so a rotation is seen within
+the source's ``max_age`` even when every token is cached.
 """
 
 from __future__ import annotations
@@ -34,7 +44,6 @@ import os
 import ssl
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -43,6 +52,7 @@ import jwt as pyjwt
 
 from raftgate import bounded_get
 from raftgate.token_verifier import Verified
+from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,8 @@ MAX_RULES = 1024
 FETCH_TIMEOUT_SECONDS = 5.0
 #: Keys fetched over HTTP are fetched again after this long (a rotation needs no unknown kid).
 KEYS_MAX_AGE_SECONDS = 300.0
+#: Keys fetched over HTTP and not refreshed successfully for this long stop verifying.
+KEYS_MAX_STALE_SECONDS = 3600.0
 #: An unknown ``kid`` fetches the keys again at most this often (a flood of made-up kids costs one).
 REFETCH_INTERVAL_SECONDS = 30.0
 CACHE_SIZE = 4096
@@ -159,8 +171,12 @@ def _signature(path: str) -> tuple[int, int, int, int] | None:
 
 
 class UserMapFile:
-    """A user map file, re-read when it changes (looked at no more than once per ``poll_interval``);
-    a change that does not parse keeps the rules that worked, with a warning."""
+    """A user map file, re-read when it changes (looked at no more than once per ``poll_interval``).
+
+    A file that is deleted or no longer parses leaves no rules (``error`` says why): the map is
+    what decides who a workload is, and keeping rules the operator removed or broke would keep
+    mapping tokens they meant to stop. The error is logged once, until a valid map is back.
+    ``generation`` moves with every change of the rules in force."""
 
     def __init__(self, path: str, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
@@ -168,28 +184,41 @@ class UserMapFile:
         self._clock = clock
         self._signature = _signature(path)
         self.current = UserMap.from_file(path)
+        #: why the file in place cannot be used (None: it can)
+        self.error: str | None = None
+        self.generation = 0
         self._checked_at = clock()
         self._lock = threading.Lock()
 
     def poll(self) -> bool:
-        """True when the rules changed."""
+        """True when the rules in force changed (an unusable file: to none)."""
         with self._lock:
             now = self._clock()
             if now - self._checked_at < self.poll_interval:
                 return False
             self._checked_at = now
             signature = _signature(self.path)
-            if signature is None or signature == self._signature:
-                return False
-            try:
-                rules = UserMap.from_file(self.path)
-            except WorkloadConfigError as e:
-                log.warning("workload identity: the changed user map cannot be used (keeping the last): %s", e)
+            if signature is not None and signature == self._signature:
                 return False
             self._signature = signature
+            try:
+                if signature is None:
+                    raise WorkloadConfigError(f"user map {self.path!r} is missing")
+                rules = UserMap.from_file(self.path)
+            except WorkloadConfigError as e:
+                if self.error is None:
+                    log.error("workload identity: the user map cannot be used, so no workload token maps to a "
+                              "user until a valid map is back: %s", e)
+                self.error = str(e)
+                rules = UserMap([])
+            else:
+                if self.error is not None:
+                    log.info("workload identity: user map %s usable again (%d rules)", self.path, len(rules.rules))
+                self.error = None
             if rules.rules == self.current.rules:
                 return False
             self.current = rules
+            self.generation += 1
             log.info("workload identity: user map %s changed (%d rules)", self.path, len(rules.rules))
             return True
 
@@ -275,10 +304,12 @@ class Fetcher:
 
 
 class FileSource:
-    """A JWKS file (re-read when its content changes: a mounted ConfigMap or Secret)."""
+    """A JWKS file (re-read when its content changes: a mounted ConfigMap or Secret). One that is
+    deleted or no longer parses leaves no keys (``max_stale`` 0): nothing is waiting to come back."""
 
     max_age = 5.0
     refetch_interval = 1.0
+    max_stale = 0.0
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -298,6 +329,7 @@ class DiscoverySource:
 
     max_age = KEYS_MAX_AGE_SECONDS
     refetch_interval = REFETCH_INTERVAL_SECONDS
+    max_stale = KEYS_MAX_STALE_SECONDS
 
     def __init__(self, issuer: str, fetcher: Fetcher) -> None:
         check_url(issuer, "--oidc-issuer")
@@ -335,21 +367,32 @@ class DiscoverySource:
 class KeySet:
     """The issuer's current keys; thread-safe. Fetches lazily: when older than the source's
     ``max_age``, or for an unknown ``kid`` at most once per ``refetch_interval``. A failed fetch
-    keeps the keys it had. One fetch at a time, made outside the lock: while it waits on a slow
-    issuer, a token whose key is known is verified at once (only callers that need the fetch's
-    answer, an unknown kid or no keys yet, wait for it)."""
+    keeps the keys it had while the last good one is younger than ``max_stale`` (0: not at all),
+    then drops them; the failure is logged once, until a fetch succeeds. One fetch at a time,
+    made outside the lock: while it waits on a slow issuer, a token whose key is known is verified
+    at once (only callers that need the fetch's answer, an unknown kid or no keys yet, wait for it).
+
+    ``generation()`` moves whenever the keys in force change (fetched anew and different, or
+    dropped): results cached under an older one are not answered."""
 
     def __init__(self, source: FileSource | DiscoverySource, *, clock: Callable[[], float] = time.monotonic,
-                 max_age: float | None = None, refetch_interval: float | None = None) -> None:
+                 max_age: float | None = None, refetch_interval: float | None = None,
+                 max_stale: float | None = None) -> None:
         self.source = source
         self.max_age = source.max_age if max_age is None else max_age
         self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
+        if max_stale is None:  # a source that names no bound gets the HTTP one
+            max_stale = getattr(source, "max_stale", KEYS_MAX_STALE_SECONDS)
+        self.max_stale = max_stale
         self._clock = clock
         self._lock = threading.Condition()
         self._keys: dict[str | None, pyjwt.PyJWK] = {}
+        self._digest: bytes | None = None  # of the document the keys came from
+        self._generation = 0
         self._fetched_at: float | None = None  # last successful fetch
         self._tried_at: float | None = None  # last attempt
         self._fetching = False
+        self._failing = False  # a failure was logged; the next is not, until a fetch succeeds
         self.fetches = 0
 
     def load(self) -> None:
@@ -358,16 +401,41 @@ class KeySet:
         if error is not None:
             raise WorkloadConfigError(error)
 
-    def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
-        def stale(now: float) -> bool:
-            return ((self._fetched_at is None or now - self._fetched_at >= self.max_age)
-                    and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)))
+    def generation(self) -> int:
+        """The keys in force now; drops keys fetched longer than ``max_stale`` ago (no I/O)."""
+        with self._lock:
+            self._drop_if_stale(self._clock())
+            return self._generation
 
+    def _drop_if_stale(self, now: float) -> None:
+        """With the lock held: keys past ``max_stale`` since their fetch leave (a new generation)."""
+        if (self._keys and self.max_stale > 0 and self._fetched_at is not None
+                and now - self._fetched_at >= self.max_stale):
+            log.error("workload identity: keys from %s not refreshed for %.0f s: they no longer verify until "
+                      "a fetch succeeds", self.source, now - self._fetched_at)
+            self._keys, self._digest = {}, None
+            self._generation += 1
+
+    def _stale(self, now: float) -> bool:
+        return ((self._fetched_at is None or now - self._fetched_at >= self.max_age)
+                and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)))
+
+    def refresh_due(self) -> bool:
+        """Whether the keys are due to be fetched again (then a cached result is not answered: the
+        caller verifies, which fetches, so a rotation is seen even when every token is cached)."""
+        with self._lock:
+            return not self._fetching and self._stale(self._clock())
+
+    def refresh_if_due(self) -> None:
+        """Fetches now if the keys are due (and no fetch is under way); may block on I/O."""
+        self._refresh(self._stale, wait=False)
+
+    def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
         def may_refetch(now: float) -> bool:
             return self._tried_at is None or now - self._tried_at >= self.refetch_interval
 
         # stale keys: whoever notices fetches; the others keep using the keys they have
-        self._refresh(stale, wait=False)
+        self._refresh(self._stale, wait=False)
         with self._lock:
             key = self._find(kid)
         if key is None:
@@ -377,6 +445,7 @@ class KeySet:
         return key
 
     def _find(self, kid: str | None) -> pyjwt.PyJWK | None:
+        self._drop_if_stale(self._clock())
         if kid is None:
             return next(iter(self._keys.values())) if len(self._keys) == 1 else None
         return self._keys.get(kid)
@@ -395,20 +464,42 @@ class KeySet:
             self._tried_at = self._clock()
             self.fetches += 1
         keys: dict[str | None, pyjwt.PyJWK] | None = None
+        digest: bytes | None = None
         error: str | None = None
         try:
-            keys = parse_jwks(self.source.fetch(), str(self.source))
+            data = self.source.fetch()
+            keys = parse_jwks(data, str(self.source))
+            digest = hashlib.sha256(data).digest()
         except (OSError, WorkloadConfigError) as e:
-            log.warning("workload identity: cannot fetch keys from %s: %s", self.source, e)
             error = str(e)
         finally:
             with self._lock:
-                if keys is not None:
-                    self._keys = keys
-                    self._fetched_at = self._clock()
                 self._fetching = False
                 self._lock.notify_all()
+                if keys is not None:
+                    if digest != self._digest:
+                        self._generation += 1
+                    self._keys, self._digest = keys, digest
+                    self._fetched_at = self._clock()
+                    if self._failing:
+                        log.info("workload identity: keys from %s fetched again (%d)", self.source, len(keys))
+                    self._failing = False
+                elif error is not None:
+                    self._fetch_failed(error)
         return error
+
+    def _fetch_failed(self, error: str) -> None:
+        """With the lock held: logs the first failure; drops the keys if they may not outlive it."""
+        if not self._failing:
+            kept = ("no keys are trusted until it succeeds" if self.max_stale <= 0 else
+                    f"the keys fetched before are kept for at most {self.max_stale:.0f} s")
+            log.warning("workload identity: cannot fetch keys from %s (%s; logged once until a fetch "
+                        "succeeds): %s", self.source, kept, error)
+            self._failing = True
+        if self.max_stale <= 0 and self._keys:
+            self._keys, self._digest = {}, None
+            self._generation += 1
+        self._drop_if_stale(self._clock())
 
 
 # --- the verifier -------------------------------------------------------------------------------
@@ -428,10 +519,8 @@ class WorkloadVerifier:
         self.keys = keys
         self.user_map = user_map
         self._clock = clock
-        self._cache_size = cache_size
-        self._cache: OrderedDict[bytes, WorkloadIdentity] = OrderedDict()
-        self._cache_lock = threading.Lock()
-        self._generation = 0  # bumped when the map changes: a result mapped by the old one is not cached
+        #: token -> identity, under (key set generation, user map generation), until the token's exp
+        self._cache: TrustCache[WorkloadIdentity] = TrustCache(cache_size, clock=clock)
 
     def is_workload_token(self, token: str) -> bool:
         """Whether ``token`` claims to come from this issuer (unverified: it only routes the
@@ -445,45 +534,41 @@ class WorkloadVerifier:
         return isinstance(claims, dict) and claims.get("iss") == self.issuer
 
     def _rules(self) -> UserMap:
-        """The current rules; a changed map file forgets every cached result (mapped by the old)."""
+        """The current rules (a map file is looked at again if due); an unusable map refuses."""
         if isinstance(self.user_map, UserMap):
             return self.user_map
-        if self.user_map.poll():
-            with self._cache_lock:
-                self._cache.clear()
-                self._generation += 1
+        self.user_map.poll()
+        if self.user_map.error is not None:
+            raise WorkloadRefused("no usable user map (its error is in the log)")
         return self.user_map.current
 
+    def _basis(self) -> tuple[int, int]:
+        """What a result depends on: the key set's and the user map's generations (polled first)."""
+        map_generation = 0
+        if isinstance(self.user_map, UserMapFile):
+            self.user_map.poll()
+            map_generation = self.user_map.generation
+        return self.keys.generation(), map_generation
+
     def cached(self, token: str) -> WorkloadIdentity | None:
-        """A verified result still before its ``exp``, or None; cheap (no signature; a stat of the
-        map file at most once a second)."""
-        self._rules()
-        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-        with self._cache_lock:
-            hit = self._cache.get(digest)
-            if hit is None:
-                return None
-            if self._clock() < hit.expires_at:
-                self._cache.move_to_end(digest)
-                return hit
-            del self._cache[digest]
+        """A verified result still before its ``exp``, under the keys and map in force, or None;
+        cheap (no signature, no fetch; a stat of the map file at most once a second). None too
+        while the keys are due to be looked at again: the caller then verifies, which looks."""
+        basis = self._basis()
+        if self.keys.refresh_due():
             return None
+        return self._cache.get(token, basis)
 
     def verify(self, token: str) -> WorkloadIdentity:
         """May fetch keys (blocking I/O): call it off the event loop."""
-        hit = self.cached(token)
-        if hit is not None:
-            return hit
-        generation = self._generation
+        self.keys.refresh_if_due()  # first: then the result is cached under the keys it used
+        basis = self._basis()  # read before verifying: a change meanwhile voids the entry
+        if not self.keys.refresh_due():
+            hit = self._cache.get(token, basis)
+            if hit is not None:
+                return hit
         identity = self._verify(token)
-        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-        with self._cache_lock:
-            if generation != self._generation:
-                return identity
-            self._cache[digest] = identity
-            self._cache.move_to_end(digest)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        self._cache.put(token, identity, basis=basis, until=identity.expires_at)
         return identity
 
     def _verify(self, token: str) -> WorkloadIdentity:

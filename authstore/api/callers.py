@@ -20,10 +20,8 @@ Both in use: central only if every credential presented says central.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from cryptography import x509
@@ -32,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 
 from protos.internal import INTERNAL_SECRET_METADATA
 from raftgate.internal_access import Caller
+from raftgate.trust_cache import TrustCache
 
 __all__ = ["Caller", "Classifier", "metadata_value"]
 
@@ -59,7 +58,9 @@ class Classifier:
         self._central_cas = _load_cas(central_ca_pem) if sidecar_ca_pem and central_ca_pem else None
         if self._central_cas is not None and sidecar_ca_pem:
             _refuse_shared_keys(self._central_cas, _load_cas(sidecar_ca_pem))
-        self._by_cert: OrderedDict[bytes, Caller] = OrderedDict()
+        #: certificate -> its class; depends on the CA files, read once at start-up (a change of
+        #: them takes a restart, which empties this)
+        self._by_cert: TrustCache[Caller] = TrustCache(CACHE_SIZE)
 
     @property
     def has_sidecars(self) -> bool:
@@ -83,10 +84,8 @@ class Classifier:
         return Caller.CENTRAL
 
     def _certificate(self, pem: bytes) -> Caller:
-        digest = hashlib.sha256(pem).digest()
-        hit = self._by_cert.get(digest)
+        hit = self._by_cert.get(pem)
         if hit is not None:
-            self._by_cert.move_to_end(digest)
             return hit
         found = Caller.SIDECAR
         try:
@@ -101,9 +100,7 @@ class Classifier:
                 break
         except ValueError:
             log.warning("a client certificate that does not parse: treated as a sidecar's")
-        self._by_cert[digest] = found
-        if len(self._by_cert) > CACHE_SIZE:
-            self._by_cert.popitem(last=False)
+        self._by_cert.put(pem, found)
         return found
 
 

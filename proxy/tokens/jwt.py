@@ -5,8 +5,10 @@ The keys (``raftgate/jwt_keys.py``) are re-read when their files change, several
 each is pinned to its algorithm (no ``none``, no algorithm confusion). Verification validates
 ``exp``/``nbf`` when present (an externally minted token without ``exp`` never expires, as in
 etcd), and requires ``username`` to be a string and ``revision`` a JSON number that fits a uint64.
-Successful verifications are cached by token until they expire, so steady traffic costs one dict
-lookup instead of a signature check.
+Successful verifications are cached (raftgate/trust_cache.py) until they expire or the key set
+they were verified under changes (a key rotated out, its retirement over, fetched keys too stale),
+so steady traffic costs a hash and a dict lookup instead of a signature check, and no cached
+token outlives its key.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from proxy.tokens.options import (
 from raftgate import jwt_keys
 from raftgate.errors import Err, EtcdError
 from raftgate.jwt_keys import HMAC_ALGORITHMS, SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
+from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +100,8 @@ class JwtProvider:
         self.keys = keys
         self.follower = follower
         self.verify_only = keys.signing is None
-        #: token -> (identity, when to check it again: tokens without exp only)
-        self._cache: OrderedDict[str, tuple[JwtIdentity, float | None]] = OrderedDict()
+        #: token -> identity, under the key set's generation, until the token's exp
+        self._cache: TrustCache[JwtIdentity] = TrustCache(CACHE_SIZE, clock=clock)
 
     @classmethod
     def from_options(cls, options: dict[str, str], *, clock: Callable[[], float] = time.time) -> JwtProvider:
@@ -152,7 +154,7 @@ class JwtProvider:
 
     def unknown_kid(self, token: str) -> str | None:
         """With a JWKS URL: the token's ``kid`` if no key has it yet (worth a fetch), else None."""
-        if self.follower is None or token in self._cache:
+        if self.follower is None or self._cache.get(token, self.keys.generation()) is not None:
             return None
         kid = KeyRing.kid_of(token)
         return kid if kid is not None and not self.keys.knows(kid) else None
@@ -169,27 +171,18 @@ class JwtProvider:
     def verify(self, token: str) -> JwtIdentity | None:
         """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims).
 
-        A cached token is answered until its ``exp``; one without ``exp`` is checked again after a
-        ``ttl``, so it stops verifying once its key has been dropped (rotation)."""
-        now = self._clock()
-        hit = self._cache.get(token)
+        A cached token is answered until its ``exp`` and only while the key set is the one it was
+        verified under: once its key has left the ring (rotated out, then its retirement over), the
+        token is checked again and refused, whatever its ``exp``."""
+        basis = self.keys.generation()  # read before verifying: a change meanwhile voids the entry
+        hit = self._cache.get(token, basis)
         if hit is not None:
-            identity, recheck_at = hit
-            if identity.expires_at is not None and not now < identity.expires_at:
-                del self._cache[token]
-                metrics.token_validation("jwt", "expired")
-                return None
-            if recheck_at is None or now < recheck_at:
-                self._cache.move_to_end(token)
-                metrics.token_validation("jwt", "cache_hit")
-                return identity
-            del self._cache[token]
+            metrics.token_validation("jwt", "cache_hit")
+            return hit
         found, result = self._verify_with_result(token)
         metrics.token_validation("jwt", result)
         if found is not None:
-            self._cache[token] = (found, now + self.ttl_seconds if found.expires_at is None else None)
-            if len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            self._cache.put(token, found, basis=basis, until=found.expires_at)
         return found
 
     def _verify_with_result(self, token: str) -> tuple[JwtIdentity | None, metrics.TokenResult]:

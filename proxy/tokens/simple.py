@@ -7,15 +7,18 @@ once a second of use and its sliding TTL never runs out under an active client.
 
 A cached resolution never outlives a revocation: requests stamped from it are marked
 ``simple_token``, and the store refuses them as old once the auth revision moved (every revocation
-moves it); the proxy then resolves the token again before retrying, on whichever proxy it is.
+moves it); the proxy then resolves the token again before retrying, on whichever proxy it is. (The
+store checks that dependency, the auth revision, itself; so the entries, kept in the shared
+raftgate/trust_cache.py, are bounded by time alone.)
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from raftgate.trust_cache import TrustCache
 
 CACHE_SIZE = 65536
 MAX_CACHE_SECONDS = 1.0
@@ -34,28 +37,18 @@ class SimpleTokenCache:
     def __init__(self, ttl_seconds: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.fresh_for = min(MAX_CACHE_SECONDS, ttl_seconds / 4)
         self._clock = clock
-        self._entries: OrderedDict[str, Resolved] = OrderedDict()
+        self._entries: TrustCache[Resolved] = TrustCache(CACHE_SIZE, clock=clock)
 
     def get(self, token: str) -> Resolved | None:
-        entry = self._entries.get(token)
-        if entry is None:
-            return None
-        if self._clock() - entry.at >= self.fresh_for:
-            del self._entries[token]
-            return None
-        self._entries.move_to_end(token)
-        return entry
+        return self._entries.get(token)
 
     def put(self, token: str, username: str, revision: int) -> Resolved:
         entry = Resolved(username, revision, self._clock())
-        self._entries[token] = entry
-        self._entries.move_to_end(token)
-        if len(self._entries) > CACHE_SIZE:
-            self._entries.popitem(last=False)
+        self._entries.put(token, entry, until=entry.at + self.fresh_for)
         return entry
 
     def invalidate(self, token: str) -> None:
-        self._entries.pop(token, None)
+        self._entries.discard(token)
 
     def __len__(self) -> int:
         return len(self._entries)

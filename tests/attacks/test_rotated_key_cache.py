@@ -1,0 +1,205 @@
+"""A leaked key stops working once it is rotated out, on every path (issue 21, item 3).
+
+One store (it verifies what sidecars forward: etcd JWTs with its key files, workload tokens with a
+JWKS file and a user map), a central proxy reading the same files, and a ``--sidecar`` proxy. A
+token is used on both paths first (so both cached it), then its key is rotated out of the files,
+or the user map is deleted: both paths must refuse it within the retirement TTL (3 s here), even
+though its ``exp`` is years away. Before the fix, the caches answered it until its ``exp``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jwt as pyjwt
+import pytest
+from cryptography.hazmat.primitives import serialization as s
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from protos.authpb import auth_pb2
+from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from raftgate.errors import Err
+from raftgate.jwt_keys import jwk_thumbprint, public_jwk
+from tests.support.oidc_issuer import AUDIENCE, rsa_key
+from tests.support.oidc_issuer import public_jwk as rsa_jwk
+from tests.support.processes import Program, free_port, proxy_program, store_program, wait_for, wait_serving
+
+pytestmark = pytest.mark.slow
+
+SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
+ISSUER = "https://issuer.invalid"
+RULES = [{"match": "system:serviceaccount:shop:*", "user": "app"}]
+YEAR_2100 = 4102444800
+TTL = "3s"
+#: how long a path may take to refuse: the TTL, the file polls, a loaded machine
+REFUSED_WITHIN = 60.0
+
+
+@dataclass
+class Cluster:
+    work: Path
+    central: grpc.Channel
+    sidecar: grpc.Channel
+
+
+def _swap(path: Path, data: bytes) -> None:
+    """A new inode, as Kubernetes swaps a Secret or ConfigMap volume."""
+    tmp = path.with_name(path.name + ".swap")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _jwt_files(work: Path, key: Any) -> None:
+    _swap(work / "jwt.key", key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()))
+    _swap(work / "jwt.pub", key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work: Path = tmp_path_factory.mktemp("rotated-key-cache")
+    _jwt_files(work, ec.generate_private_key(ec.SECP256R1()))
+    (work / "sidecar-secret").write_text(SIDECAR_SECRET)
+    (work / "jwks.json").write_text(json.dumps({"keys": [rsa_jwk(rsa_key(0), "k1"), rsa_jwk(rsa_key(1), "k2")]}))
+    (work / "user-map.json").write_text(json.dumps(RULES))
+    jwt = f"jwt,pub-key={work / 'jwt.pub'},priv-key={work / 'jwt.key'},sign-method=ES256,ttl={TTL}"
+    oidc = ["--oidc-issuer", ISSUER, "--oidc-audience", AUDIENCE, "--oidc-jwks-file", str(work / "jwks.json"),
+            "--oidc-user-map", str(work / "user-map.json")]
+    store, internal = store_program(work, "--sidecar-secret-file", str(work / "sidecar-secret"),
+                                    "--auth-token", jwt, "--bcrypt-cost", "4", *oidc)
+    started: list[Program] = []
+    channels: list[grpc.Channel] = []
+    try:
+        store.start()
+        started.append(store)
+        central_port, sidecar_port = free_port(), free_port()
+        central = proxy_program(work, internal, f"http://127.0.0.1:{central_port}", "--auth-token", jwt, *oidc)
+        central.start()
+        started.append(central)
+        sidecar = Program(work / "sidecar", [
+            "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{sidecar_port}", "--store-endpoints",
+            internal, "--internal-secret-file", str(work / "sidecar-secret")], "raftgate proxy:")
+        sidecar.start()
+        started.append(sidecar)
+        wait_serving(f"127.0.0.1:{central_port}")
+        wait_serving(f"127.0.0.1:{sidecar_port}")
+        c = grpc.insecure_channel(f"127.0.0.1:{central_port}")
+        sc = grpc.insecure_channel(f"127.0.0.1:{sidecar_port}")
+        channels += [c, sc]
+        auth = rpc_pb2_grpc.AuthStub(c)
+        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
+        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
+        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="app", password="apppw"), timeout=10)
+        auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="app"), timeout=10)
+        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"app/", range_end=b"app0")
+        auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="app", perm=perm), timeout=10)
+        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
+        auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
+        yield Cluster(work, c, sc)
+    finally:
+        for ch in channels:
+            ch.close()
+        for p in reversed(started):
+            p.stop()
+
+
+def _answer(channel: grpc.Channel, token: str) -> tuple[grpc.StatusCode, str]:
+    """A Range as the token's holder (app has no permission: a verified token gets permission denied)."""
+    try:
+        rpc_pb2_grpc.KVStub(channel).Range(rpc_pb2.RangeRequest(key=b"k"), metadata=(("token", token),), timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _verified(cluster: Cluster, token: str) -> None:
+    for channel in (cluster.central, cluster.sidecar):
+        assert _answer(channel, token) == Err.PERMISSION_DENIED.value
+
+
+def _refused_everywhere(cluster: Cluster, token: str, what: str) -> None:
+    for name, channel in (("central proxy", cluster.central), ("sidecar through the store", cluster.sidecar)):
+        wait_for(lambda ch=channel: _answer(ch, token) == Err.INVALID_AUTH_TOKEN.value, timeout=REFUSED_WITHIN,
+                 what=f"the {name} to refuse a token {what}", interval=0.2)
+
+
+def _auth_revision(cluster: Cluster) -> int:
+    return rpc_pb2_grpc.AuthStub(cluster.central).AuthStatus(rpc_pb2.AuthStatusRequest(), timeout=10).authRevision
+
+
+def test_a_leaked_etcd_jwt_key_dies_with_its_rotation(cluster: Cluster) -> None:
+    leaked = ec.generate_private_key(ec.SECP256R1())
+    _jwt_files(cluster.work, leaked)  # the key in force when it leaked
+    minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
+                          leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
+                          algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
+    wait_for(lambda: _answer(cluster.central, minted) == Err.PERMISSION_DENIED.value
+             and _answer(cluster.sidecar, minted) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
+             what="both paths to take the leaked key", interval=0.2)
+    for _ in range(3):
+        _verified(cluster, minted)  # used, and cached, on both paths
+    _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+    _refused_everywhere(cluster, minted, "signed with a key rotated out")
+    fresh = rpc_pb2_grpc.AuthStub(cluster.central).Authenticate(
+        rpc_pb2.AuthenticateRequest(name="app", password="apppw"), timeout=10).token
+    _verified(cluster, fresh)  # the new key works on both paths
+
+
+def test_a_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluster) -> None:
+    """A stream opened with the token before the rotation keeps no watch once the key is gone
+    (the central proxy verifies JWTs itself; it re-checks its open streams' tokens)."""
+    leaked = ec.generate_private_key(ec.SECP256R1())
+    _jwt_files(cluster.work, leaked)
+    minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
+                          leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
+                          algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
+    wait_for(lambda: _answer(cluster.central, minted) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
+             what="the central proxy to take the leaked key", interval=0.2)
+    create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"app/w"))
+    stream = rpc_pb2_grpc.WatchStub(cluster.central).Watch(iter([create]), metadata=(("token", minted),),
+                                                           timeout=REFUSED_WITHIN * 2)
+    try:
+        created = next(stream)
+        assert created.created and not created.canceled
+        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        ended = next(stream)  # no event can come: nobody writes app/w
+        assert ended.canceled and "invalid auth token" in ended.cancel_reason
+    finally:
+        stream.cancel()
+
+
+def _workload_token(kid: str, key_number: int) -> str:
+    now = int(time.time())
+    claims = {"iss": ISSUER, "aud": [AUDIENCE], "sub": "system:serviceaccount:shop:web", "iat": now, "nbf": now,
+              "exp": now + 30 * 86400}
+    return pyjwt.encode(claims, rsa_key(key_number), algorithm="RS256", headers={"kid": kid})
+
+
+def test_a_workload_key_removed_from_the_jwks_file_stops_verifying(cluster: Cluster) -> None:
+    token = _workload_token("k1", 0)
+    for _ in range(3):
+        _verified(cluster, token)
+    _swap(cluster.work / "jwks.json", json.dumps({"keys": [rsa_jwk(rsa_key(1), "k2")]}).encode())
+    _refused_everywhere(cluster, token, "signed with a key removed from the JWKS file")
+    _verified(cluster, _workload_token("k2", 1))
+
+
+def test_a_deleted_user_map_refuses_workload_tokens_until_it_is_back(cluster: Cluster) -> None:
+    token = _workload_token("k2", 1)
+    for _ in range(3):
+        _verified(cluster, token)
+    rules = (cluster.work / "user-map.json").read_bytes()
+    (cluster.work / "user-map.json").unlink()
+    try:
+        _refused_everywhere(cluster, token, "mapped by a user map that was deleted")
+    finally:
+        _swap(cluster.work / "user-map.json", rules)
+    wait_for(lambda: _answer(cluster.central, token) == Err.PERMISSION_DENIED.value
+             and _answer(cluster.sidecar, token) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
+             what="workload tokens to work again with the map back", interval=0.2)
