@@ -60,8 +60,8 @@ class CRLError(ValueError):
 
 @dataclass(frozen=True)
 class _Revoked:
-    #: (issuer, serial) of every listed certificate
-    entries: frozenset[tuple[x509.Name, int]]
+    #: issuer -> the serials its CRL lists
+    entries: dict[x509.Name, frozenset[int]]
     #: the files' identity when read
     stamp: tuple[tuple[int, int, int, int], ...]
 
@@ -120,13 +120,14 @@ def load(crl_path: str, ca_paths: Sequence[str], *, source: str = "--client-crl-
                 raise CRLError(f"{source} needs the CA that signed it: {e}") from None
             raise CRLError(f"{source} needs the CA that signed it: {ca_source}: {path!r} holds no PEM "
                            "certificate") from None
-    entries: set[tuple[x509.Name, int]] = set()
+    entries: dict[x509.Name, set[int]] = {}
     for crl in crls:
-        if not any(ca.subject == crl.issuer and _signed(crl, ca) for ca in cas):
-            raise CRLError(f"{source}: the CRL of {crl.issuer.rfc4514_string()!r} is not signed by a CA of "
+        issuer = crl.issuer
+        if not any(ca.subject == issuer and _signed(crl, ca) for ca in cas):
+            raise CRLError(f"{source}: the CRL of {issuer.rfc4514_string()!r} is not signed by a CA of "
                            f"{ca_source}")
-        entries.update((crl.issuer, revoked.serial_number) for revoked in crl)
-    return _Revoked(frozenset(entries), stamp)
+        entries.setdefault(issuer, set()).update(revoked.serial_number for revoked in crl)
+    return _Revoked({issuer: frozenset(serials) for issuer, serials in entries.items() if serials}, stamp)
 
 
 def _signed(crl: x509.CertificateRevocationList, ca: x509.Certificate) -> bool:
@@ -175,7 +176,7 @@ class RevocationList:
             self._verdicts.clear()
             self.reloads += 1
             log.info("%s: a new list (%d revoked certificates) applies from the next call", self.source,
-                     len(loaded.entries))
+                     sum(len(serials) for serials in loaded.entries.values()))
 
     def revoked(self, pems: Sequence[bytes]) -> int | None:
         """The serial of the first certificate of ``pems`` (the peer's, then its chain) the list
@@ -200,7 +201,7 @@ class RevocationList:
             except ValueError:
                 continue  # grpc-core verified the peer certificate; a chain it could not print is not ours to judge
             for cert in certs:
-                if (cert.issuer, cert.serial_number) in self._current.entries:
+                if cert.serial_number in self._current.entries.get(cert.issuer, ()):
                     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
                     log.warning("%s lists the client certificate serial %x (CN %r): its calls are refused",
                                 self.source, cert.serial_number, names[-1].value if names else "")
