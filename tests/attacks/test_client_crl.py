@@ -6,6 +6,9 @@ client sees UNAVAILABLE. gRPC-Python offers no CRL at the handshake, so the prox
 verified peer certificate on every call and on every message of a stream, and refuses with the
 same code. The CRL is re-read when it changes (a mounted Secret swapped); a broken or untrusted
 CRL keeps the last good one; one that never loads stops the proxy at start with exit code 2.
+
+The store's internal port takes the same flag for the proxies' and sidecars' certificates: a
+leaked central proxy certificate is root.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from protos.storepb import store_pb2
 from tests.support.processes import (
     REPO_ROOT,
     Program,
@@ -273,3 +278,113 @@ def test_local_passes_the_crl_to_its_proxies(tmp_path: Path) -> None:
         assert code == "UNAVAILABLE" and message.startswith(REVOKED), (code, message)
     finally:
         local.stop()
+
+
+# --- the store's internal port: the proxies' and sidecars' client certificates ---------------
+
+
+def _do_stream_call(channel: grpc.Channel) -> grpc.StreamStreamMultiCallable:
+    return channel.stream_stream("/raftgate.storepb.Store/DoStream",
+                                 request_serializer=store_pb2.DoBatch.SerializeToString,
+                                 response_deserializer=store_pb2.DoResultBatch.FromString)
+
+
+def _status_batch(call_id: int) -> store_pb2.DoBatch:
+    status = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=1),
+                                     auth_status=rpc_pb2.AuthStatusRequest()).SerializeToString()
+    return store_pb2.DoBatch(calls=[store_pb2.DoCall(id=call_id, request=status)])
+
+
+def test_the_store_refuses_a_revoked_proxy_or_sidecar_certificate(tmp_path: Path) -> None:
+    central = write_test_pki(tmp_path / "central", ["proxy"])
+    sidecars = write_test_pki(tmp_path / "sidecars", ["sidecar"], ca_name="raftgate-test-sidecar-ca")
+    crl = tmp_path / "crl.pem"
+
+    def write_crls(revoked_proxy: bool, revoked_sidecar: bool) -> None:
+        one = write_test_crl(tmp_path / "central.crl", central, ["proxy"] if revoked_proxy else [])
+        two = write_test_crl(tmp_path / "sidecar.crl", sidecars, ["sidecar"] if revoked_sidecar else [])
+        (tmp_path / "crl.new").write_bytes(one.read_bytes() + two.read_bytes())
+        os.replace(tmp_path / "crl.new", crl)
+
+    write_crls(False, False)
+    secret = tmp_path / "peer-secret"
+    secret.write_text("peer-secret-for-the-test")
+    store_port, peer = free_port(), f"http://127.0.0.1:{free_port()}"
+    store = Program(tmp_path / "s", [
+        "store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls", f"https://127.0.0.1:{store_port}",
+        "--cert-file", str(central["server.crt"]), "--key-file", str(central["server.key"]),
+        "--trusted-ca-file", str(central["ca"]), "--sidecar-trusted-ca-file", str(sidecars["ca"]),
+        "--client-crl-file", str(crl),
+        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--peer-secret-file", str(secret)],
+        "raftgate store:")
+    client_port = free_port()
+    proxy = Program(tmp_path / "p", [
+        "proxy", "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+        "--store-endpoints", f"127.0.0.1:{store_port}", "--internal-cert", str(central["proxy.crt"]),
+        "--internal-key", str(central["proxy.key"]), "--internal-ca", str(central["ca"])], "raftgate proxy:")
+
+    def channel(pki: dict[str, Path], cn: str) -> grpc.Channel:
+        creds = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki[f"{cn}.key"].read_bytes(),
+                                             pki[f"{cn}.crt"].read_bytes())
+        return grpc.secure_channel(f"127.0.0.1:{store_port}", creds)
+
+    def health(pki: dict[str, Path], cn: str) -> str:
+        with channel(pki, cn) as ch:
+            try:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            except grpc.RpcError as e:
+                return f"{e.code().name} {e.details()}"
+            return "OK"
+
+    endpoint = f"127.0.0.1:{client_port}"
+    with store, proxy:
+        wait_for(lambda: etcdctl(endpoint, "put", "k", "v")[0] == 0, 60, "the proxy to write through the store")
+        assert health(central, "proxy") == "OK" and health(sidecars, "sidecar") == "OK"
+        with channel(central, "proxy") as ch:
+            batches: queue.Queue[store_pb2.DoBatch | None] = queue.Queue()
+
+            def drain() -> Iterator[store_pb2.DoBatch]:
+                while (batch := batches.get()) is not None:
+                    yield batch
+
+            stream = _do_stream_call(ch)(drain(), timeout=60)
+            try:
+                batches.put(_status_batch(1))
+                assert next(stream).results[0].code == 0
+                write_crls(True, True)
+                # the proxy's stream, opened before: its next batch is refused and the stream ends
+                batches.put(_status_batch(2))
+                with pytest.raises(grpc.RpcError) as refused:
+                    next(stream)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert (refused.value.details() or "").startswith(REVOKED)
+            finally:
+                batches.put(None)
+                stream.cancel()
+        assert health(central, "proxy").startswith(f"UNAVAILABLE {REVOKED}")
+        assert health(sidecars, "sidecar").startswith(f"UNAVAILABLE {REVOKED}")
+        # the leaked proxy certificate no longer reaches the store through the proxy either
+        assert etcdctl(endpoint, "get", "k", timeout=30, dial_timeout="2s")[0] != 0
+        write_crls(False, True)
+        assert health(central, "proxy") == "OK"
+        wait_for(lambda: etcdctl(endpoint, "get", "k", "--print-value-only")[:2] == (0, "v\n"), 60,
+                 "the proxy to read through the store again")
+
+
+@pytest.mark.parametrize("case", ["garbage", "http"])
+def test_a_store_crl_that_never_loads_stops_the_store(tmp_path: Path, case: str) -> None:
+    central = write_test_pki(tmp_path / "central", [])
+    crl = tmp_path / "crl.pem"
+    crl.write_bytes(b"garbage") if case == "garbage" else write_test_crl(crl, central)
+    secret = tmp_path / "secret"
+    secret.write_text("a-secret-for-the-test")
+    peer = f"http://127.0.0.1:{free_port()}"
+    scheme = "https" if case == "garbage" else "http"
+    rc, out = _run(["store", "--data-dir", str(tmp_path / "data"), "--listen-internal-urls",
+                    f"{scheme}://127.0.0.1:{free_port()}", "--cert-file", str(central["server.crt"]),
+                    "--key-file", str(central["server.key"]), "--trusted-ca-file", str(central["ca"]),
+                    "--internal-secret-file", str(secret), "--client-crl-file", str(crl),
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--peer-secret-file",
+                    str(secret)], tmp_path)
+    assert rc == 2, out[-2000:]
+    assert "--client-crl-file" in out and "Traceback" not in out, out[-2000:]
