@@ -324,7 +324,7 @@ def test_the_store_refuses_a_revoked_proxy_or_sidecar_certificate(tmp_path: Path
         "--internal-key", str(central["proxy.key"]), "--internal-ca", str(central["ca"])], "raftgate proxy:")
 
     def channel(pki: dict[str, Path], cn: str) -> grpc.Channel:
-        creds = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki[f"{cn}.key"].read_bytes(),
+        creds = grpc.ssl_channel_credentials(central["ca"].read_bytes(), pki[f"{cn}.key"].read_bytes(),
                                              pki[f"{cn}.crt"].read_bytes())
         return grpc.secure_channel(f"127.0.0.1:{store_port}", creds)
 
