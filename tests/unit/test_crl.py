@@ -118,3 +118,13 @@ def test_a_crl_of_a_rotated_in_ca_is_taken_when_the_ca_file_changes(tmp_path: Pa
     assert revocations.revoked([pem(alice)]) is None and revocations.reloads == 0
     write(tmp_path / "ca.pem", pem(old.cert, new.cert))
     assert revocations.revoked([pem(alice)]) == alice.serial_number and revocations.reloads == 1
+
+
+def test_a_file_of_unterminated_pem_blocks_is_refused_in_one_pass(tmp_path: Path) -> None:
+    """Each BEGIN without an END must not make the parser scan the rest of the file again: a
+    regular expression's lazy match does, which turns a 6 MB file into hours on the event loop."""
+    a = CA("ca-a")
+    cas = write(tmp_path / "ca.pem", pem(a.cert))
+    crl = write(tmp_path / "crl.pem", b"-----BEGIN X509 CRL-----\n" * 250_000)
+    with pytest.raises(CRLError, match="no PEM 'X509 CRL' block"):
+        load(crl, [cas])
