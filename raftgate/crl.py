@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import logging
 import os
-import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +51,7 @@ CACHE_SIZE = 1024
 PEM_CERT_KEY = "x509_pem_cert"
 PEM_CHAIN_KEY = "x509_pem_cert_chain"
 
-_PEM_CRL = re.compile(rb"-----BEGIN X509 CRL-----\r?\n.+?-----END X509 CRL-----", re.DOTALL)
+_BEGIN, _END = b"-----BEGIN X509 CRL-----", b"-----END X509 CRL-----"
 
 
 class CRLError(ValueError):
@@ -87,11 +87,24 @@ def _read(source: str, path: str, limit: int) -> bytes:
     return data
 
 
+def _pem_blocks(data: bytes) -> list[bytes]:
+    """The ``X509 CRL`` blocks, in one pass (a lazy regular expression rescans the rest of the file
+    for each BEGIN without an END)."""
+    blocks, position = [], 0
+    while (start := data.find(_BEGIN, position)) >= 0:
+        end = data.find(_END, start)
+        if end < 0:
+            break
+        position = end + len(_END)
+        blocks.append(data[start:position])
+    return blocks
+
+
 def parse(source: str, data: bytes) -> list[x509.CertificateRevocationList]:
     """PEM (one or more ``X509 CRL`` blocks) or one DER CRL."""
     try:
         if data.lstrip().startswith(b"-----BEGIN"):
-            blocks = _PEM_CRL.findall(data)
+            blocks = _pem_blocks(data)
             if not blocks:
                 raise CRLError(f"{source}: holds no PEM 'X509 CRL' block")
             return [x509.load_pem_x509_crl(block) for block in blocks]
@@ -184,7 +197,8 @@ class RevocationList:
         self.refresh()
         if not self._current.entries:
             return None
-        key = b"".join(pems)
+        # by digest: a client may present a chain of ~100 KB, and a thousand of those is no cache
+        key = hashlib.sha256(b"".join(pems)).digest()
         if key in self._verdicts:
             self._verdicts.move_to_end(key)
             return self._verdicts[key]
