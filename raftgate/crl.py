@@ -12,7 +12,8 @@ Stricter than etcd, on purpose (a forged CRL is a denial of service; etcd trusts
 * each CRL must be signed by a CA of the client CA bundle, and revokes certificates of its own
   issuer (etcd matches a serial of any issuer);
 * a file that cannot be used (broken, unsigned, deleted mid-rotation) keeps the last good list,
-  logged once per broken state; at start it is an error naming the flag (exit code 2).
+  logged once per broken state (etcd refuses every client while its file does not parse); at
+  start it is an error naming the flag (exit code 2).
 As in etcd, nextUpdate is not enforced: an outdated CRL still revokes what it lists.
 
 The file is a PEM file of one or more ``X509 CRL`` blocks (one per CA of the bundle) or one DER
@@ -247,7 +248,9 @@ class RevocationCheck(grpc.aio.ServerInterceptor):
         if hit is not None and hit[0] is handler:
             return hit[1]
         guarded = guard(handler, self.crl)
-        self._guarded[id(handler)] = (handler, guarded)  # the servers' handlers are few and live as long
+        if len(self._guarded) >= CACHE_SIZE:  # the servers' handlers are few and live as long; never grow
+            self._guarded.clear()
+        self._guarded[id(handler)] = (handler, guarded)
         return guarded
 
 
