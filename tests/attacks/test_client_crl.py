@@ -29,11 +29,13 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2
 from tests.support.processes import (
+    BACKENDS,
     REPO_ROOT,
     Program,
     etcdctl,
     free_port,
     proxy_program,
+    skip_unless_available,
     store_program,
     wait_for,
     write_test_crl,
@@ -388,3 +390,32 @@ def test_a_store_crl_that_never_loads_stops_the_store(tmp_path: Path, case: str)
                     str(secret)], tmp_path)
     assert rc == 2, out[-2000:]
     assert "--client-crl-file" in out and "Traceback" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_etcdctl_sees_a_revoked_certificate_refused_as_etcd_refuses_it(tmp_path: Path, backend: str) -> None:
+    """Side by side with etcd 3.5.1 and the same files: the certificate works, the CRL listing it
+    is written, etcdctl's next command with it fails (etcd: at the handshake; raftgate: the call,
+    UNAVAILABLE), and another certificate of the CA goes on working."""
+    from tests.conformance.test_client_cert_auth import TLSEtcd, TLSRaftgate
+
+    skip_unless_available(backend)
+    pki = write_test_pki(tmp_path / "pki", ["root", "alice"])
+    crl = write_test_crl(tmp_path / "crl.pem", pki)
+    server = TLSEtcd(tmp_path, pki) if backend == "etcd" else TLSRaftgate(tmp_path, pki)
+    server.extra_args.append(f"--client-crl-file={crl}")
+    server.start()
+    try:
+        def ctl(cn: str, *args: str) -> tuple[int, str, str]:
+            env = {"ETCDCTL_CACERT": str(pki["ca"]), "ETCDCTL_CERT": str(pki[f"{cn}.crt"]),
+                   "ETCDCTL_KEY": str(pki[f"{cn}.key"])}
+            return etcdctl(server.endpoint, *args, env=env, dial_timeout="2s", timeout=60)
+
+        assert ctl("root", "put", "k", "v")[:2] == (0, "OK\n")
+        write_test_crl(crl, pki, ["root"])
+        for args in (("put", "k", "stolen"), ("get", "k")):
+            rc, out, _ = ctl("root", *args)
+            assert rc != 0 and out == "", (args, rc, out)
+        assert ctl("alice", "get", "k", "--print-value-only")[:2] == (0, "v\n")
+    finally:
+        server.stop()
