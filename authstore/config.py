@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
 from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
+from raftgate.crl import CRLError, RevocationList
 from raftgate.go_duration import parse_go_duration
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
@@ -77,6 +78,8 @@ class StoreConfig:
     #: sidecar-class callers (THREAT_MODEL.md): their own secret, or the CA of their certificates
     sidecar_secret: bytes | None = field(default=None, repr=False)
     sidecar_trusted_ca_file: Path | None = None
+    #: --client-crl-file: proxy and sidecar certificates it lists are refused (raftgate/crl.py)
+    client_crl_file: Path | None = None
     #: how the store verifies and issues tokens for sidecar-class callers (etcd's --auth-token)
     auth_token: str = "simple"
     auth_token_ttl: int = 300
@@ -107,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cert-file", default=None, help="server certificate for the internal port (mTLS)")
     p.add_argument("--key-file", default=None, help="server key for the internal port (mTLS)")
     p.add_argument("--trusted-ca-file", default=None, help="CA that signs the proxies' client certificates")
+    p.add_argument("--client-crl-file", default=None,
+                   help="certificate revocation list (PEM or DER) signed by --trusted-ca-file or "
+                        "--sidecar-trusted-ca-file: proxy and sidecar certificates it lists are refused on the "
+                        "internal port, open streams included; re-read when it changes")
     p.add_argument("--advertise-client-urls", default="", help="client URLs shown by MemberList (the proxies')")
     p.add_argument("--advertise-internal-urls", default="",
                    help="where proxies reach this node's internal port, published to them in the member list "
@@ -181,7 +188,7 @@ ETCD_FLAGS = frozenset({
     "initial-advertise-peer-urls", "listen-peer-urls", "peer-cert-file", "peer-key-file", "peer-trusted-ca-file",
     "initial-cluster", "initial-cluster-state", "initial-cluster-token", "heartbeat-interval", "election-timeout",
     "snapshot-count", "snapshot-catchup-entries", "max-txn-ops", "quota-backend-bytes", "log-level", "bcrypt-cost",
-    "auth-token", "auth-token-ttl",
+    "auth-token", "auth-token-ttl", "client-crl-file",
 })
 
 
@@ -312,6 +319,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
         if not Path(f["sidecar_trusted_ca_file"]).is_file():
             raise f.error("sidecar_trusted_ca_file", "no such file")
         values["sidecar_trusted_ca_file"] = Path(f["sidecar_trusted_ca_file"])
+    values.update(_crl(f, tls, values))
     values["auth_token"] = f["auth_token"]
     values["auth_token_ttl"] = integer(f, "auth_token_ttl", 1)
     values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
@@ -345,6 +353,29 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
         auth_lockout_duration_ms=_lockout_duration(f),
         **values,  # type: ignore[arg-type]
     )
+
+
+def _crl(f: Flags, tls: bool, values: dict[str, object]) -> dict[str, Path]:
+    """--client-crl-file: loadable now, each CRL signed by a CA of the internal port's bundles."""
+    if f["client_crl_file"] is None:
+        return {}
+    if not str(f["client_crl_file"]).strip():
+        raise f.error("client_crl_file", "is empty (a CRL file)")
+    if not tls:
+        raise f.error("client_crl_file", "needs an https:// --listen-internal-urls (mTLS): it revokes client "
+                      "certificates")
+    path = Path(f["client_crl_file"])
+    try:
+        revocation_list(path, values, source=f.source("client_crl_file"))
+    except CRLError as exc:
+        raise ConfigError(str(exc)) from None
+    return {"client_crl_file": path}
+
+
+def revocation_list(crl: Path, values: Mapping[str, object], *, source: str = "--client-crl-file") -> RevocationList:
+    """The internal port's CRL, verified against the central and sidecar CA files (raises CRLError)."""
+    cas = [str(values[dest]) for dest in ("trusted_ca_file", "sidecar_trusted_ca_file") if values.get(dest)]
+    return RevocationList(str(crl), cas, source=source, ca_source="--trusted-ca-file/--sidecar-trusted-ca-file")
 
 
 _OIDC = ("oidc_issuer", "oidc_audience", "oidc_jwks_file", "oidc_ca_file", "oidc_user_map")

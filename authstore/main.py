@@ -34,6 +34,7 @@ from authstore.state.backend import MEMBER_ID_KEY, Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
@@ -79,6 +80,17 @@ def _classifier(cfg: store_config.StoreConfig) -> Classifier:
                                           if cfg.sidecar_trusted_ca_file else None))
     except (OSError, ValueError) as exc:
         raise StartupError(f"--trusted-ca-file / --sidecar-trusted-ca-file: {exc}") from None
+
+
+def _revocations(cfg: store_config.StoreConfig) -> RevocationList | None:
+    """--client-crl-file (checked when the flags were read; a file broken since is a start-up error)."""
+    if cfg.client_crl_file is None:
+        return None
+    try:
+        cas = {"trusted_ca_file": cfg.trusted_ca_file, "sidecar_trusted_ca_file": cfg.sidecar_trusted_ca_file}
+        return store_config.revocation_list(cfg.client_crl_file, cas)
+    except CRLError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
@@ -318,7 +330,8 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
 
     node.on_leader_change(leader_changed)
     address = f"{cfg.listen_host}:{cfg.listen_port}"
-    server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address)
+    server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address,
+                                  revocations=_revocations(cfg))
     peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()

@@ -38,7 +38,7 @@ from proxy.identity_file import IdentityFileError, IdentitySpec, read_credential
 from proxy.passwords import DEFAULT_COST, MAX_COST, MIN_COST, QUEUE_PER_WORKER
 from proxy.sidecar import is_local_listener
 from proxy.store_client import InternalTLS
-from proxy.tls import ClientTLS, TLSFileError
+from proxy.tls import ClientTLS, TLSFileError, revocation_list
 from proxy.tls import load as load_tls
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.options import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
@@ -53,6 +53,7 @@ from raftgate.config_support import (
     prefixed,
     read_file,
 )
+from raftgate.crl import CRLError
 from raftgate.go_duration import parse_go_duration
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.workload_identity import WorkloadConfigError, WorkloadVerifier
@@ -137,6 +138,10 @@ def _parser() -> FlagParser:
                    "certificate it signed")
     p.add_argument("--client-cert-auth", nargs="?", const="true", default="false", type=boolean,
                    help="a verified client certificate's CN is the user of requests without a token (etcd's flag)")
+    p.add_argument("--client-crl-file",
+                   help="certificate revocation list (PEM or DER) signed by a CA of --trusted-ca-file: client "
+                   "certificates it lists are refused (UNAVAILABLE), streams included; re-read when it changes "
+                   "(etcd's flag)")
     p.add_argument("--store-endpoints", help="comma list of every store node's host:port (requests go to the leader)")
     p.add_argument(
         "--member-store-endpoint",
@@ -425,13 +430,20 @@ def _client_tls(f: Flags, tls_listen: tuple[str, ...]) -> ClientTLS | None:
     """
     cert, key, ca = f["cert_file"], f["key_file"], f["trusted_ca_file"]
     cert_auth = bool(f["client_cert_auth"])
+    crl = f["client_crl_file"]
+    if crl is not None and not crl.strip():
+        raise f.error("client_crl_file", "is empty (a CRL file)")
+    if crl and not ca:
+        raise ConfigError(f"{f.source('client_crl_file')} needs {f.source('trusted_ca_file')}: the CA that signs "
+                          "client certificates, and the CRL")
     if not (cert or key or ca or cert_auth):
         if tls_listen:
             raise f.error("listen_client_urls", f"https:// needs --cert-file and --key-file (TLS server "
                           f"certificate and key) for {', '.join(tls_listen)}")
         return None
     if not cert or not key:
-        given = [f.source(d) for d in ("cert_file", "key_file", "trusted_ca_file", "client_cert_auth") if f.given(d)]
+        given = [f.source(d) for d in ("cert_file", "key_file", "trusted_ca_file", "client_cert_auth",
+                                       "client_crl_file") if f.given(d)]
         missing = f.source("cert_file" if not cert else "key_file")
         raise ConfigError(f"{missing} is required with {', '.join(given)}: the client port's TLS certificate and "
                           "key go together")
@@ -439,10 +451,12 @@ def _client_tls(f: Flags, tls_listen: tuple[str, ...]) -> ClientTLS | None:
         raise ConfigError(f"{f.source('client_cert_auth')} needs {f.source('trusted_ca_file')}: the CA that signs "
                           "client certificates")
     spec = ClientTLS(cert, key, ca or None, cert_auth,
-                     sources=(f.source("cert_file"), f.source("key_file"), f.source("trusted_ca_file")))
+                     sources=(f.source("cert_file"), f.source("key_file"), f.source("trusted_ca_file")),
+                     crl_file=crl or None, crl_source=f.source("client_crl_file"))
     try:
         load_tls(spec)
-    except TLSFileError as e:
+        revocation_list(spec)
+    except (TLSFileError, CRLError) as e:
         raise ConfigError(str(e)) from None
     if not tls_listen:
         log.warning("%s is given but no client URL is https://: the client port serves plaintext (as etcd does)",

@@ -57,7 +57,8 @@ SHARED_PROXY_ADDRS = {"RAFTGATE_PROXY_METRICS_ADDR": "--metrics-addr", "RAFTGATE
                       "RAFTGATE_PROXY_LISTEN_GATEWAY_URLS": "--gateway-port"}
 #: The flags passed on to the proxy as they are (``--auth-token-ttl`` -> ``--auth-token-ttl``).
 PROXY_FLAGS = ("auth_token", "auth_token_ttl", "bcrypt_cost", "max_request_bytes", "audit_level", "audit_fail_closed",
-               "auth_rate_limit", "cert_file", "key_file", "trusted_ca_file", "client_cert_auth")
+               "auth_rate_limit", "cert_file", "key_file", "trusted_ca_file", "client_cert_auth",
+               "client_crl_file")
 #: Read by every proxy: one file with several writers. local gives each proxy a file of its own.
 SHARED_PROXY_FILES = {"RAFTGATE_PROXY_AUDIT_LOG": "--audit-log"}
 #: The flags passed on to every store node as they are (lockout is decided by the store).
@@ -136,6 +137,9 @@ def _parser() -> FlagParser:
                    help="CA bundle (PEM): clients then need a certificate it signed")
     p.add_argument("--client-cert-auth", nargs="?", const="true", default=None, type=proxy_config.boolean,
                    help="a verified client certificate's CN is the user of requests without a token")
+    p.add_argument("--client-crl-file", default=None,
+                   help="certificate revocation list (PEM or DER) of --trusted-ca-file: client certificates it "
+                        "lists are refused; re-read when it changes")
     p.add_argument("--gateway-port", type=int, default=None,
                    help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
     p.add_argument("--cors", default=None,

@@ -31,9 +31,10 @@ from proxy.pipeline import Pipeline
 from proxy.services import etcd_handlers
 from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
-from proxy.tls import ServerTLS
+from proxy.tls import ServerTLS, revocation_list
 from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.crl import RevocationCheck
 from raftgate.jwt_keys import JWKS_PATH
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import Observability, start_observability
@@ -72,6 +73,8 @@ class ProxyServer:
         )
         #: the https:// client URLs' credentials, re-reading the files when they change
         self.tls = ServerTLS(config.client_tls) if config.client_tls is not None and config.tls_listen else None
+        #: --client-crl-file: every call of a listed client certificate refused (raftgate/crl.py)
+        self.crl = revocation_list(config.client_tls) if self.tls is not None and config.client_tls else None
         self.sidecar: Sidecar | None = None
         if config.identity is not None:
             files = IdentityFiles(config.identity.kind, config.identity.path)
@@ -101,6 +104,7 @@ class ProxyServer:
 
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:
         server = grpc.aio.server(
+            interceptors=[RevocationCheck(self.crl)] if self.crl is not None else None,
             options=[
                 # Above etcd's limit, so that the handlers refuse up to twice it with grpc-go's words
                 # (services._bounded); grpc-core's own (differently worded) refusal only beyond.

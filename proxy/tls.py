@@ -9,6 +9,8 @@ breaks the port. Established connections keep the certificate they were made wit
 
 As in etcd, a trusted CA makes the port require and verify a client certificate; only
 ``--client-cert-auth`` makes the verified certificate's CN the user of token-less requests.
+``--client-crl-file`` revokes client certificates; grpc-core cannot check a CRL at the handshake,
+so raftgate/crl.py checks it on every call (``revocation_list``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+
+from raftgate.crl import RevocationList
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ class ClientTLS:
     client_cert_auth: bool = False
     #: each file's flag as the user gave it (``--cert-file`` or the environment variable), for messages
     sources: tuple[str, str, str] = ("--cert-file", "--key-file", "--trusted-ca-file")
+    #: --client-crl-file: client certificates it lists are refused (raftgate/crl.py), re-read on change
+    crl_file: str | None = None
+    crl_source: str = "--client-crl-file"
 
     @property
     def require_client_certificate(self) -> bool:
@@ -165,6 +172,14 @@ class ServerTLS:
             self.reloads += 1
             log.info("client TLS: certificate files changed; new connections use the new ones")
             return self._config(loaded)
+
+
+def revocation_list(spec: ClientTLS) -> RevocationList | None:
+    """The CRL of ``--client-crl-file``, verified against the client CA (raises CRLError)."""
+    if spec.crl_file is None:
+        return None
+    assert spec.ca_file is not None, "a CRL needs the CA that signs client certificates"
+    return RevocationList(spec.crl_file, [spec.ca_file], source=spec.crl_source, ca_source=spec.sources[2])
 
 
 def common_name(auth_context: dict[str, list[bytes]] | None) -> str | None:

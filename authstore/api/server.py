@@ -58,6 +58,7 @@ from protos.internal import (
     STREAM_BATCH_BYTES,
 )
 from protos.storepb import store_pb2 as spb
+from raftgate.crl import RevocationCheck, RevocationList
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.internal_access import (
     CALL_DO,
@@ -768,9 +769,13 @@ def store_handlers(service: StoreService) -> dict[str, grpc.RpcMethodHandler]:
 
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
-                 address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
+                 address: str, revocations: RevocationList | None = None,
+                 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
+    """``revocations``: --client-crl-file, every call of a listed client certificate refused (health too)."""
     secrets = service.classifier.secrets() or ((secret,) if secret else ())
-    interceptors: list[grpc.aio.ServerInterceptor] = [_SecretCheck(secrets)] if secrets else []
+    interceptors: list[grpc.aio.ServerInterceptor] = [RevocationCheck(revocations)] if revocations else []
+    if secrets:
+        interceptors.append(_SecretCheck(secrets))
     interceptors.append(_Gate(service.classifier))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),

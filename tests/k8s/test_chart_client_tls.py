@@ -98,3 +98,31 @@ def test_the_proxy_accepts_the_flags_the_chart_passes(tmp_path: Path) -> None:
             f"--client-cert-auth={args['--client-cert-auth']}"]
     cfg = proxy_config.load(argv, env={})
     assert cfg.client_tls is not None and cfg.client_tls.client_cert_auth and cfg.tls_listen
+
+
+CLIENT_CRL = "/etc/raftgate/tls/client-crl"
+WITH_CRL = {"tls": {"provider": "certManager"},
+            "auth": {"client": {"secureTransport": True, "enableAuthentication": True,
+                                "crl": {"existingSecret": "my-client-crl"}}}}
+
+
+def test_a_crl_secret_revokes_client_certificates_on_every_client_port_proxy() -> None:
+    r = render(WITH_CRL)
+    for doc in r.docs:
+        validate(doc)
+    found = proxies(r)
+    for kind in ("Deployment", "StatefulSet"):
+        c = found[kind]
+        assert flags(c["args"])["--client-crl-file"] == f"{CLIENT_CRL}/ca.crl"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == CLIENT_CRL)
+        volume = next(v for v in c["__volumes__"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == "my-client-crl" and mount["readOnly"]
+    assert "--client-crl-file" not in flags(found["Job"]["args"])  # the bootstrap job's proxy is plain
+    custom = render({**WITH_CRL, "auth": {"client": {**WITH_CRL["auth"]["client"],  # type: ignore[index]
+                                                     "crl": {"existingSecret": "x", "key": "crl.pem"}}}})
+    assert flags(proxies(custom)["Deployment"]["args"])["--client-crl-file"] == f"{CLIENT_CRL}/crl.pem"
+    assert lint(WITH_CRL)["errors"] == []
+    with pytest.raises(helm.HelmError, match="auth.client.crl needs auth.client.enableAuthentication"):
+        render({"auth": {"client": {"secureTransport": True, "existingSecret": "s",
+                                    "crl": {"existingSecret": "my-client-crl"}}}})
+    assert "--client-crl-file" not in flags(proxies(render(CERT_MANAGER))["Deployment"]["args"])

@@ -65,6 +65,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "peerIssuerRef": {"name": "corp-peer-ca", "kind": "ClusterIssuer"},
             "sidecarIssuerRef": {"name": "corp-sidecar-ca", "kind": "ClusterIssuer"}}}
     },
+    "client-crl": {"tls": {"provider": "certManager"},
+                   "auth": {"client": {"secureTransport": True, "enableAuthentication": True,
+                                       "crl": {"existingSecret": "client-crl", "key": "crl.pem"}}}},
     "five-replicas": {"replicaCount": 5},
     "one-replica": {"replicaCount": 1, "pdb": {"create": False}, "proxy": {"replicaCount": 1}},
     "metrics-servicemonitor": {
@@ -475,6 +478,7 @@ def test_secrets_are_mounted_where_the_flags_read_them(scenario: str) -> None:
             values["auth"]["token"]["publicKey"]["filename"],
         },
         **{name: {"tls.crt", "tls.key", "ca.crt"} for name in values["tls"]["existingSecret"].values()},
+        values["auth"]["client"]["crl"]["existingSecret"]: {values["auth"]["client"]["crl"]["key"]},
     }
     external.pop("", None)
     checked = 0

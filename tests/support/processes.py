@@ -529,8 +529,8 @@ def pem_rsa_keypair(directory: Path) -> tuple[Path, Path]:
 
 def write_test_pki(directory: Path, clients: Sequence[str], *, ca_name: str = "raftgate-test-ca") -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1/localhost and one client certificate per CN in
-    ``clients`` (ECDSA P-256, PEM), for TLS tests. Returns paths: ``ca``, ``server.crt``,
-    ``server.key``, ``<cn>.crt``, ``<cn>.key``."""
+    ``clients`` (ECDSA P-256, PEM), for TLS tests. Returns paths: ``ca``, ``ca.key`` (to sign
+    CRLs: :func:`write_test_crl`), ``server.crt``, ``server.key``, ``<cn>.crt``, ``<cn>.key``."""
     import datetime
     import ipaddress
 
@@ -560,6 +560,7 @@ def write_test_pki(directory: Path, clients: Sequence[str], *, ca_name: str = "r
                .sign(ca_key, hashes.SHA256()))
     out = {"ca": directory / "ca.crt"}
     out["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    out["ca.key"] = write_key("ca.key", ca_key)
 
     def issue(name: str, cn: str, server: bool) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -581,6 +582,31 @@ def write_test_pki(directory: Path, clients: Sequence[str], *, ca_name: str = "r
     for cn in clients:
         issue(cn, cn, False)
     return out
+
+
+def write_test_crl(path: Path, pki: dict[str, Path], revoked: Sequence[str] = (), *, der: bool = False) -> Path:
+    """A CRL signed by ``pki``'s CA (:func:`write_test_pki`) listing the certificates of the CNs in
+    ``revoked``, PEM or DER, written as a mounted Secret changes: a new file renamed over the old."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
+    key = serialization.load_pem_private_key(pki["ca.key"].read_bytes(), None)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
+    builder = (x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(now)
+               .next_update(now + datetime.timedelta(days=1)))
+    for cn in revoked:
+        serial = x509.load_pem_x509_certificate(pki[f"{cn}.crt"].read_bytes()).serial_number
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build())
+    crl = builder.sign(key, hashes.SHA256())  # type: ignore[arg-type]
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(crl.public_bytes(serialization.Encoding.DER if der else serialization.Encoding.PEM))
+    os.replace(tmp, path)
+    return path
 
 
 def client_script_env() -> dict[str, str]:

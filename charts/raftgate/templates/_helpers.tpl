@@ -109,6 +109,9 @@ imagePullSecrets:
 {{- if and $client.enableAuthentication (not $client.secureTransport) -}}
 {{- fail "auth.client.enableAuthentication needs auth.client.secureTransport (client certificates travel over TLS)" -}}
 {{- end -}}
+{{- if and $client.crl $client.crl.existingSecret (not $client.enableAuthentication) -}}
+{{- fail "auth.client.crl needs auth.client.enableAuthentication (a CRL revokes client certificates)" -}}
+{{- end -}}
 {{- if and $client.secureTransport (not $client.existingSecret) (not (and .Values.tls.enabled (eq .Values.tls.provider "certManager"))) -}}
 {{- fail "auth.client.secureTransport needs auth.client.existingSecret (tls.crt, tls.key, ca.crt), or tls.provider=certManager to issue it" -}}
 {{- end -}}

@@ -18,6 +18,7 @@ the store checks them. It mounts no JWT key and no central proxy certificate (TH
 {{/* Mount points: every flag that names a file points under one of these. */}}
 {{- define "raftgate.path.proxyTls" -}}/etc/raftgate/tls/proxy{{- end -}}
 {{- define "raftgate.path.clientTls" -}}/etc/raftgate/tls/client{{- end -}}
+{{- define "raftgate.path.clientCrl" -}}/etc/raftgate/tls/client-crl{{- end -}}
 {{- define "raftgate.path.sidecarTls" -}}/etc/raftgate/tls/sidecar{{- end -}}
 {{- define "raftgate.path.storeCa" -}}/etc/raftgate/tls/store-ca{{- end -}}
 {{- define "raftgate.path.jwt" -}}/etc/raftgate/jwt{{- end -}}
@@ -97,6 +98,8 @@ oidcJwksConfigMap: {{ $wi.jwksConfigMap | quote }}
 clientTls: false
 clientCertAuth: false
 clientTlsSecret: ""
+clientCrlSecret: ""
+clientCrlKey: ""
 resources:
   {{- toYaml $v.sidecar.resources | nindent 2 }}
 securityContext:
@@ -131,6 +134,9 @@ securityContext:
 {{- $_ := set $p "clientTls" .Values.auth.client.secureTransport -}}
 {{- $_ := set $p "clientCertAuth" (and .Values.auth.client.secureTransport .Values.auth.client.enableAuthentication) -}}
 {{- $_ := set $p "clientTlsSecret" (include "raftgate.secret.clientTls" .) -}}
+{{- $crl := default dict .Values.auth.client.crl -}}
+{{- $_ := set $p "clientCrlSecret" (ternary (default "" $crl.existingSecret) "" (eq (get $p "clientCertAuth") true)) -}}
+{{- $_ := set $p "clientCrlKey" (default "ca.crl" $crl.key) -}}
 {{- $_ := set $p "clientPort" .Values.ports.client -}}
 {{- $_ := set $p "portPrefix" "" -}}
 {{- $_ := set $p "metricsPort" .Values.ports.metrics -}}
@@ -199,6 +205,9 @@ localhost, which the internal certificate names; everything else goes to the lea
     {{- if .clientCertAuth }}
     - --trusted-ca-file={{ include "raftgate.path.clientTls" . }}/ca.crt
     - --client-cert-auth=true
+    {{- if .clientCrlSecret }}
+    - --client-crl-file={{ include "raftgate.path.clientCrl" . }}/{{ .clientCrlKey }}
+    {{- end }}
     {{- end }}
     {{- end }}
     {{- if .identitySecret }}
@@ -296,6 +305,11 @@ localhost, which the internal certificate names; everything else goes to the lea
       mountPath: {{ include "raftgate.path.clientTls" . }}
       readOnly: true
     {{- end }}
+    {{- if .clientCrlSecret }}
+    - name: raftgate-client-crl
+      mountPath: {{ include "raftgate.path.clientCrl" . }}
+      readOnly: true
+    {{- end }}
     {{- if .identitySecret }}
     - name: raftgate-identity
       mountPath: {{ include "raftgate.path.identity" . }}
@@ -376,6 +390,13 @@ fsGroup, and these volumes are mounted only into the proxy container.
 - name: raftgate-client-tls
   secret:
     secretName: {{ .clientTlsSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if .clientCrlSecret }}
+# the CRL Secret as a directory: its key is re-read when the kubelet swaps the files
+- name: raftgate-client-crl
+  secret:
+    secretName: {{ .clientCrlSecret }}
     defaultMode: 0444
 {{- end }}
 {{- if .identitySecret }}
