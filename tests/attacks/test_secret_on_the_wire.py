@@ -1,0 +1,135 @@
+"""Shared development secrets are proven, never sent (Trust round 3, item 10).
+
+In secret mode a proxy (central or sidecar) sends its credential to every store URL it dials, and
+a leader its peer secret to every peer URL, including one root added with MemberAdd. Here each
+dials a fake server on 127.0.0.1 that records what it is sent and passes the challenge of a real
+store on (a relay, over its own connection to that store). The secret's bytes must never reach
+the fake, and what the fake captured must not open the real store: neither from another
+connection nor, for a member the cluster knows by another ID, from the relay's own connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.support.processes import SECRET, etcdctl, free_port, proxy_program, store_program, wait_for
+
+SIDECAR_SECRET = "sidecar-s3cret-for-tests-0123456789"
+
+
+class FakeStore(grpc.GenericRpcHandler):
+    """Answers every method; records each call's metadata; passes Challenge on to ``real`` over one
+    connection of its own (the relay), refuses everything else."""
+
+    def __init__(self, real: str) -> None:
+        self.relay = grpc.insecure_channel(real)
+        self.calls: list[tuple[str, tuple[tuple[str, str | bytes], ...]]] = []
+        self.lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.server.add_generic_rpc_handlers((self,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
+        with self.lock:
+            self.calls.append((method, tuple(details.invocation_metadata or ())))
+        if method.endswith("/Challenge"):
+            def relay(_requests: Iterator[bytes], _context: grpc.ServicerContext) -> Iterator[bytes]:
+                yield self.relay.unary_unary(method)(b"", timeout=10)
+            return grpc.stream_stream_rpc_method_handler(relay)
+
+        def refuse(_requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "fake")
+            yield b""  # never reached
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+    def captured(self) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+        """The calls other than Challenge, with the metadata the caller chose (raftgate's keys)."""
+        with self.lock:
+            return [(m, tuple((k, v if isinstance(v, str) else v.decode("latin-1")) for k, v in md
+                              if k.startswith("x-raftgate")))
+                    for m, md in self.calls if not m.endswith("/Challenge")]
+
+    def everything(self) -> bytes:
+        with self.lock:
+            return b"".join(k.encode() + (v.encode() if isinstance(v, str) else v) for _, md in self.calls
+                            for k, v in md)
+
+    def close(self) -> None:
+        self.server.stop(0)
+        self.relay.close()
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeStore]]:
+    made: list[FakeStore] = []
+    yield made
+    for fake in made:
+        fake.close()
+
+
+def _refused(target: str | grpc.Channel, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
+    channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+    try:
+        channel.unary_unary(method)(b"", metadata=metadata, timeout=10)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    finally:
+        if isinstance(target, str):
+            channel.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["central", "sidecar"])
+def test_a_proxy_never_sends_its_secret(tmp_path: Path, fakes: list[FakeStore], role: str) -> None:
+    sidecar = tmp_path / "sidecar-secret"
+    sidecar.write_text(SIDECAR_SECRET)
+    store, internal = store_program(tmp_path, "--sidecar-secret-file", str(sidecar))
+    with store:
+        fake = FakeStore(internal)
+        fakes.append(fake)
+        extra = ["--internal-secret-file", str(sidecar)] if role == "sidecar" else []
+        proxy = proxy_program(tmp_path, fake.address, f"http://127.0.0.1:{free_port()}", *extra)
+        with proxy:
+            wait_for(fake.captured, 30, "the proxy to call the fake store")
+        secret = (SIDECAR_SECRET if role == "sidecar" else SECRET).encode()
+        assert secret not in fake.everything(), "the proxy sent its secret in clear"
+        for method, metadata in fake.captured():
+            assert metadata, f"{method}: sent without any credential"
+            # the real store, from a connection of the attacker's own
+            assert _refused(internal, "/raftgate.storepb.Store/Leader", metadata) == grpc.StatusCode.UNAUTHENTICATED
+
+
+
+@pytest.mark.slow
+def test_a_leader_never_sends_its_peer_secret_to_an_added_member(tmp_path: Path, fakes: list[FakeStore]) -> None:
+    store, internal = store_program(tmp_path)
+    peer = store.args[store.args.index("--listen-peer-urls") + 1].removeprefix("http://")
+    with store:
+        proxy = proxy_program(tmp_path, internal, listen := f"http://127.0.0.1:{free_port()}")
+        with proxy:
+            fake = FakeStore(peer)  # relays the real member's challenge over its own connection
+            fakes.append(fake)
+            rc, out, err = etcdctl(listen, "member", "add", "rogue", f"--peer-urls=http://{fake.address}",
+                                   "--learner")
+            assert rc == 0, (out, err)
+            wait_for(fake.captured, 30, "the leader to send to the added member")
+        assert SECRET.encode() not in fake.everything(), "the leader sent its peer secret in clear"
+        for method, metadata in fake.captured():
+            assert metadata, f"{method}: sent without any credential"
+            # on the relay's own connection (the challenge was issued to it) and on a new one
+            assert _refused(fake.relay, "/raftgate.storepb.Peer/Members", metadata) == \
+                grpc.StatusCode.UNAUTHENTICATED
+            assert _refused(peer, "/raftgate.storepb.Peer/Members", metadata) == grpc.StatusCode.UNAUTHENTICATED
