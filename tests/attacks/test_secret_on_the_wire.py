@@ -21,6 +21,8 @@ import pytest
 from tests.support.processes import SECRET, etcdctl, free_port, proxy_program, store_program, wait_for
 
 SIDECAR_SECRET = "sidecar-s3cret-for-tests-0123456789"
+#: a channel on a connection of its own (channels of one process to one target share one otherwise)
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 class FakeStore(grpc.GenericRpcHandler):
@@ -28,7 +30,7 @@ class FakeStore(grpc.GenericRpcHandler):
     connection of its own (the relay), refuses everything else."""
 
     def __init__(self, real: str) -> None:
-        self.relay = grpc.insecure_channel(real)
+        self.relay = grpc.insecure_channel(real, options=OWN_CONNECTION)
         self.calls: list[tuple[str, tuple[tuple[str, str | bytes], ...]]] = []
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -80,7 +82,7 @@ def fakes() -> Iterator[list[FakeStore]]:
 
 
 def _refused(target: str | grpc.Channel, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
-    channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+    channel = grpc.insecure_channel(target, options=OWN_CONNECTION) if isinstance(target, str) else target
     try:
         channel.unary_unary(method)(b"", metadata=metadata, timeout=10)
         return grpc.StatusCode.OK
