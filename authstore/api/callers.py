@@ -12,7 +12,8 @@ The class comes from the credential alone:
   signature verifies with that CA's key). Anything else - signed by the sidecar CA, or through an
   intermediate - is a sidecar: an unexpected certificate gets the lesser powers, never root's.
   A sidecar CA that is also a central CA (it would make every sidecar central) is refused.
-* development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar.
+* development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar;
+  each is proven over a challenge, never sent (raftgate/secret_proof.py).
 Both in use: central only if every credential presented says central.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import hmac
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -30,7 +30,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from protos.internal import INTERNAL_SECRET_METADATA
+from raftgate.secret_proof import INTERNAL, Challenges
 
 log = logging.getLogger("raftgate.store.callers")
 
@@ -54,9 +54,12 @@ class Classifier:
     """Says which class a call's credential belongs to (``classify``); cheap per call."""
 
     def __init__(self, *, secret: bytes | None = None, sidecar_secret: bytes | None = None,
-                 central_ca_pem: bytes | None = None, sidecar_ca_pem: bytes | None = None) -> None:
+                 central_ca_pem: bytes | None = None, sidecar_ca_pem: bytes | None = None,
+                 member_id: int = 0) -> None:
         self._secret = secret
         self._sidecar_secret = sidecar_secret
+        #: the proofs of the secrets (central first); None without secrets
+        self.proofs = (Challenges(INTERNAL, self.secrets(), member_id) if secret or sidecar_secret else None)
         #: set only when sidecar certificates exist: then each client certificate is classified
         self._central_cas = _load_cas(central_ca_pem) if sidecar_ca_pem and central_ca_pem else None
         if self._central_cas is not None and sidecar_ca_pem:
@@ -75,10 +78,11 @@ class Classifier:
         if not self.has_sidecars:
             return Caller.CENTRAL
         if self._sidecar_secret is not None:
-            given = metadata_value(context, INTERNAL_SECRET_METADATA) or b""
-            central = self._secret is not None and hmac.compare_digest(given, self._secret)
-            if not central:
-                return Caller.SIDECAR  # the sidecar secret (the interceptor let nothing else in)
+            assert self.proofs is not None
+            # the secret proven (the interceptor let nothing else in); index 0 is central's if set
+            proven = self.proofs.verify(context.invocation_metadata(), context.peer())
+            if not (self._secret is not None and proven == 0):
+                return Caller.SIDECAR
         if self._central_cas is not None:
             pems = context.auth_context().get("x509_pem_cert") or []
             if not pems:

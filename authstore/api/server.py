@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -49,12 +48,12 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import (
     ANSWER_PART_BYTES,
-    INTERNAL_SECRET_METADATA,
     INTERNAL_TOKEN_METADATA,
     MAX_ANSWER_BYTES,
     STREAM_BATCH_BYTES,
 )
 from protos.storepb import store_pb2 as spb
+from raftgate import secret_proof
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.methods import INTERNAL, METHODS, Kind, Route, requests
 from raftgate.simple_token import looks_like_simple_token
@@ -639,42 +638,39 @@ def _refuse_sidecar(what: str) -> Callable[[bytes], Awaitable[bytes]]:
     return refuse
 
 
-class _SecretCheck(grpc.aio.ServerInterceptor):
-    """Refuses internal calls without a shared secret (development mode: a central proxy's or a
-    sidecar's); only health stays open (probes need it; reflection would hand anyone the internal
-    contract)."""
+def _health_without_reading(servicer: health.aio.HealthServicer
+                            ) -> Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]:
+    """Health for callers without credentials (probes), answered without reading the request: the
+    status of the whole server (the only one this port reports), whatever service is named. A
+    unary handler would read the request whole first, up to the port's 64 MiB limit."""
 
-    def __init__(self, secrets: tuple[bytes, ...]) -> None:
-        self._secrets = secrets
+    def open_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.response_streaming:  # Watch
+            async def watch(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+                await servicer.Watch(health_pb2.HealthCheckRequest(), context)
+            return grpc.stream_stream_rpc_method_handler(watch, response_serializer=handler.response_serializer)
 
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith("/grpc.health.v1."):
-            return await continuation(details)
-        given = b""
-        for key, value in details.invocation_metadata or ():
-            if key == INTERNAL_SECRET_METADATA:
-                given = value.encode() if isinstance(value, str) else value
-        handler = await continuation(details)
-        if any([hmac.compare_digest(given, secret) for secret in self._secrets]):
-            return handler
-        if handler is not None and handler.request_streaming:
-            return _deny_stream  # refused at once, before any message is read
-        return _deny
+        async def check(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+            return await servicer.Check(health_pb2.HealthCheckRequest(), context)
+        return grpc.stream_unary_rpc_method_handler(check, response_serializer=handler.response_serializer)
 
-
-async def _deny_behaviour(_request_or_requests: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal port requires proxy credentials")
-
-
-_deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
-_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_behaviour)
+    return open_handler
 
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
                  address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
-    secrets = service.classifier.secrets() or ((secret,) if secret else ())
-    interceptors = [_SecretCheck(secrets)] if secrets else []
+    # Development secrets: every call proves one before any message is read; only health (probes
+    # need it) and Challenge stay open (reflection would hand anyone the internal contract).
+    proofs = service.classifier.proofs
+    if proofs is None and secret:
+        proofs = secret_proof.Challenges(secret_proof.INTERNAL, (secret,))
+    health_servicer = health.aio.HealthServicer()
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if proofs is not None:
+        proofs.member_id = service.node.id
+        interceptors.append(secret_proof.ProofCheck(proofs, "raftgate: internal port requires proxy credentials",
+                                       open_prefixes=("/grpc.health.v1.",),
+                                       open_handler=_health_without_reading(health_servicer)))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
@@ -688,7 +684,6 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         "WatchBatches": grpc.stream_stream_rpc_method_handler(service.watch),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
