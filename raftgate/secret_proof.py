@@ -55,8 +55,10 @@ STALE_MESSAGE = "raftgate: stale challenge; ask for a new one"
 INTERNAL = "internal"
 PEER = "peer"
 CHALLENGE_METHODS = {INTERNAL: "/raftgate.storepb.Store/Challenge", PEER: "/raftgate.storepb.Peer/Challenge"}
-#: how long a nonce is accepted after it was issued (seconds); callers ask again after half of it
-CHALLENGE_TTL = 120.0
+#: how long a nonce is accepted after it was issued (seconds); callers ask again after half of it.
+#: Short: an address is reused once its connection closed (someone on the same host, or behind the
+#: same NAT, may get the port), and a nonce names the address, not the connection.
+CHALLENGE_TTL = 30.0
 REFRESH_AFTER = CHALLENGE_TTL / 2
 
 #: verify()'s answers besides the index of the secret proven

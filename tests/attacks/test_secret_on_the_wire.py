@@ -18,7 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.processes import SECRET, etcdctl, free_port, proxy_program, store_program, wait_for
+from raftgate.secret_proof import is_stale
+from tests.faults.cluster import store_argv
+from tests.support.processes import SECRET, Program, etcdctl, free_port, proxy_program, store_program, wait_for
 
 SIDECAR_SECRET = "sidecar-s3cret-for-tests-0123456789"
 #: a channel on a connection of its own (channels of one process to one target share one otherwise)
@@ -135,3 +137,43 @@ def test_a_leader_never_sends_its_peer_secret_to_an_added_member(tmp_path: Path,
             assert _refused(fake.relay, "/raftgate.storepb.Peer/Members", metadata) == \
                 grpc.StatusCode.UNAUTHENTICATED
             assert _refused(peer, "/raftgate.storepb.Peer/Members", metadata) == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.slow
+def test_a_proxy_binds_its_proof_to_the_member_a_learned_url_belongs_to(tmp_path: Path,
+                                                                        fakes: list[FakeStore]) -> None:
+    """Member node2 publishes a URL (--advertise-internal-urls) that is a relay to node1: the proxy,
+    which learns it from the member list, proves to node2, and node1 refuses that proof even on the
+    relay's own connection, the one its challenge was issued to."""
+    secret = tmp_path / "internal-secret"
+    secret.write_text(SECRET)
+    (p1, i1), (p2, i2) = (free_port(), free_port()), (free_port(), free_port())
+    initial = f"node1=http://127.0.0.1:{p1},node2=http://127.0.0.1:{p2}"
+    client = f"http://127.0.0.1:{free_port()}"
+    fake = FakeStore(f"127.0.0.1:{i1}")
+    fakes.append(fake)
+    stores = [Program(tmp_path / name, store_argv(name, tmp_path / f"{name}-data", internal, peer, secret, initial,
+                                                  client, extra), "raftgate store:", name=name)
+              for name, internal, peer, extra in (
+                  ("node1", i1, p1, []), ("node2", i2, p2, ["--advertise-internal-urls", f"http://{fake.address}"]))]
+    proxy = proxy_program(tmp_path, f"127.0.0.1:{i1}", client)
+    try:
+        threads = [threading.Thread(target=s.start) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        proxy.start()
+        wait_for(fake.captured, 60, "the proxy to call node2's published URL")
+        assert SECRET.encode() not in fake.everything()
+        for method, metadata in fake.captured():
+            assert metadata, f"{method}: sent without any credential"
+            with pytest.raises(grpc.RpcError) as refused:
+                fake.relay.unary_unary("/raftgate.storepb.Store/Leader")(b"", metadata=metadata, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # the challenge was node1's, issued to this connection: what fails is the member the proof names
+            assert not is_stale(refused.value)
+    finally:
+        proxy.stop()
+        for s in stores:
+            s.stop()
