@@ -31,9 +31,12 @@ INTERNAL_METHODS = ["/raftgate.storepb.Store/Do", "/raftgate.storepb.Store/Leade
                     "/raftgate.storepb.Store/Credentials", "/raftgate.storepb.Store/ResolveToken",
                     "/raftgate.storepb.Store/Snapshot", "/raftgate.storepb.Store/Challenge",
                     "/raftgate.storepb.Store/NoSuchMethod", "/grpc.health.v1.Health/Check",
-                    "/grpc.health.v1.Health/Watch"]
+                    "/grpc.health.v1.Health/Watch", "/raftgate.storepb.Store/DoStream",
+                    "/raftgate.storepb.Store/WatchBatches",
+                    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"]
 PEER_METHODS = ["/raftgate.storepb.Peer/Members", "/raftgate.storepb.Peer/Challenge",
-                "/raftgate.storepb.Peer/NoSuchMethod"]
+                "/raftgate.storepb.Peer/NoSuchMethod", "/raftgate.storepb.Peer/MessageBatches",
+                "/raftgate.storepb.Peer/Snapshot"]
 
 
 @pytest.fixture(scope="module")
