@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen-internal-urls", default="http://127.0.0.1:23790",
                    help="where authenticated proxies reach this node (https:// requires mTLS files)")
     p.add_argument("--internal-secret-file", default=None,
-                   help="development only: file with a shared secret every proxy must present")
+                   help="development only: file with a shared secret every proxy must prove (it is never sent)")
     p.add_argument("--cert-file", default=None, help="server certificate for the internal port (mTLS)")
     p.add_argument("--key-file", default=None, help="server key for the internal port (mTLS)")
     p.add_argument("--trusted-ca-file", default=None, help="CA that signs the proxies' client certificates")
@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-key-file", default=None, help="key for peer traffic")
     p.add_argument("--peer-trusted-ca-file", default=None, help="CA that signs every store node's peer certificate")
     p.add_argument("--peer-secret-file", default=None,
-                   help="development only: file with a shared secret every store node presents")
+                   help="development only: file with a shared secret every store node proves (it is never sent)")
     p.add_argument("--initial-cluster", default=None,
                    help="name=peer-url,... of the members a new cluster starts with (default: this member alone)")
     p.add_argument("--initial-cluster-state", default="new", choices=["new", "existing"],
@@ -160,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="CA that signs the sidecars' client certificates: their requests carry the client's "
                         "token, which the store verifies itself (no stamped user, no password hashes)")
     p.add_argument("--sidecar-secret-file", default=None,
-                   help="development only: file with the shared secret sidecar-class proxies present")
+                   help="development only: file with the shared secret sidecar-class proxies prove (never sent)")
     p.add_argument("--auth-token", default="simple",
                    help="tokens the store verifies for sidecars and issues at their Authenticate: simple, or "
                         "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (priv-key: the store mints "

@@ -185,7 +185,9 @@ async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) ->
             try:
                 call = channel.unary_unary("/raftgate.storepb.Peer/Members", request_serializer=None,
                                            response_deserializer=pb.MemberListResponse.FromString)
-                resp = await call(b"", metadata=security.metadata(), timeout=5)
+                prover = security.prover(channel, None)  # whom it reaches is what it asks
+                resp = await (prover.call(lambda md, ask=call: ask(b"", metadata=md, timeout=5), timeout=5)
+                              if prover else call(b"", timeout=5))
             except grpc.aio.AioRpcError as exc:
                 log.warning("could not ask %s for the member list: %s", url, exc.code())
                 continue
@@ -332,7 +334,8 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     address = f"{cfg.listen_host}:{cfg.listen_port}"
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address,
                                   revocations=_revocations(cfg))
-    peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
+    peer_server = grpc.aio.server(interceptors=security.interceptors(rec.member_id), options=[
+        ("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
     peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"

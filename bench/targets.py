@@ -31,8 +31,8 @@ from typing import Any
 import grpc
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2, store_pb2_grpc
+from raftgate.secret_proof import proving_channel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -183,12 +183,12 @@ class RaftgateTarget(Target):
 
     def leader_pid(self) -> int | None:
         secret = (self.data_dir / "internal-secret").read_text().strip()
-        md = ((INTERNAL_SECRET_METADATA, secret),)
         stores = [p for p in self.local_json()["processes"] if p["role"] == "store"]
         for p in stores:
             with grpc.insecure_channel(f"127.0.0.1:{p['internal_port']}") as ch:
                 try:
-                    r = store_pb2_grpc.StoreStub(ch).Leader(store_pb2.LeaderRequest(), metadata=md, timeout=2)
+                    stub = store_pb2_grpc.StoreStub(proving_channel(ch, secret))
+                    r = stub.Leader(store_pb2.LeaderRequest(), timeout=2)
                 except grpc.RpcError:
                     continue
             if r.leader_id and r.leader_id == r.member_id:

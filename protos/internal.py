@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from protos.etcdserverpb import raft_internal_pb2
 
-#: gRPC metadata carrying the proxy's shared secret to the store (development mode, no mTLS).
-INTERNAL_SECRET_METADATA = "x-raftgate-internal-secret"
 #: gRPC metadata carrying a client's token from a sidecar-class proxy to the store, on the calls
 #: that are not DoStream / WatchBatches messages (those carry it in a field): the store verifies it.
 INTERNAL_TOKEN_METADATA = "x-raftgate-client-token"
-#: gRPC metadata carrying the shared secret between store nodes (development mode, no mTLS).
-PEER_SECRET_METADATA = "x-raftgate-peer-secret"
+#: Development shared secrets travel as proofs, never themselves: raftgate/secret_proof.py.
 #: The most bytes one batch message of an internal stream carries (DoStream both ways, watch
 #: responses, Raft messages); a single larger item still travels, alone. Well under the 64 MiB
 #: gRPC message limit of the store's ports.

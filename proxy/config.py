@@ -148,7 +148,8 @@ def _parser() -> FlagParser:
         help="host:port of the one store node this proxy stands for (a member's advertised client URL): "
         "Status, Hash and HashKV go to it, everything else to the leader",
     )
-    p.add_argument("--internal-secret-file", help="file holding the shared secret for the store (development)")
+    p.add_argument("--internal-secret-file",
+                   help="file holding the shared secret the proxy proves to the store, never sends (development)")
     p.add_argument("--internal-cert", help="client certificate (PEM) for mTLS to the store")
     p.add_argument("--internal-key", help="client key (PEM) for mTLS to the store")
     p.add_argument("--internal-ca", help="CA bundle (PEM) that signed the store's certificate")

@@ -36,7 +36,11 @@ watches on each new stream.
 
 Do, Credentials and ResolveToken travel on each node's DoStream (``store_pipe``); Do and Snapshot
 move raw bytes (the proxy builds and unwraps them by slicing); Leader is a small typed call. Every
-call carries the internal credential: mTLS on the channel and/or the shared-secret metadata.
+call carries the internal credential: mTLS on the channel and/or a proof of the shared secret
+(never the secret itself: raftgate/secret_proof.py), over a challenge of the node's own, bound to
+the member the proxy means to reach (a learned node: the member the list says it is; a seed: the
+one that answers). A refusal over a stale challenge was refused before anything ran: it is asked
+again with a new one.
 """
 
 from __future__ import annotations
@@ -55,11 +59,12 @@ import grpc
 import grpc.aio
 
 from protos import wire
-from protos.internal import INTERNAL_SECRET_METADATA, INTERNAL_TOKEN_METADATA
+from protos.internal import INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from raftgate.methods import METHODS, RETRY_FIELDS
+from raftgate.secret_proof import INTERNAL, Metadata, Prover, is_stale
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +121,13 @@ class InternalTLS:
 
 
 class _Endpoint:
-    def __init__(self, target: str, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, target: str, channel: grpc.aio.Channel, secret: bytes | None,
+                 member_id: int | None = None) -> None:
         self.target = target
         self.channel = channel
-        self.pipe = StorePipe(channel, _SERVICE + "DoStream", metadata)
+        #: the proofs of the shared secret on this channel (None: mTLS)
+        self.prover = Prover(channel, secret, INTERNAL, member_id) if secret else None
+        self.pipe = StorePipe(channel, _SERVICE + "DoStream", self.prover)
         self.snapshot = channel.unary_stream(_SERVICE + "Snapshot")
         self.leader = channel.unary_unary(
             _SERVICE + "Leader",
@@ -132,6 +140,16 @@ class _Endpoint:
         self.serves_reads = False
         #: a read on it failed (unreachable, cut off from the leader): no spread reads until then
         self.suspect_until = 0.0
+
+    async def metadata(self, timeout: float | None = None) -> Metadata:
+        """What each call carries: a proof of the secret (raises the Challenge call's error)."""
+        return await self.prover.metadata(timeout) if self.prover is not None else ()
+
+    async def proven(self, invoke: Callable[[Metadata], Awaitable[T]], timeout: float | None = None) -> T:
+        """``invoke(metadata)``, once more with a new challenge if the store called it stale."""
+        if self.prover is None:
+            return await invoke(())
+        return await self.prover.call(invoke, timeout)
 
 
 def pick_reader(endpoints: Sequence[_Endpoint], leader: _Endpoint, now: float, turn: int) -> _Endpoint:
@@ -192,16 +210,16 @@ class StoreClient:
                  tls: InternalTLS | None = None, member: str | None = None, spread_reads: bool = False) -> None:
         if isinstance(targets, str):
             targets = [targets]
-        self._metadata: tuple[tuple[str, str], ...] = ((INTERNAL_SECRET_METADATA, secret),) if secret else ()
+        self._secret = secret.encode() if secret else None
         self._tls = tls
         self._seeds = tuple(dict.fromkeys(targets))
-        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._metadata) for t in self._seeds]
+        self._endpoints = [_Endpoint(t, self._channel(t, tls), self._secret) for t in self._seeds]
         self._leader = self._endpoints[0]
         #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
         self._retired: list[tuple[float, _Endpoint]] = []
         self._closing: set[asyncio.Task[None]] = set()  # retired endpoints being closed (kept referenced)
         #: the node this proxy stands for (a member proxy), else None
-        self._member = _Endpoint(member, self._channel(member, tls), self._metadata) if member else None
+        self._member = _Endpoint(member, self._channel(member, tls), self._secret) if member else None
         self._spread_reads = spread_reads
         self._turns = itertools.count()
         self._discovery: asyncio.Task[None] | None = None
@@ -240,7 +258,8 @@ class StoreClient:
 
         async def ask(ep: _Endpoint) -> store_pb2.LeaderResponse | None:
             try:
-                return await ep.leader(store_pb2.LeaderRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata)
+                return await ep.proven(lambda md: ep.leader(store_pb2.LeaderRequest(), timeout=PROBE_TIMEOUT,
+                                                            metadata=md), PROBE_TIMEOUT)
             except grpc.aio.AioRpcError:
                 return None
 
@@ -279,14 +298,18 @@ class StoreClient:
         any was added. A list without addresses (a store that does not publish them) changes
         nothing."""
         learned: list[str] = []
+        #: the member each learned address belongs to (the proofs sent there name it)
+        owner: dict[str, int] = {}
         depth = 0  # every member's first URL, then every second one, ... (the first may be unreachable)
         while len(learned) < MAX_MEMBERS:
-            row = [m.internal_urls[depth] for m in members if len(m.internal_urls) > depth]
+            row = [(m.id, m.internal_urls[depth]) for m in members if len(m.internal_urls) > depth]
             if not row:
                 break
-            for target in map(_target, row):
+            for mid, url in row:
+                target = _target(url)
                 if target is not None and target not in learned and len(learned) < MAX_MEMBERS:
                     learned.append(target)
+                    owner[target] = mid
             depth += 1
         if not learned:
             return False
@@ -308,7 +331,8 @@ class StoreClient:
         for t in added:
             log.info("store node %s joined the member list", t)
         kept = [ep for ep in self._endpoints if ep.target in wanted or ep is self._leader]
-        self._endpoints = kept + [_Endpoint(t, self._channel(t, self._tls), self._metadata) for t in added]
+        self._endpoints = kept + [_Endpoint(t, self._channel(t, self._tls), self._secret,
+                                            None if t in self._seeds else owner.get(t)) for t in added]
         return bool(added)
 
     @staticmethod
@@ -453,18 +477,26 @@ class StoreClient:
         now = time.monotonic()
         client_deadline = now + timeout if timeout is not None else None
         retry_deadline = min((client_deadline or now + DEFAULT_DEADLINE) - ANSWER_MARGIN, now + RETRY_WINDOW)
+        stale_retried = False
         while True:
             endpoint = self._leader
             remaining = None if client_deadline is None else max(client_deadline - time.monotonic(), 0.001)
-            metadata = self._metadata if token is None else (*self._metadata, (INTERNAL_TOKEN_METADATA, token))
-            call = endpoint.snapshot(internal_request, timeout=remaining, metadata=metadata)
+            call: grpc.aio.UnaryStreamCall | None = None
+            proof: Metadata = ()
             started = False
             try:
+                proof = await endpoint.metadata(remaining)
+                metadata = proof if token is None else (*proof, (INTERNAL_TOKEN_METADATA, token))
+                call = endpoint.snapshot(internal_request, timeout=remaining, metadata=metadata)
                 async for chunk in call:
                     started = True
                     yield chunk
                 return
             except grpc.aio.AioRpcError as error:
+                if not started and not stale_retried and endpoint.prover is not None and is_stale(error):
+                    endpoint.prover.forget(proof)  # refused before it ran: once more, with a new challenge
+                    stale_retried = True
+                    continue
                 if _etcd_error(error) is not None or error.code() in _SNAPSHOT_PASS_THROUGH:
                     raise
                 details = error.details() or ""
@@ -474,7 +506,8 @@ class StoreClient:
                 if started or not lost or len(self._endpoints) == 1 or time.monotonic() + BACKOFF >= retry_deadline:
                     raise EtcdError(Err.SNAPSHOT_LOST) from None
             finally:
-                call.cancel()  # a no-op once the stream has ended
+                if call is not None:
+                    call.cancel()  # a no-op once the stream has ended
             await self._rediscover()
             if self._leader is endpoint:
                 await asyncio.sleep(BACKOFF)
@@ -538,10 +571,15 @@ class WatchStreams:
     def __init__(self, client: StoreClient) -> None:
         self._client = client
         self._down_since: float | None = None
+        self._opened_on: _Endpoint | None = None
+        self._proof: Metadata = ()
 
-    def open(self) -> grpc.aio.StreamStreamCall:
-        endpoint = self._client._leader
-        return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self._client._metadata)
+    async def open(self) -> grpc.aio.StreamStreamCall:
+        """A new stream on the node believed to lead; raises the Challenge call's AioRpcError when
+        no challenge could be had there (``ended`` judges it as any other)."""
+        endpoint = self._opened_on = self._client._leader
+        self._proof = await endpoint.metadata()
+        return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self._proof)
 
     def served(self) -> None:
         """The stream delivered: whatever outage there was is over."""
@@ -550,7 +588,10 @@ class WatchStreams:
     async def ended(self, error: grpc.aio.AioRpcError | None, started: float) -> BaseException | None:
         """After a stream (reading since `started`) ended with `error` (None: closed): None once
         the next may be opened, or what to end the client's stream with."""
-        if error is not None and not watch_retryable(error):
+        stale = error is not None and is_stale(error)
+        if stale and self._opened_on is not None and self._opened_on.prover is not None:
+            self._opened_on.prover.forget(self._proof)  # refused before it ran: open it again
+        elif error is not None and not watch_retryable(error):
             return error
         now = time.monotonic()
         if now - started > WATCH_SERVED_SECONDS:

@@ -17,6 +17,8 @@ type of the error, decided here, where the facts are known, never by its text:
   answer over ``MAX_ANSWER_BYTES`` itself, and one announced larger than the bound fails that call
   alone, with grpc-go's RESOURCE_EXHAUSTED (etcd's server cannot send it either);
 - the store's refusal of the stream itself (a wrong secret, no such method) reaches every caller;
+  one over a stale challenge (raftgate/secret_proof.py) is answered by opening it again once with
+  a new challenge (nothing was sent on it);
 - a call whose deadline passes fails with DEADLINE_EXCEEDED, and if it was still queued it is
   never sent.
 """
@@ -27,6 +29,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
 import grpc.aio
@@ -34,6 +37,7 @@ import grpc.aio
 from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 from proxy import audit
+from raftgate.secret_proof import STALE_METADATA, Prover
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +84,11 @@ def _uncork(fut: asyncio.Future[None]) -> None:
 class _Stream:
     """One DoStream call: a writer task, a reader task, and the calls queued and sent on it."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, max_answer: int) -> None:
-        self.call = call
+    def __init__(self, open_call: Callable[[], Awaitable[grpc.aio.StreamStreamCall]], max_answer: int) -> None:
+        #: the call, once ``open_call`` gave it (opened, or ended before it opened)
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self._open_call = open_call
+        self._opened = asyncio.Event()
         self.max_answer = max_answer
         self.queue: collections.deque[store_pb2.DoCall] = collections.deque()
         self.sent: dict[int, asyncio.Future[bytes]] = {}
@@ -100,8 +107,14 @@ class _Stream:
 
     async def _write(self) -> None:
         try:
-            await self.call.initial_metadata()
-            if self.call.done():
+            try:
+                self.call = call = await self._open_call()
+            except grpc.aio.AioRpcError as e:  # no challenge could be had: nothing was sent
+                self.fail(e)
+                return
+            finally:
+                self._opened.set()
+            if call.done():
                 return  # ended before it opened: the reader has its status
             self.established = True
             while True:
@@ -115,11 +128,11 @@ class _Stream:
                     await self._cork()
                 self.wake.clear()
                 while self.queue:
-                    if self.call.done():
+                    if call.done():
                         return  # what is still queued was never written; the reader fails it
                     batch = self._next_batch()
                     if batch:
-                        await self.call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
+                        await call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the call broke under the write; its reader has the status
@@ -156,6 +169,9 @@ class _Stream:
 
     async def _read(self) -> None:
         try:
+            await self._opened.wait()
+            if self.call is None:
+                return  # it never opened: the writer failed the stream
             async for raw in self.call:
                 if self.corked is not None:
                     _uncork(self.corked)
@@ -233,7 +249,8 @@ class _Stream:
         self.unsent.clear()
         self.partial.clear()
         self.queue.clear()
-        self.call.cancel()
+        if self.call is not None:
+            self.call.cancel()
         current = asyncio.current_task()
         for task in self.tasks:
             if task is not current:
@@ -243,11 +260,11 @@ class _Stream:
 class StorePipe:
     """Do over the node's stream; a broken stream is replaced by the next call."""
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, metadata: tuple[tuple[str, str], ...],
+    def __init__(self, channel: grpc.aio.Channel, method: str, prover: Prover | None,
                  *, max_answer: int = MAX_ANSWER_BYTES + ANSWER_ENVELOPE_BYTES) -> None:
         self._open = channel.stream_stream(method)
         self._max_answer = max_answer
-        self._metadata = metadata
+        self._prover = prover
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
         self._closed = False
@@ -260,7 +277,7 @@ class StorePipe:
             raise rpc_error(grpc.StatusCode.CANCELLED, "raftgate: the proxy is closing")
         stream = self._stream
         if stream is None or stream.broken:
-            stream = self._stream = _Stream(self._open(metadata=self._metadata), self._max_answer)
+            stream = self._stream = _Stream(self._open_call, self._max_answer)
         loop = asyncio.get_running_loop()
         call_id = next(self._ids)
         fut: asyncio.Future[bytes] = loop.create_future()
@@ -281,6 +298,20 @@ class StorePipe:
             stream.sent.pop(call_id, None)
             stream.unsent.pop(call_id, None)
             stream.partial.pop(call_id, None)
+
+    async def _open_call(self) -> grpc.aio.StreamStreamCall:
+        """A new DoStream call, open or ended before it opened; one refused over a stale challenge
+        (the store restarted, the channel reconnected) is opened once more with a new one."""
+        for attempt in range(2):
+            metadata = await self._prover.metadata() if self._prover is not None else ()
+            call = self._open(metadata=metadata)
+            await call.initial_metadata()
+            if attempt or self._prover is None or not call.done():
+                return call
+            if not any(key == STALE_METADATA for key, _ in await call.trailing_metadata() or ()):
+                return call
+            self._prover.forget(metadata)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         self._closed = True

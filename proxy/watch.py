@@ -368,7 +368,14 @@ class WatchProxy:
         streams = self.store.watch_streams()
         first = True
         while True:
-            call = streams.open()
+            try:
+                call = await streams.open()
+            except grpc.aio.AioRpcError as exc:  # no challenge could be had from the node
+                final = await streams.ended(exc, time.monotonic())
+                if final is not None:
+                    out.put_nowait(final)
+                    return
+                continue
             identity = None if first else await self._identify()  # resumes are judged by the token now
             async with state.lock:
                 if identity is not None:

@@ -14,13 +14,12 @@ The class comes from the credential alone:
   A sidecar CA that is also a central CA (it would make every sidecar central) is refused.
 * development secrets: ``--internal-secret-file`` is central, ``--sidecar-secret-file`` sidecar;
   neither presented (or a wrong one): NONE, which reaches only what raftgate/internal_access.py
-  opens to it.
+  opens to it. Each secret is proven over a challenge, never sent (raftgate/secret_proof.py).
 Both in use: central only if every credential presented says central.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
@@ -28,8 +27,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from protos.internal import INTERNAL_SECRET_METADATA
 from raftgate.internal_access import Caller
+from raftgate.secret_proof import INTERNAL, Challenges
 from raftgate.trust_cache import TrustCache
 
 __all__ = ["Caller", "Classifier", "metadata_value"]
@@ -51,9 +50,12 @@ class Classifier:
     """Says which class a call's credential belongs to (``classify``); cheap per call."""
 
     def __init__(self, *, secret: bytes | None = None, sidecar_secret: bytes | None = None,
-                 central_ca_pem: bytes | None = None, sidecar_ca_pem: bytes | None = None) -> None:
+                 central_ca_pem: bytes | None = None, sidecar_ca_pem: bytes | None = None,
+                 member_id: int = 0) -> None:
         self._secret = secret
         self._sidecar_secret = sidecar_secret
+        #: the proofs of the secrets (central first); None without secrets
+        self.proofs = (Challenges(INTERNAL, self.secrets(), member_id) if secret or sidecar_secret else None)
         #: set only when sidecar certificates exist: then each client certificate is classified
         self._central_cas = _load_cas(central_ca_pem) if sidecar_ca_pem and central_ca_pem else None
         if self._central_cas is not None and sidecar_ca_pem:
@@ -71,11 +73,13 @@ class Classifier:
         return tuple(s for s in (self._secret, self._sidecar_secret) if s)
 
     def classify(self, context: Any) -> Caller:
-        if self.secrets():
-            given = metadata_value(context, INTERNAL_SECRET_METADATA) or b""
-            central, sidecar = _matches(given, self._secret), _matches(given, self._sidecar_secret)
-            if not central:
-                return Caller.SIDECAR if sidecar else Caller.NONE
+        if self.proofs is not None:
+            # the secret proven; index 0 is central's when a central secret is set
+            proven = self.proofs.verify(context.invocation_metadata(), context.peer())
+            if proven < 0:
+                return Caller.NONE
+            if not (self._secret is not None and proven == 0):
+                return Caller.SIDECAR
         if self._central_cas is not None:
             pems = context.auth_context().get("x509_pem_cert") or []
             if not pems:
@@ -102,10 +106,6 @@ class Classifier:
             log.warning("a client certificate that does not parse: treated as a sidecar's")
         self._by_cert.put(pem, found)
         return found
-
-
-def _matches(given: bytes, secret: bytes | None) -> bool:
-    return bool(secret) and hmac.compare_digest(given, secret or b"")
 
 
 def _load_cas(pem: bytes) -> list[x509.Certificate]:

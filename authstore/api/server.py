@@ -13,7 +13,6 @@ import collections
 import contextlib
 import contextvars
 import hashlib
-import hmac
 import inspect
 import logging
 import os
@@ -52,17 +51,19 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import (
     ANSWER_PART_BYTES,
-    INTERNAL_SECRET_METADATA,
     INTERNAL_TOKEN_METADATA,
     MAX_ANSWER_BYTES,
     STREAM_BATCH_BYTES,
 )
 from protos.storepb import store_pb2 as spb
+from raftgate import secret_proof
 from raftgate.crl import RevocationCheck, RevocationList
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.internal_access import (
     CALL_DO,
+    CHALLENGE,
     DO,
+    OPEN_TO_NONE,
     SNAPSHOT,
     STORE_SERVICE,
     UNAUTHENTICATED,
@@ -676,36 +677,24 @@ def _peer_host(peer: str) -> str:
     return host if sep and port.isdigit() else peer
 
 
-class _SecretCheck(grpc.aio.ServerInterceptor):
-    """Refuses internal calls without a shared secret (development mode: a central proxy's or a
-    sidecar's) at once, before any message is read; what stays open to such a caller is the
-    table's NONE column (raftgate/internal_access.py: health only, for probes)."""
+def _health_without_reading(servicer: health.aio.HealthServicer
+                            ) -> Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]:
+    """Health for callers without credentials (probes), answered without reading the request: the
+    status of the whole server (the only one this port reports), whatever service is named. A
+    unary handler would read the request whole first, up to the port's 64 MiB limit."""
 
-    def __init__(self, secrets: tuple[bytes, ...]) -> None:
-        self._secrets = secrets
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
-        if decide(details.method, Caller.NONE) is None:
-            return await continuation(details)
-        given = b""
-        for key, value in details.invocation_metadata or ():
-            if key == INTERNAL_SECRET_METADATA:
-                given = value.encode() if isinstance(value, str) else value
-        handler = await continuation(details)
-        if any([hmac.compare_digest(given, secret) for secret in self._secrets]):
-            return handler
-        if handler is not None and handler.request_streaming:
-            return _deny_stream  # refused at once, before any message is read
-        return _deny
+    def open_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.response_streaming:  # Watch
+            async def watch(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+                await servicer.Watch(health_pb2.HealthCheckRequest(), context)
+            return grpc.stream_stream_rpc_method_handler(watch, response_serializer=handler.response_serializer)
 
 
-async def _deny_behaviour(_request_or_requests: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(*UNAUTHENTICATED)
+        async def check(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+            return await servicer.Check(health_pb2.HealthCheckRequest(), context)
+        return grpc.stream_unary_rpc_method_handler(check, response_serializer=handler.response_serializer)
 
-
-_deny = grpc.unary_unary_rpc_method_handler(_deny_behaviour)
-_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_behaviour)
+    return open_handler
 
 
 class _Gate(grpc.aio.ServerInterceptor):
@@ -765,24 +754,38 @@ def store_handlers(service: StoreService) -> dict[str, grpc.RpcMethodHandler]:
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
         "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
         "WatchBatches": grpc.stream_stream_rpc_method_handler(service.watch),
+        # with development secrets secret_proof.ProofCheck answers it before any handler
+        "Challenge": grpc.unary_unary_rpc_method_handler(_no_challenge),
     }
+
+
+async def _no_challenge(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "raftgate: this port proves no secret (mTLS)")
+    return b""
 
 
 def build_server(service: StoreService, *, secret: bytes | None, credentials: grpc.ServerCredentials | None,
                  address: str, revocations: RevocationList | None = None,
                  ) -> tuple[grpc.aio.Server, health.aio.HealthServicer | None]:
     """``revocations``: --client-crl-file, every call of a listed client certificate refused (health too)."""
-    secrets = service.classifier.secrets() or ((secret,) if secret else ())
+    # Development secrets: every call proves one before any message is read; what stays open to a
+    # caller without one (health for probes, Challenge) is the table's NONE column.
+    proofs = service.classifier.proofs
+    if proofs is None and secret:
+        proofs = secret_proof.Challenges(secret_proof.INTERNAL, (secret,))
+    health_servicer = health.aio.HealthServicer()
     interceptors: list[grpc.aio.ServerInterceptor] = [RevocationCheck(revocations)] if revocations else []
-    if secrets:
-        interceptors.append(_SecretCheck(secrets))
+    if proofs is not None:
+        proofs.member_id = service.node.id
+        interceptors.append(secret_proof.ProofCheck(proofs, UNAUTHENTICATED[1],
+                                                    open_prefixes=tuple(m for m in OPEN_TO_NONE if m != CHALLENGE),
+                                                    open_handler=_health_without_reading(health_servicer)))
     interceptors.append(_Gate(service.classifier))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = store_handlers(service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)

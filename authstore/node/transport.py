@@ -28,9 +28,10 @@ from authstore.node.ports import Receiver
 from authstore.raft.codec import decode_message, encode_message, message_from_pb
 from authstore.raft.types import Message
 from protos import wire
-from protos.internal import PEER_SECRET_METADATA, STREAM_BATCH_BYTES
+from protos.internal import STREAM_BATCH_BYTES
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
+from raftgate import secret_proof
 from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 log = logging.getLogger("raftgate.store.transport")
@@ -71,7 +72,8 @@ def channel_options() -> list[tuple[str, int]]:
 
 
 class PeerSecurity:
-    """How peers prove who they are: mTLS credentials, or an explicit development secret."""
+    """How peers prove who they are: mTLS credentials, or an explicit development secret (proven
+    over a challenge, never sent: raftgate/secret_proof.py)."""
 
     def __init__(self, *, secret: bytes | None = None, cert: bytes | None = None, key: bytes | None = None,
                  ca: bytes | None = None) -> None:
@@ -97,14 +99,23 @@ class PeerSecurity:
             return grpc.aio.secure_channel(address, creds, options=options)
         return grpc.aio.insecure_channel(address, options=options)
 
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((PEER_SECRET_METADATA, self.secret.decode()),) if self.secret is not None else ()
-
-    def admits(self, context: grpc.aio.ServicerContext) -> bool:
+    def interceptors(self, member_id: int) -> list[grpc.aio.ServerInterceptor]:
+        """The peer server's: with a secret, every call proves it (as member ``member_id``'s peer)
+        before any message is read; Challenge alone is open."""
         if self.secret is None:
-            return True  # mTLS already verified the peer's certificate
-        given = dict(context.invocation_metadata() or ()).get(PEER_SECRET_METADATA, "")
-        return hmac.compare_digest(given.encode(), self.secret)
+            return []  # mTLS already verified the peer's certificate
+        challenges = secret_proof.Challenges(secret_proof.PEER, (self.secret,), member_id)
+        return [secret_proof.ProofCheck(challenges, "raftgate: peer port requires peer credentials")]
+
+    def prover(self, channel: grpc.aio.Channel, member_id: int | None) -> secret_proof.Prover | None:
+        """Proofs for calls on ``channel`` to member ``member_id`` (None: whichever answers)."""
+        if self.secret is None:
+            return None
+        return secret_proof.Prover(channel, self.secret, secret_proof.PEER, member_id)
+
+
+async def proof_metadata(prover: secret_proof.Prover | None) -> tuple[tuple[str, str], ...]:
+    return () if prover is None else await prover.metadata()
 
 
 class _Peer:
@@ -189,7 +200,9 @@ class Transport:
             try:
                 open_stream = channel.stream_unary(f"/{SERVICE}/MessageBatches", request_serializer=None,
                                                    response_deserializer=None)
-                call = open_stream(metadata=self.security.metadata())
+                # a fresh challenge on each new channel: a stale one fails like any broken stream
+                metadata = await proof_metadata(self.security.prover(channel, peer.id))
+                call = open_stream(metadata=metadata)
                 # Nothing leaves the queue until the peer has opened the stream: messages taken
                 # for a connection that never came up would be lost (Raft repairs most losses,
                 # but not a forwarded read).
@@ -260,7 +273,8 @@ class Transport:
         channel = self.security.channel(peer.address)
         try:
             call = channel.stream_unary(f"/{SERVICE}/Snapshot", request_serializer=None, response_deserializer=None)
-            await call(chunks(), metadata=self.security.metadata())
+            metadata = await proof_metadata(self.security.prover(channel, msg.to))
+            await call(chunks(), metadata=metadata)
             return True
         except grpc.aio.AioRpcError as exc:
             log.warning("snapshot to %x failed: %s", msg.to, exc.code())
@@ -269,9 +283,8 @@ class Transport:
             await channel.close()
 
     # ---- receiving ----
+    # The peer server's interceptors (PeerSecurity.interceptors) checked the caller before this.
     async def _receive_messages(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
-        if not self.security.admits(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
         await context.send_initial_metadata(())  # the sender starts taking from its queue now
         warned = False
         async for data in requests:
@@ -289,8 +302,6 @@ class Transport:
         return b""
 
     async def _receive_snapshot(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
-        if not self.security.admits(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
         self.snapshot_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         path = self.snapshot_dir / f"incoming-{id(context):x}.mdb"
         digest = hashlib.sha256()
@@ -320,9 +331,7 @@ class Transport:
     def handler(self, members: Callable[[], bytes]) -> grpc.GenericRpcHandler:
         """The Peer service; ``members`` answers a joining node's question about the member list."""
 
-        async def member_list(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            if not self.security.admits(context):
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: peer port requires peer credentials")
+        async def member_list(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
             return members()
 
         return grpc.method_handlers_generic_handler(SERVICE, {

@@ -24,21 +24,22 @@ _sym_db = _symbol_database.Default()
 
 from protos.raftpb import raft_pb2 as protos_dot_raftpb_dot_raft__pb2
 from protos.etcdserverpb import rpc_pb2 as protos_dot_etcdserverpb_dot_rpc__pb2
+from protos.storepb import store_pb2 as protos_dot_storepb_dot_store__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protos/storepb/peer.proto\x12\x10raftgate.storepb\x1a\x18protos/raftpb/raft.proto\x1a\x1dprotos/etcdserverpb/rpc.proto\"\t\n\x07PeerAck\"1\n\x0cMessageBatch\x12!\n\x08messages\x18\x01 \x03(\x0b\x32\x0f.raftpb.Message\"O\n\rSnapshotChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12 \n\x07message\x18\x02 \x01(\x0b\x32\x0f.raftpb.Message\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\x32\xe7\x01\n\x04Peer\x12M\n\x0eMessageBatches\x12\x1e.raftgate.storepb.MessageBatch\x1a\x19.raftgate.storepb.PeerAck(\x01\x12H\n\x08Snapshot\x12\x1f.raftgate.storepb.SnapshotChunk\x1a\x19.raftgate.storepb.PeerAck(\x01\x12\x46\n\x07Members\x12\x19.raftgate.storepb.PeerAck\x1a .etcdserverpb.MemberListResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protos/storepb/peer.proto\x12\x10raftgate.storepb\x1a\x18protos/raftpb/raft.proto\x1a\x1dprotos/etcdserverpb/rpc.proto\x1a\x1aprotos/storepb/store.proto\"\t\n\x07PeerAck\"1\n\x0cMessageBatch\x12!\n\x08messages\x18\x01 \x03(\x0b\x32\x0f.raftpb.Message\"O\n\rSnapshotChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12 \n\x07message\x18\x02 \x01(\x0b\x32\x0f.raftpb.Message\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\x32\xbd\x02\n\x04Peer\x12M\n\x0eMessageBatches\x12\x1e.raftgate.storepb.MessageBatch\x1a\x19.raftgate.storepb.PeerAck(\x01\x12H\n\x08Snapshot\x12\x1f.raftgate.storepb.SnapshotChunk\x1a\x19.raftgate.storepb.PeerAck(\x01\x12\x46\n\x07Members\x12\x19.raftgate.storepb.PeerAck\x1a .etcdserverpb.MemberListResponse\x12T\n\tChallenge\x12\".raftgate.storepb.ChallengeRequest\x1a#.raftgate.storepb.ChallengeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.storepb.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PEERACK']._serialized_start=104
-  _globals['_PEERACK']._serialized_end=113
-  _globals['_MESSAGEBATCH']._serialized_start=115
-  _globals['_MESSAGEBATCH']._serialized_end=164
-  _globals['_SNAPSHOTCHUNK']._serialized_start=166
-  _globals['_SNAPSHOTCHUNK']._serialized_end=245
-  _globals['_PEER']._serialized_start=248
-  _globals['_PEER']._serialized_end=479
+  _globals['_PEERACK']._serialized_start=132
+  _globals['_PEERACK']._serialized_end=141
+  _globals['_MESSAGEBATCH']._serialized_start=143
+  _globals['_MESSAGEBATCH']._serialized_end=192
+  _globals['_SNAPSHOTCHUNK']._serialized_start=194
+  _globals['_SNAPSHOTCHUNK']._serialized_end=273
+  _globals['_PEER']._serialized_start=276
+  _globals['_PEER']._serialized_end=593
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 from protos.raftpb import raft_pb2 as _raft_pb2
 from protos.etcdserverpb import rpc_pb2 as _rpc_pb2
+from protos.storepb import store_pb2 as _store_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

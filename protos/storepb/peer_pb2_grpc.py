@@ -5,6 +5,7 @@ import warnings
 
 from protos.etcdserverpb import rpc_pb2 as protos_dot_etcdserverpb_dot_rpc__pb2
 from protos.storepb import peer_pb2 as protos_dot_storepb_dot_peer__pb2
+from protos.storepb import store_pb2 as protos_dot_storepb_dot_store__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -50,6 +51,11 @@ class PeerStub:
                 request_serializer=protos_dot_storepb_dot_peer__pb2.PeerAck.SerializeToString,
                 response_deserializer=protos_dot_etcdserverpb_dot_rpc__pb2.MemberListResponse.FromString,
                 _registered_method=True)
+        self.Challenge = channel.unary_unary(
+                '/raftgate.storepb.Peer/Challenge',
+                request_serializer=protos_dot_storepb_dot_store__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.ChallengeResponse.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -78,6 +84,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Challenge(self, request, context):
+        """A fresh challenge for the peer secret's proof (as Store.Challenge): open to every caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +108,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Members,
                     request_deserializer=protos_dot_storepb_dot_peer__pb2.PeerAck.FromString,
                     response_serializer=protos_dot_etcdserverpb_dot_rpc__pb2.MemberListResponse.SerializeToString,
+            ),
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.ChallengeRequest.FromString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.ChallengeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +196,33 @@ class Peer:
             '/raftgate.storepb.Peer/Members',
             protos_dot_storepb_dot_peer__pb2.PeerAck.SerializeToString,
             protos_dot_etcdserverpb_dot_rpc__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftgate.storepb.Peer/Challenge',
+            protos_dot_storepb_dot_store__pb2.ChallengeRequest.SerializeToString,
+            protos_dot_storepb_dot_store__pb2.ChallengeResponse.FromString,
             options,
             channel_credentials,
             insecure,

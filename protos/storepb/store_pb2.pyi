@@ -9,6 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ChallengeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChallengeResponse(_message.Message):
+    __slots__ = ("nonce", "member_id")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    member_id: int
+    def __init__(self, nonce: _Optional[bytes] = ..., member_id: _Optional[int] = ...) -> None: ...
+
 class WatchStreamRequest(_message.Message):
     __slots__ = ("header", "request", "resume", "current_revision", "token_digest", "token")
     HEADER_FIELD_NUMBER: _ClassVar[int]

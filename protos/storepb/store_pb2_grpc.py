@@ -71,6 +71,11 @@ class StoreStub:
                 request_serializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
                 _registered_method=True)
+        self.Challenge = channel.unary_unary(
+                '/raftgate.storepb.Store/Challenge',
+                request_serializer=protos_dot_storepb_dot_store__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.ChallengeResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServicer:
@@ -133,6 +138,14 @@ class StoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Challenge(self, request, context):
+        """A fresh challenge for a development shared secret's proof (raftgate/secret_proof.py): open to
+        every caller, answered without reading the request. Never needed with mTLS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +183,11 @@ def add_StoreServicer_to_server(servicer, server):
                     servicer.WatchBatches,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.WatchBatch.SerializeToString,
+            ),
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.ChallengeRequest.FromString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.ChallengeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -361,6 +379,33 @@ class Store:
             '/raftgate.storepb.Store/WatchBatches',
             protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftgate.storepb.Store/Challenge',
+            protos_dot_storepb_dot_store__pb2.ChallengeRequest.SerializeToString,
+            protos_dot_storepb_dot_store__pb2.ChallengeResponse.FromString,
             options,
             channel_credentials,
             insecure,

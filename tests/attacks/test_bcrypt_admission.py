@@ -29,7 +29,7 @@ from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
 from tests.support.processes import wait_for
-from tests.unit.test_proxy_pipeline import SECRET, FakeStore, login, md
+from tests.unit.test_proxy_pipeline import SECRET, FakeStore, fake_store_server, login, md
 
 FLOOD = 24
 
@@ -41,7 +41,7 @@ def _run(tmp_path: Path, scenario: Callable[[FakeStore, grpc.aio.Channel, grpc.a
 
     async def main() -> None:
         fake = FakeStore()
-        store_server = grpc.aio.server()
+        store_server = fake_store_server()
         store_pb2_grpc.add_StoreServicer_to_server(fake, store_server)
         store_port = store_server.add_insecure_port("127.0.0.1:0")
         await store_server.start()

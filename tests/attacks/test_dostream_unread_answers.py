@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 
 from authstore.api.callers import Caller, Classifier
 from authstore.api.server import CALLER, StoreService
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
+from protos.storepb.store_pb2 import ChallengeResponse
+from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
 
 SIDECAR_SECRET = b"sidecar-secret-for-tests-0123456789"
 CALLS = 20_000
@@ -27,10 +28,14 @@ HELD_AT_MOST = 4096
 
 
 class Context:
-    """What do_stream asks of a grpc.aio context: a sidecar's secret, its address."""
+    """What do_stream asks of a grpc.aio context: a proof of a sidecar's secret, its address."""
 
-    def invocation_metadata(self) -> list[tuple[str, bytes]]:
-        return [(INTERNAL_SECRET_METADATA, SIDECAR_SECRET)]
+    def __init__(self, proofs: Challenges) -> None:
+        nonce = ChallengeResponse.FromString(proofs.issue(self.peer())).nonce
+        self._metadata = proof_metadata(SIDECAR_SECRET, INTERNAL, proofs.member_id, nonce)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
 
     def peer(self) -> str:
         return "ipv4:10.0.0.7:40000"
@@ -49,7 +54,9 @@ def test_a_stream_whose_answers_are_not_read_is_not_read_without_end() -> None:
 async def _scenario() -> None:
     service = StoreService.__new__(StoreService)  # only what DoStream uses
     service.classifier = Classifier(secret=b"central-secret-for-tests-0123456789", sidecar_secret=SIDECAR_SECRET)
-    assert service.classifier.classify(Context()) is Caller.SIDECAR
+    assert service.classifier.proofs is not None
+    context = Context(service.classifier.proofs)
+    assert service.classifier.classify(context) is Caller.SIDECAR
     CALLER.set(Caller.SIDECAR)  # what the store's gate finds before DoStream runs
     answered = 0
 
@@ -72,7 +79,7 @@ async def _scenario() -> None:
             yield spb.DoBatch(calls=calls).SerializeToString()
             await asyncio.sleep(0)
 
-    stream = service.do_stream(batches(), Context())  # type: ignore[arg-type]
+    stream = service.do_stream(batches(), context)  # type: ignore[arg-type]
     try:
         await anext(stream)  # the caller reads one message, then never again
         for _ in range(2 * CALLS // PER_BATCH + 100):  # every batch had its turn to be read

@@ -26,7 +26,7 @@ from protos import wire
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from protos.internal import INTERNAL_SECRET_METADATA, INTERNAL_TOKEN_METADATA
+from protos.internal import INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
 from raftgate.internal_access import (
@@ -45,6 +45,7 @@ from raftgate.internal_access import (
     stream_call,
 )
 from raftgate.methods import REQUESTS, Perm
+from raftgate.secret_proof import proving_channel
 from tests.support.processes import SECRET, Program, free_port, secret_file, store_program, wait_for, write_test_pki
 
 SIDECAR_SECRET = "sidecar-secret-for-access-tests-0123456789"
@@ -66,7 +67,7 @@ class As:
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        md = [] if self.secret is None else [(INTERNAL_SECRET_METADATA, self.secret)]
+        md: list[tuple[str, str]] = []  # the secret is proven by the channel (Store.channel), never sent
         if self.token is not None:
             md.append((INTERNAL_TOKEN_METADATA, self.token))
         return tuple(md)
@@ -87,9 +88,16 @@ class Store:
     app_token: str = ""
     nobody: list[As] = field(default_factory=list)
     program: Program | None = None
+    #: a channel proving each secret (raftgate/secret_proof.py), made when first used
+    proving: dict[str, grpc.Channel] = field(default_factory=dict)
 
     def channel(self, way: As) -> grpc.Channel:
-        return self.channels[way.caller]
+        base = self.channels[way.caller]
+        if way.secret is None:
+            return base
+        if way.secret not in self.proving:
+            self.proving[way.secret] = proving_channel(base, way.secret)
+        return self.proving[way.secret]
 
 
 def _hashed(password: str) -> str:

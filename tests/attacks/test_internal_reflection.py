@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from raftgate.secret_proof import proving_channel
 from tests.attacks.test_ports import _store_args
 from tests.support.processes import SECRET, Program, free_port
 
@@ -36,10 +37,11 @@ def _services(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] | Non
 
 def test_reflection_needs_credentials_and_health_does_not(store: str) -> None:
     with grpc.insecure_channel(store) as channel:
-        for metadata in (None, (("x-raftgate-internal-secret", "wrong"),)):
+        for caller, metadata in ((channel, None), (channel, (("x-raftgate-internal-secret", SECRET),)),
+                                 (proving_channel(channel, "wrong-secret-0123456789"), None)):
             with pytest.raises(grpc.RpcError) as err:
-                _services(channel, metadata)
+                _services(caller, metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "raftgate.storepb.Store" in _services(channel, (("x-raftgate-internal-secret", SECRET),))
+        assert "raftgate.storepb.Store" in _services(proving_channel(channel, SECRET), None)
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING

@@ -73,7 +73,7 @@ class _Receiver:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(interceptors=self.transport.security.interceptors(2))
         self.server.add_generic_rpc_handlers((self.transport.handler(lambda: b""),))
         assert self.server.add_insecure_port(self.address)
         await self.server.start()

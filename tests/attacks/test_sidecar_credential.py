@@ -30,9 +30,10 @@ from protos import wire
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from protos.internal import AUTHENTICATE_FIELD, INTERNAL_SECRET_METADATA
+from protos.internal import AUTHENTICATE_FIELD
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
+from raftgate.secret_proof import proving_channel
 from tests.support.oidc_issuer import AUDIENCE, public_jwk, rsa_key
 from tests.support.processes import (
     SECRET,
@@ -140,9 +141,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def _store_call(cluster: Cluster, method: str, body: bytes,
                 secret: str = SIDECAR_SECRET) -> tuple[grpc.StatusCode, str]:
     with grpc.insecure_channel(cluster.store) as ch:
-        call = ch.unary_unary(STORE + method, request_serializer=None, response_deserializer=None)
+        call = proving_channel(ch, secret).unary_unary(STORE + method, request_serializer=None,
+                                                       response_deserializer=None)
         try:
-            call(body, metadata=((INTERNAL_SECRET_METADATA, secret),), timeout=10)
+            call(body, timeout=10)
         except grpc.RpcError as exc:
             return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""
@@ -150,9 +152,10 @@ def _store_call(cluster: Cluster, method: str, body: bytes,
 
 def _stream_call(cluster: Cluster, method: int, body: bytes) -> tuple[int, str]:
     with grpc.insecure_channel(cluster.store) as ch:
-        call = ch.stream_stream(STORE + "DoStream", request_serializer=None, response_deserializer=None)
+        call = proving_channel(ch, SIDECAR_SECRET).stream_stream(STORE + "DoStream", request_serializer=None,
+                                                                 response_deserializer=None)
         batch = spb.DoBatch(calls=[spb.DoCall(id=1, request=body, method=method)]).SerializeToString()
-        answers = call(iter([batch]), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),), timeout=10)
+        answers = call(iter([batch]), timeout=10)
         for raw in answers:
             for result in spb.DoResultBatch.FromString(raw).results:
                 return result.code, result.message
@@ -352,9 +355,10 @@ def test_sidecar_may_follow_the_leader_and_members(cluster: Cluster) -> None:
     with ``Leader`` (its --store-endpoints are only seeds). The answer holds member IDs and the
     internal URLs the sidecar connects to anyway - no secret, nothing it could not reach."""
     with grpc.insecure_channel(cluster.store) as ch:
-        call = ch.unary_unary(STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
-                              response_deserializer=spb.LeaderResponse.FromString)
-        answer = call(spb.LeaderRequest(), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),), timeout=10)
+        call = proving_channel(ch, SIDECAR_SECRET).unary_unary(
+            STORE + "Leader", request_serializer=spb.LeaderRequest.SerializeToString,
+            response_deserializer=spb.LeaderResponse.FromString)
+        answer = call(spb.LeaderRequest(), timeout=10)
     assert answer.leader_id == answer.member_id
     assert [list(m.internal_urls) for m in answer.members] == [[f"http://{cluster.store}"]]
 

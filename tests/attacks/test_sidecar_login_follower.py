@@ -24,9 +24,9 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
+from raftgate.secret_proof import proving_channel
 from tests.faults.cluster import Cluster, Node, program_cluster
 from tests.support.processes import Program, free_port, wait_for, wait_serving
 
@@ -77,11 +77,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def stream_login(node: Node, name: str, password: str) -> tuple[grpc.StatusCode, str]:
     """One DoStream AUTHENTICATE straight at ``node`` with the sidecar credential."""
     body = rpc_pb2.AuthenticateRequest(name=name, password=password).SerializeToString()
-    with grpc.insecure_channel(node.internal) as ch:
+    with grpc.insecure_channel(node.internal) as base:
+        ch = proving_channel(base, SIDECAR_SECRET)
         call = ch.stream_stream(STORE + "DoStream", request_serializer=None, response_deserializer=None)
         batch = spb.DoBatch(calls=[spb.DoCall(id=1, request=body, method=spb.DoCall.AUTHENTICATE)])
-        for raw in call(iter([batch.SerializeToString()]), metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),),
-                        timeout=30):
+        for raw in call(iter([batch.SerializeToString()]), timeout=30):
             for result in spb.DoResultBatch.FromString(raw).results:
                 code = next(c for c in grpc.StatusCode if c.value[0] == result.code)
                 return code, result.message

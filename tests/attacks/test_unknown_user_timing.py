@@ -20,11 +20,11 @@ import grpc.aio
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2
 from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
+from raftgate.secret_proof import proving_channel
 from tests.support.processes import SECRET, free_port, proxy_program, store_program, wait_serving
 from tests.unit.test_proxy_pipeline import FakeStore, login, run
 
@@ -56,12 +56,11 @@ def store_with_cost6_users(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.slow
 def test_store_answers_unknown_users_with_a_decoy_at_the_users_cost(store_with_cost6_users: str) -> None:
     with grpc.insecure_channel(store_with_cost6_users) as ch:
-        call = ch.unary_unary("/raftgate.storepb.Store/Credentials",
-                              request_serializer=store_pb2.CredentialsRequest.SerializeToString,
-                              response_deserializer=store_pb2.CredentialsResponse.FromString)
-        md = ((INTERNAL_SECRET_METADATA, SECRET),)
-        alice = call(store_pb2.CredentialsRequest(name="alice"), metadata=md, timeout=30)
-        nobody = call(store_pb2.CredentialsRequest(name="nobody"), metadata=md, timeout=30)
+        call = proving_channel(ch, SECRET).unary_unary(
+            "/raftgate.storepb.Store/Credentials", request_serializer=store_pb2.CredentialsRequest.SerializeToString,
+            response_deserializer=store_pb2.CredentialsResponse.FromString)
+        alice = call(store_pb2.CredentialsRequest(name="alice"), timeout=30)
+        nobody = call(store_pb2.CredentialsRequest(name="nobody"), timeout=30)
     assert alice.found and _cost(alice.password_hash) == 6
     assert not nobody.found
     assert nobody.password_hash.startswith(b"$2a$06$") and len(nobody.password_hash) == 60

@@ -24,9 +24,9 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
+from raftgate.secret_proof import INTERNAL, Prover
 from tests.faults.cluster import program_cluster
 from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
 from tests.watch.wclient import WatchStream
@@ -90,8 +90,8 @@ def _resume(watch_id: int, token: str) -> bytes:
 async def _attack(setup: Setup, streams: int, per_stream: int) -> tuple[set[int], dict[int, str]]:
     """`streams` sidecar WatchBatches streams with `per_stream` resumed creates each (distinct ids);
     then one put: (ids that got the event, ids canceled -> reason)."""
-    md = ((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),)
     async with grpc.aio.insecure_channel(setup.store) as ch:
+        md = await Prover(ch, SIDECAR_SECRET, INTERNAL).metadata()  # the sidecar secret, proven
         method = ch.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
         calls = [method(metadata=md) for _ in range(streams)]
         ids = iter(range(1, streams * per_stream + 1))

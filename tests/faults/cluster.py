@@ -35,10 +35,10 @@ import grpc
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2
+from raftgate.secret_proof import proving_channel
 from tests.support.linearizability import CAS, GET, PUT, History, Op, check
 from tests.support.processes import Program, RaftgateLocal, free_port, wait_for
 
-SECRET_METADATA = "x-raftgate-internal-secret"
 STORE_SERVICE = "/raftgate.storepb.Store/"
 #: internal responses carry the answer under the request's field number in InternalRaftRequest
 RESPONSE_FIELD = {f.number: f.name for f in store_pb2.InternalResponse.DESCRIPTOR.fields}
@@ -69,6 +69,8 @@ class Node:
     program: Program | None = None
     member_id: int = 0
     channel: grpc.Channel | None = None
+    #: ``channel`` with the secret's proofs on every call
+    proven: grpc.Channel | None = None
     restarts: int = 0
 
     @property
@@ -94,20 +96,19 @@ class Cluster:
 
     # ---- the internal service of one node ----
     def _channel(self, node: Node) -> grpc.Channel:
+        """The node's internal port; every call proves the secret (raftgate/secret_proof.py)."""
         if node.channel is None:
             node.channel = grpc.insecure_channel(node.internal)
-        return node.channel
-
-    @property
-    def _md(self) -> tuple[tuple[str, str], ...]:
-        return ((SECRET_METADATA, self.secret),)
+            node.proven = proving_channel(node.channel, self.secret)
+        assert node.proven is not None
+        return node.proven
 
     def leader_info(self, node: Node, timeout: float = 1.0) -> store_pb2.LeaderResponse | None:
         call = self._channel(node).unary_unary(
             STORE_SERVICE + "Leader", request_serializer=store_pb2.LeaderRequest.SerializeToString,
             response_deserializer=store_pb2.LeaderResponse.FromString)
         try:
-            resp = call(store_pb2.LeaderRequest(), metadata=self._md, timeout=timeout)
+            resp = call(store_pb2.LeaderRequest(), timeout=timeout)
         except grpc.RpcError:
             return None
         node.member_id = resp.member_id
@@ -118,7 +119,7 @@ class Cluster:
         call = self._channel(node).unary_unary(
             STORE_SERVICE + "Do", request_serializer=ipb.InternalRaftRequest.SerializeToString,
             response_deserializer=store_pb2.InternalResponse.FromString)
-        resp = call(req, metadata=self._md, timeout=timeout)
+        resp = call(req, timeout=timeout)
         return getattr(resp, resp.WhichOneof("response"))
 
     def local_keys(self, node: Node, prefix: bytes, header: ipb.RequestHeader | None = None) -> dict[bytes, bytes]:

@@ -100,7 +100,7 @@ async def _reconnect_after(down_seconds: float, tmp_path: Path) -> None:
             await asyncio.sleep(0.1)
 
     beating = asyncio.get_running_loop().create_task(heartbeats())
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=security.interceptors(2))
     try:
         await asyncio.sleep(down_seconds)
         receiver = Transport(2, security, tmp_path)

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
+from raftgate.secret_proof import proving_channel
 from tests.support.processes import SECRET, Program, etcdctl, free_port
 
 
@@ -60,16 +61,19 @@ def secret_store(tmp_path: Path):
 
 def test_internal_port_refuses_callers_without_the_secret(secret_store: str) -> None:
     with grpc.insecure_channel(secret_store) as channel:
-        for metadata in (None, (("x-raftgate-internal-secret", "wrong"),)):
+        # no credential, the secret itself (it is proven, never sent), a proof of another secret
+        for caller, metadata in ((channel, None), (channel, (("x-raftgate-internal-secret", SECRET),)),
+                                 (proving_channel(channel, "wrong-secret-0123456789"), None)):
             with pytest.raises(grpc.RpcError) as err:
-                _do(channel, metadata)
+                _do(caller, metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
             with pytest.raises(grpc.RpcError) as err:
-                _do_stream(channel, metadata)
+                _do_stream(caller, metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        answer = _do(channel, (("x-raftgate-internal-secret", SECRET),))
+        proven = proving_channel(channel, SECRET)
+        answer = _do(proven)
         assert answer.auth_status.authRevision == 1
-        ok, refused = _do_stream(channel, (("x-raftgate-internal-secret", SECRET),))
+        ok, refused = _do_stream(proven)
         answer = store_pb2.InternalResponse.FromString(ok.response)
         assert ok.code == 0 and answer.auth_status.authRevision == 1
         assert (refused.code, refused.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0],

@@ -17,6 +17,7 @@ import pytest
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
+from raftgate.secret_proof import proving_channel
 from tests.support.processes import REPO_ROOT, RaftgateLocal, etcdctl, free_port, wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,13 +25,14 @@ pytestmark = pytest.mark.slow
 
 def _serializable_get(internal_port: int, secret: str, key: bytes) -> list[bytes]:
     """Reads one node's own state through its internal port (auth is off in this test)."""
-    with grpc.insecure_channel(f"127.0.0.1:{internal_port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{internal_port}") as raw:
+        channel = proving_channel(raw, secret)
         do = channel.unary_unary("/raftgate.storepb.Store/Do",
                                  request_serializer=ipb.InternalRaftRequest.SerializeToString,
                                  response_deserializer=store_pb2.InternalResponse.FromString)
         req = ipb.InternalRaftRequest(header=ipb.RequestHeader(),
                                       range=rpc_pb2.RangeRequest(key=key, serializable=True))
-        answer = do(req, metadata=(("x-raftgate-internal-secret", secret),), timeout=5)
+        answer = do(req, timeout=5)
     return [kv.value for kv in answer.range.kvs]
 
 

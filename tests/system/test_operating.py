@@ -22,6 +22,7 @@ import pytest
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
+from raftgate.secret_proof import proving_channel
 from tests.support.processes import REPO_ROOT, RaftgateLocal, etcdctl, free_port, store_program, wait_for
 
 pytestmark = pytest.mark.slow
@@ -64,11 +65,11 @@ def _member_started(ep: str, member_hex: str, name: str) -> bool:
 
 
 def _do(internal: str, secret: str, req: ipb.InternalRaftRequest) -> store_pb2.InternalResponse:
-    with grpc.insecure_channel(internal) as channel:
-        do = channel.unary_unary("/raftgate.storepb.Store/Do",
-                                 request_serializer=ipb.InternalRaftRequest.SerializeToString,
-                                 response_deserializer=store_pb2.InternalResponse.FromString)
-        return do(req, metadata=(("x-raftgate-internal-secret", secret),), timeout=10)
+    with grpc.insecure_channel(internal) as raw:
+        do = proving_channel(raw, secret).unary_unary("/raftgate.storepb.Store/Do",
+                                                      request_serializer=ipb.InternalRaftRequest.SerializeToString,
+                                                      response_deserializer=store_pb2.InternalResponse.FromString)
+        return do(req, timeout=10)
 
 
 def _put_and_get(internal: str, secret: str, key: bytes, value: bytes) -> list[bytes]:

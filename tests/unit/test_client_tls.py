@@ -25,6 +25,7 @@ from proxy.config import ConfigError, load
 from proxy.server import ProxyServer
 from proxy.tls import ClientTLS, ServerTLS, common_name
 from raftgate.errors import Err
+from raftgate.secret_proof import INTERNAL, Challenges, ProofCheck
 from tests.support.processes import write_test_pki
 
 
@@ -258,7 +259,7 @@ def _through_proxy(tmp_path: Path, pki: dict[str, Path], extra: list[str], scena
     channel with ``cn``'s certificate (None: no certificate)."""
     async def main() -> None:
         store = MiniStore()
-        store_server = grpc.aio.server()
+        store_server = grpc.aio.server(interceptors=[ProofCheck(Challenges(INTERNAL, (b"s3cret",)), "no")])
         store_pb2_grpc.add_StoreServicer_to_server(store, store_server)
         store_port = store_server.add_insecure_port("127.0.0.1:0")
         await store_server.start()

@@ -22,8 +22,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 from authstore.api.callers import Classifier
 from authstore.api.server import CALLER, StoreService, _guarded, store_handlers
 from protos.etcdserverpb import raft_internal_pb2 as ipb
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
+from protos.storepb.store_pb2 import ChallengeResponse
 from raftgate import internal_access as access
 from raftgate.internal_access import (
     DO_SENDERS,
@@ -35,6 +35,8 @@ from raftgate.internal_access import (
     stream_call,
 )
 from raftgate.methods import INTERNAL, METHODS, Kind, Route
+from raftgate.secret_proof import INTERNAL as INTERNAL_PORT
+from raftgate.secret_proof import proof_metadata
 
 STORE = spb.DESCRIPTOR.services_by_name["Store"]
 SERVICES = (STORE, health_pb2.DESCRIPTOR.services_by_name["Health"],
@@ -95,9 +97,10 @@ def test_a_method_without_a_row_is_refused_to_everyone() -> None:
 # ---- what the table promises (THREAT_MODEL.md): each a property of the rows, not a list ----
 
 
-def test_an_unauthenticated_caller_reaches_health_only() -> None:
+def test_an_unauthenticated_caller_reaches_health_and_challenge_only() -> None:
     open_to_none = {m for m in SERVED if decide(m, Caller.NONE) is None}
-    assert open_to_none == {access.HEALTH_CHECK, access.HEALTH_WATCH}  # probes (List: not implemented)
+    # probes (List: not implemented), and the nonce a development secret is proven over
+    assert open_to_none == {access.HEALTH_CHECK, access.HEALTH_WATCH, access.CHALLENGE}
     for method in SERVED:
         if method not in open_to_none:
             assert decide(method, Caller.NONE) == access.UNAUTHENTICATED
@@ -152,14 +155,22 @@ class _Aborted(Exception):
 
 
 class _Context:
-    """What the gate asks of a grpc.aio context: the secret presented; abort."""
+    """What the gate asks of a grpc.aio context: the proof of the secret presented; abort."""
 
-    def __init__(self, secret: bytes | None) -> None:
-        self._secret = secret
+    def __init__(self, secret: bytes | None, classifier: Classifier) -> None:
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        if secret is not None:
+            proofs = classifier.proofs
+            assert proofs is not None
+            nonce = ChallengeResponse.FromString(proofs.issue(self.peer())).nonce
+            self._metadata = proof_metadata(secret, INTERNAL_PORT, proofs.member_id, nonce)
         self.aborted: tuple[grpc.StatusCode, str] | None = None
 
-    def invocation_metadata(self) -> list[tuple[str, bytes]]:
-        return [] if self._secret is None else [(INTERNAL_SECRET_METADATA, self._secret)]
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:40000"
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return {}
@@ -197,7 +208,7 @@ def test_the_store_gate_refuses_before_the_handler_runs(streaming: bool, secret:
         yield b"answer"
 
     classifier = Classifier(secret=CENTRAL_SECRET, sidecar_secret=SIDECAR_SECRET)
-    context = _Context(secret)
+    context = _Context(secret, classifier)
     with pytest.raises(_Aborted):
         asyncio.run(_run(_guarded(stream if streaming else unary, method, classifier), context))
     assert context.aborted is not None and context.aborted == decide(method, caller)
@@ -220,5 +231,5 @@ def test_the_store_gate_tells_the_handler_who_calls(streaming: bool) -> None:
     for secret, caller in ((CENTRAL_SECRET, Caller.CENTRAL), (SIDECAR_SECRET, Caller.SIDECAR),
                            (None, Caller.NONE)):
         behaviour = _guarded(stream if streaming else unary, access.HEALTH_CHECK, classifier)
-        assert asyncio.run(_run(behaviour, _Context(secret))) == [b"answer"]
+        assert asyncio.run(_run(behaviour, _Context(secret, classifier))) == [b"answer"]
         assert ran[-1] is caller

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from authstore.api.callers import Caller, Classifier
-from protos.internal import INTERNAL_SECRET_METADATA
+from protos.storepb.store_pb2 import ChallengeResponse
+from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
 
 NOW = datetime.datetime.now(datetime.UTC)
 
@@ -37,15 +38,24 @@ def _pem(cert: x509.Certificate) -> bytes:
 
 
 class _Context:
-    def __init__(self, pem: bytes | None = None, secret: str | None = None) -> None:
+    def __init__(self, pem: bytes | None = None, secret: bytes | None = None, proofs: Challenges | None = None,
+                 peer: str = "ipv4:10.0.0.7:40000") -> None:
         self._pem = pem
-        self._secret = secret
+        self._peer = peer
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        if secret is not None:  # a proof of it over a challenge issued to this caller
+            assert proofs is not None
+            nonce = ChallengeResponse.FromString(proofs.issue(peer)).nonce
+            self._metadata = proof_metadata(secret, INTERNAL, proofs.member_id, nonce)
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return {"x509_pem_cert": [self._pem]} if self._pem else {}
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((INTERNAL_SECRET_METADATA, self._secret),) if self._secret else ()
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
 
 
 def test_certificates_are_classified_by_the_ca_that_signed_them() -> None:
@@ -71,8 +81,16 @@ def test_certificates_are_classified_by_the_ca_that_signed_them() -> None:
 
 
 def test_development_secrets_each_name_their_class() -> None:
-    classifier = Classifier(secret=b"c" * 20, sidecar_secret=b"s" * 20)
+    classifier = Classifier(secret=b"c" * 20, sidecar_secret=b"s" * 20, member_id=7)
     assert classifier.secrets() == (b"c" * 20, b"s" * 20)
-    assert classifier.classify(_Context(secret="c" * 20)) is Caller.CENTRAL
-    assert classifier.classify(_Context(secret="s" * 20)) is Caller.SIDECAR
-    assert Classifier(secret=b"c" * 20).classify(_Context(secret="c" * 20)) is Caller.CENTRAL
+    proofs = classifier.proofs
+    assert proofs is not None
+    assert classifier.classify(_Context(secret=b"c" * 20, proofs=proofs)) is Caller.CENTRAL
+    assert classifier.classify(_Context(secret=b"s" * 20, proofs=proofs)) is Caller.SIDECAR
+    # a central proof replayed from another connection proves nothing: no credential at all
+    replayed = _Context(secret=b"c" * 20, proofs=proofs)
+    replayed._peer = "ipv4:10.0.0.8:40000"
+    assert classifier.classify(replayed) is Caller.NONE
+    alone = Classifier(secret=b"c" * 20)
+    assert alone.proofs is not None
+    assert alone.classify(_Context(secret=b"c" * 20, proofs=alone.proofs)) is Caller.CENTRAL

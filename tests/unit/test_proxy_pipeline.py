@@ -14,11 +14,11 @@ import grpc.aio
 import pytest
 
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2, store_pb2_grpc
 from proxy import config as proxy_config
 from proxy.server import ProxyServer
 from raftgate.errors import Err
+from raftgate.secret_proof import INTERNAL, Challenges, ProofCheck
 
 SECRET = "s3cret-for-tests"
 ROOT_PW = "rootpw"
@@ -67,9 +67,7 @@ class FakeStore(store_pb2_grpc.StoreServicer):
         self.authenticate_delay = 0.0
 
     async def _check_secret(self, context: grpc.aio.ServicerContext) -> None:
-        md = dict(context.invocation_metadata() or ())
-        if md.get(INTERNAL_SECRET_METADATA) != SECRET:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "raftgate: internal credential required")
+        """The server's ProofCheck (``fake_store_server``) let only a proof of SECRET through."""
 
     def _header(self) -> rpc_pb2.ResponseHeader:
         return rpc_pb2.ResponseHeader(cluster_id=1, member_id=2, revision=self.kv_revision, raft_term=3)
@@ -191,13 +189,19 @@ class FakeStore(store_pb2_grpc.StoreServicer):
         )
 
 
+def fake_store_server() -> grpc.aio.Server:
+    """A server for FakeStore: every call proves SECRET, as on a store's internal port."""
+    check = ProofCheck(Challenges(INTERNAL, (SECRET.encode(),)), "raftgate: internal credential required")
+    return grpc.aio.server(interceptors=[check])
+
+
 Scenario = Callable[[FakeStore, grpc.aio.Channel, ProxyServer], Awaitable[None]]
 
 
 def run(tmp_path: Path, scenario: Scenario, *extra_args: str) -> None:
     async def main() -> None:
         fake = FakeStore()
-        store_server = grpc.aio.server()
+        store_server = fake_store_server()
         store_pb2_grpc.add_StoreServicer_to_server(fake, store_server)
         store_port = store_server.add_insecure_port("127.0.0.1:0")
         await store_server.start()

@@ -96,7 +96,7 @@ def _run(behaviour: Behaviour, scenario: Callable[[StorePipe, list[bytes]], Awai
         seen: list[bytes] = []
         server = await _serve(port, behaviour, seen, **serve)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_CHANNEL_OPTIONS)  # as the proxy's
-        pipe = StorePipe(channel, METHOD, ())
+        pipe = StorePipe(channel, METHOD, None)
         try:
             await scenario(pipe, seen)
         finally:
@@ -170,7 +170,7 @@ def test_a_deadline_ends_the_call_not_the_stream() -> None:
 def test_no_store_listening_reads_as_unreached() -> None:
     async def main() -> None:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")
-        pipe = StorePipe(channel, METHOD, ())
+        pipe = StorePipe(channel, METHOD, None)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await pipe.do(b"anything", 5.0)
@@ -196,7 +196,7 @@ def test_a_store_stopping_under_load_gives_only_unavailable() -> None:
         seen: list[bytes] = []
         server = await _serve(port, _ok, seen)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        pipe = StorePipe(channel, METHOD, ())
+        pipe = StorePipe(channel, METHOD, None)
         outcomes: list[BaseException | bytes] = []
 
         async def client(n: int) -> None:
@@ -326,7 +326,7 @@ def test_an_answer_over_the_bound_fails_its_call_alone() -> None:
         port = free_port()
         server = await _serve(port, _sized_answer, [], answer_sizes=[])
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_CHANNEL_OPTIONS)
-        pipe = StorePipe(channel, METHOD, (), max_answer=2 << 20)
+        pipe = StorePipe(channel, METHOD, None, max_answer=2 << 20)
         try:
             huge, small, fits = await asyncio.gather(pipe.do(b"h%d" % (3 << 20), 10.0), pipe.do(b"s7", 10.0),
                                                      pipe.do(b"f%d" % (2 << 20), 10.0), return_exceptions=True)
