@@ -31,6 +31,7 @@ from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
 from raftgate.internal_access import (
     CALL_DO,
+    CHALLENGE,
     CREDENTIALS,
     DO,
     DO_STREAM,
@@ -370,6 +371,8 @@ def test_every_cell_answers_as_declared(store: Store) -> None:
         for method, body in ((CREDENTIALS, spb.CredentialsRequest(name="root")),
                              (RESOLVE_TOKEN, spb.ResolveTokenRequest(token=store.app_token)),
                              (LEADER, spb.LeaderRequest()),
+                             # secret mode: a nonce for anyone; mTLS: nothing to prove (UNIMPLEMENTED)
+                             (CHALLENGE, spb.ChallengeRequest()),
                              (rpc(HEALTH.full_name, "Check"), health_pb2.HealthCheckRequest()),
                              (rpc(HEALTH.full_name, "List"), health_pb2.HealthListRequest())):
             callable_methods.add(method)

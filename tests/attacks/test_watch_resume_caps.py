@@ -91,7 +91,7 @@ async def _attack(setup: Setup, streams: int, per_stream: int) -> tuple[set[int]
     """`streams` sidecar WatchBatches streams with `per_stream` resumed creates each (distinct ids);
     then one put: (ids that got the event, ids canceled -> reason)."""
     async with grpc.aio.insecure_channel(setup.store) as ch:
-        md = await Prover(ch, SIDECAR_SECRET, INTERNAL).metadata()  # the sidecar secret, proven
+        md = await Prover(ch, SIDECAR_SECRET.encode(), INTERNAL).metadata()  # the sidecar secret, proven
         method = ch.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
         calls = [method(metadata=md) for _ in range(streams)]
         ids = iter(range(1, streams * per_stream + 1))
