@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from authstore.api.watch.hub import MAX_TOKENS_PER_STREAM
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.internal import INTERNAL_SECRET_METADATA
@@ -232,3 +234,76 @@ def test_a_watch_a_sidecar_holds_open_past_exp_is_ended_by_the_store(cluster: Cl
         finally:
             done.set()
             answers.cancel()
+
+
+class _RawStream:
+    """A WatchBatches stream straight at the store with the sidecar secret, kept open until closed."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._channel = grpc.insecure_channel(cluster.store)
+        self._requests: queue.Queue[bytes | None] = queue.Queue()
+        method = self._channel.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
+        self._answers = method(iter(self._requests.get, None), timeout=ENDS_WITHIN * 2,
+                               metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),))
+        self._seen: list[rpc_pb2.WatchResponse] = []
+
+    def send(self, token: str, **request: Any) -> None:
+        self._requests.put(spb.WatchStreamRequest(request=rpc_pb2.WatchRequest(**request),
+                                                  token=token).SerializeToString())
+
+    def create(self, token: str, key: bytes, watch_id: int) -> None:
+        self.send(token, create_request=rpc_pb2.WatchCreateRequest(key=key, watch_id=watch_id))
+
+    def next(self) -> rpc_pb2.WatchResponse:
+        while not self._seen:
+            raw = next(self._answers)
+            self._seen += [rpc_pb2.WatchResponse.FromString(r) for r in spb.WatchBatch.FromString(raw).responses]
+        return self._seen.pop(0)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._answers.cancel()
+        self._channel.close()
+
+
+def test_one_stream_ends_only_the_watches_of_the_token_that_died(cluster: Cluster) -> None:
+    """A stream holding watches made with two tokens: the one whose exp passes loses its watch;
+    the other's watch is still open (the caller's own cancel gets an ordinary answer)."""
+    key = _key_in_force(cluster)
+    short, long = _mint(cluster, key, int(time.time()) + 6), _mint(cluster, key, YEAR_2100)
+    stream = _RawStream(cluster)
+    try:
+        stream.create(long, b"app/long", 1)
+        stream.create(short, b"app/short", 2)
+        for watch_id in (1, 2):
+            created = stream.next()
+            assert (created.watch_id, created.created, created.canceled) == (watch_id, True, False), created
+        ended = stream.next()
+        assert (ended.watch_id, ended.canceled, ended.cancel_reason) == (2, True, INVALID_TOKEN), ended
+        stream.send(long, cancel_request=rpc_pb2.WatchCancelRequest(watch_id=1))
+        asked = stream.next()
+        assert (asked.watch_id, asked.canceled, asked.cancel_reason) == (1, True, ""), asked
+    finally:
+        stream.close()
+
+
+def test_one_stream_holds_a_bounded_number_of_tokens(cluster: Cluster) -> None:
+    """Each distinct token a stream's watches hold is judged again every interval: past the bound,
+    a create with one more is refused (etcd's ``too many requests``); one with a held token is not."""
+    key = _key_in_force(cluster)
+    tokens = [_mint(cluster, key, YEAR_2100 - i) for i in range(MAX_TOKENS_PER_STREAM + 1)]
+    stream = _RawStream(cluster)
+    try:
+        for i, token in enumerate(tokens):
+            stream.create(token, f"app/t{i}".encode(), i + 1)
+        for i in range(MAX_TOKENS_PER_STREAM):
+            created = stream.next()
+            assert (created.watch_id, created.created, created.canceled) == (i + 1, True, False), created
+        refused = stream.next()
+        assert (refused.watch_id, refused.created, refused.canceled) == (-1, True, True), refused
+        assert refused.cancel_reason == EtcdError(Err.TOO_MANY_REQUESTS).status_string()
+        stream.create(tokens[0], b"app/again", 100)
+        again = stream.next()
+        assert (again.watch_id, again.created, again.canceled) == (100, True, False), again
+    finally:
+        stream.close()
