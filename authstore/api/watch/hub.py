@@ -90,6 +90,10 @@ _EVENTS_FIELD = 11  # WatchResponse.events
 #: leave the key ring, or its user-map rule the map, long before its ``exp``.
 RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
+#: Distinct vouched tokens the open watches of one stream may hold (a sidecar sends one client
+#: stream's token, or its lent identity's, a few over time): each is judged every RECHECK_SECONDS.
+#: A create with one more is refused with etcd's ``too many requests``.
+MAX_TOKENS_PER_STREAM = 16
 
 #: Judges a token again: (the user it names, its ``exp`` or None) while it verifies, else None.
 TokenJudge = Callable[[str], Awaitable[tuple[str, float | None] | None]]
@@ -790,6 +794,10 @@ class WatchHub:
                     certificate=msg.current_revision and not msg.token_digest)
         w.gid = next(self._gids)
         capped = self._cap(stream, w)
+        if capped is None and vouch is not None and stream.judge is not None and vouch.token not in stream.tokens \
+                and len(stream.tokens) >= MAX_TOKENS_PER_STREAM:
+            self._release(w)
+            capped = Err.TOO_MANY_REQUESTS
         if capped is not None:  # refused before it costs the apply thread anything
             reason = EtcdError(capped).status_string()
             if msg.resume:  # the client knows this watch: cancel it under its own id
