@@ -24,6 +24,12 @@ Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
   between the check and the registration; the event loop then gives it its id and its place in
   the stream and the delivery set.
 
+* **Vouched tokens** (sidecar-class streams): a JWT or workload token the store verified for a
+  create is kept with the stream while a watch it created is open; one timer per stream judges
+  each such token again every ``RECHECK_SECONDS`` and at its ``exp``, and a token that no longer
+  verifies ends its watches with ``invalid auth token`` as an auth change would (simple tokens
+  need no timer: every auth change and token drop re-checks their digest).
+
 Each piece of state has one owner thread. The apply thread owns the re-check set and the tap's
 position; the event loop owns streams, ids, the delivery set and the delivered revision. They
 meet only through two hand-offs: the tap's queue (under a lock) and the queue of removed watchers
