@@ -38,6 +38,7 @@ from authstore.api.quota import Quota
 from authstore.api.watch.hub import (
     DEFAULT_MAX_WATCHES_PER_STREAM,
     DEFAULT_MAX_WATCHES_PER_USER,
+    Vouched,
     WatchHub,
     progress_interval_from_env,
 )
@@ -416,20 +417,25 @@ class StoreService:
         """The header a sidecar-class caller's request runs with: the identity the store itself
         finds in the client's token (the caller's stamp is ignored). No token: anonymous; a token
         no verifier accepts: marked invalid (refused as `invalid auth token` when auth is on)."""
+        return (await self._verified(token))[0]
+
+    async def _verified(self, token: str | None) -> tuple[ipb.RequestHeader, Verified | None]:
+        """``verified_header``'s header, and what the verifier found when the token is valid."""
         if token is None:
-            return ipb.RequestHeader()
+            return ipb.RequestHeader(), None
         verifier = next((v for v in self.verifiers if v.recognizes(token)), None)
         found: Verified | None = await verifier.verify(token) if verifier is not None else None
         if found is None:
-            return ipb.RequestHeader(invalid_token=True)
+            return ipb.RequestHeader(invalid_token=True), None
         revision = found.revision
         if revision is None:
             # judged now: the user the token maps to must exist (as the proxy's workload check)
             with self.env.begin() as txn:
                 if self.applier.auth.get_user(txn, found.username) is None:
-                    return ipb.RequestHeader(invalid_token=True)
+                    return ipb.RequestHeader(invalid_token=True), None
                 revision = self.applier.auth.revision(txn)
-        return ipb.RequestHeader(username=found.username, auth_revision=revision, simple_token=found.revocable)
+        return ipb.RequestHeader(username=found.username, auth_revision=revision,
+                                 simple_token=found.revocable), found
 
     async def _may_login(self) -> None:
         """A login (StoreLogin) is taken only by a node that can log its failure: the leader, not
@@ -512,21 +518,39 @@ class StoreService:
 
     async def watch(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         if CALLER.get() is Caller.SIDECAR:
-            requests = self._verified_watch(requests)
-        async for response in self.watch_hub.serve(requests, context):
+            serving = self.watch_hub.serve(self._verified_watch(requests), context, judge=self._judge_token)
+        else:
+            serving = self.watch_hub.serve(requests, context)
+        async for response in serving:
             yield response
 
-    async def _verified_watch(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """A sidecar's watch requests, each with the identity the store finds in its token."""
+    async def _verified_watch(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes | Vouched]:
+        """A sidecar's watch requests, each with the identity the store finds in its token. A
+        valid token the store cannot revoke by itself (a JWT, a workload token) comes ``Vouched``:
+        the hub judges it again while the watches it created are open (``_judge_token``). A simple
+        token travels as its digest, which every auth change re-checks."""
         async for raw in requests:
             msg = spb.WatchStreamRequest.FromString(raw)
             token = msg.token if msg.HasField("token") else None
-            header = await self.verified_header(token)
+            header, found = await self._verified(token)
             msg.header.CopyFrom(header)
             msg.current_revision = header.simple_token
             msg.token_digest = token_digest(token) if header.simple_token and token is not None else b""
             msg.ClearField("token")
-            yield msg.SerializeToString()
+            data = msg.SerializeToString()
+            if token is not None and found is not None and not found.revocable and msg.request.HasField(
+                    "create_request"):
+                yield Vouched(data, token, header.username, found.expires_at)
+            else:
+                yield data
+
+    async def _judge_token(self, token: str) -> tuple[str, float | None] | None:
+        """A vouched token judged again (the hub's ``TokenJudge``): its user and ``exp`` while it
+        verifies, None once it does not (its key rotated out, its map rule or its user gone, expired)."""
+        header, found = await self._verified(token)
+        if found is None or header.invalid_token:
+            return None
+        return header.username, found.expires_at
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -439,3 +440,109 @@ def test_resume_is_checked_against_the_token_the_stream_was_opened_with(world: W
     kept, refused = asyncio.run(scenario())
     assert token and kept == [True, True]
     assert refused == [[(3, True, INVALID_TOKEN)], [(3, True, INVALID_TOKEN)]]
+
+
+# ---- vouched tokens: a sidecar-class stream judges its tokens again ------------------------------------
+
+def vouched(token: str, key: bytes, *, user: str = "alice", watch_id: int = 0,
+            expires_at: float | None = None) -> tuple[spb.WatchStreamRequest, hubmod.Vouched]:
+    msg = create_msg(key, user=user, watch_id=watch_id)
+    return msg, hubmod.Vouched(msg.SerializeToString(), token, user, expires_at)
+
+
+def test_a_dead_token_ends_only_its_watches_and_is_forgotten(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Judged every interval: a token the judge drops, or that now names another user, ends the
+    watches it created with `invalid auth token`; a token still good keeps its watch; the stream
+    holds no token once no open watch uses it."""
+    setup_auth(world)
+    monkeypatch.setattr(hubmod, "RECHECK_SECONDS", 0.01)
+    verdicts: dict[str, tuple[str, float | None] | None] = {"good": ("alice", None), "bad": ("alice", None),
+                                                            "swapped": ("alice", None)}
+
+    async def judge(token: str) -> tuple[str, float | None] | None:
+        return verdicts[token]
+
+    async def scenario() -> tuple[list[pb.WatchResponse], Stream]:
+        s = Stream(asyncio.Queue(), judge=judge)
+        for i, token in enumerate(["good", "bad", "swapped", "bad"]):
+            msg, vouch = vouched(token, b"foo", watch_id=i + 1)
+            await world.hub._create(s, msg, vouch)
+        assert {t: h.count for t, h in s.tokens.items()} == {"good": 1, "bad": 2, "swapped": 1}
+        task = asyncio.get_running_loop().create_task(world.hub._judge_tokens(s))
+        verdicts["bad"], verdicts["swapped"] = None, ("bob", None)
+        got: list[pb.WatchResponse] = []
+        async with asyncio.timeout(5):
+            while len([r for r in got if r.canceled]) < 3:
+                got.append(pb.WatchResponse.FromString(await s.queue.get()))  # type: ignore[arg-type]
+        task.cancel()
+        return got, s
+
+    got, s = asyncio.run(scenario())
+    created, ended = got[:4], got[4:]
+    assert [(r.watch_id, r.created) for r in created] == [(1, True), (2, True), (3, True), (4, True)]
+    assert sorted((r.watch_id, r.canceled, r.cancel_reason) for r in ended) == [
+        (2, True, INVALID_TOKEN), (3, True, INVALID_TOKEN), (4, True, INVALID_TOKEN)]
+    assert set(s.watchers) == {1} and set(s.tokens) == {"good"}
+    world.hub._remove(s.watchers[1])
+    assert s.tokens == {}
+
+
+def test_a_token_ends_its_watches_at_its_exp_without_asking(world: World) -> None:
+    setup_auth(world)
+    asked: list[str] = []
+
+    async def judge(token: str) -> tuple[str, float | None] | None:
+        asked.append(token)
+        return "alice", None
+
+    async def scenario() -> list[pb.WatchResponse]:
+        s = Stream(asyncio.Queue(), judge=judge)
+        msg, vouch = vouched("t", b"foo", expires_at=time.time() + 0.2)
+        await world.hub._create(s, msg, vouch)
+        task = asyncio.get_running_loop().create_task(world.hub._judge_tokens(s))
+        got = await responses(s, lambda r: r.canceled)
+        assert time.time() >= vouch.expires_at  # type: ignore[operator]
+        task.cancel()
+        return got
+
+    got = asyncio.run(scenario())
+    assert [(r.created, r.canceled, r.cancel_reason) for r in got] == [(True, False, ""), (False, True, INVALID_TOKEN)]
+    assert asked == []  # within the first interval: its exp alone ended it
+
+
+def test_with_auth_off_a_dead_token_ends_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd ignores tokens while auth is off: the token is forgotten, the watch stays; turning auth
+    on again re-checks every watch anyway (the tap)."""
+    monkeypatch.setattr(hubmod, "RECHECK_SECONDS", 0.01)
+
+    async def judge(token: str) -> tuple[str, float | None] | None:
+        return None
+
+    async def scenario() -> Stream:
+        s = Stream(asyncio.Queue(), judge=judge)
+        msg, vouch = vouched("t", b"foo", user="")
+        await world.hub._create(s, msg, vouch)
+        task = asyncio.get_running_loop().create_task(world.hub._judge_tokens(s))
+        async with asyncio.timeout(5):
+            while s.tokens:
+                await asyncio.sleep(0.01)  # polling a condition
+        task.cancel()
+        return s
+
+    s = asyncio.run(scenario())
+    assert [(r.created, r.canceled) for r in sent(s)] == [(True, False)]
+    assert set(s.watchers) == {0} and not s.watchers[0].removed
+
+
+def test_a_central_stream_ignores_vouches(world: World) -> None:
+    """Only a stream the store serves a sidecar-class caller on has a judge: no token is held."""
+    setup_auth(world)
+
+    async def scenario() -> Stream:
+        s = new_stream()
+        msg, vouch = vouched("t", b"foo")
+        await world.hub._create(s, msg, vouch)
+        return s
+
+    s = asyncio.run(scenario())
+    assert s.tokens == {} and s.watchers[0].token is None

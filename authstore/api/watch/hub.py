@@ -24,6 +24,12 @@ Flow (etcd's ``watchableStore`` reshaped around the Raft apply stage):
   between the check and the registration; the event loop then gives it its id and its place in
   the stream and the delivery set.
 
+* **Vouched tokens** (sidecar-class streams): a JWT or workload token the store verified for a
+  create is kept with the stream while a watch it created is open; one timer per stream judges
+  each such token again every ``RECHECK_SECONDS`` and at its ``exp``, and a token that no longer
+  verifies ends its watches with ``invalid auth token`` as an auth change would (simple tokens
+  need no timer: every auth change and token drop re-checks their digest).
+
 Each piece of state has one owner thread. The apply thread owns the re-check set and the tap's
 position; the event loop owns streams, ids, the delivery set and the delivered revision. They
 meet only through two hand-offs: the tap's queue (under a lock) and the queue of removed watchers
@@ -40,8 +46,10 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +91,39 @@ DEFAULT_MAX_WATCH_KEY_BYTES_PER_USER = 64 << 20
 _NOPUT = pb.WatchCreateRequest.NOPUT
 _NODELETE = pb.WatchCreateRequest.NODELETE
 _EVENTS_FIELD = 11  # WatchResponse.events
+#: A token the store verified for a sidecar-class stream (a JWT, a workload token) is verified
+#: again this often while watches it opened are open (the central proxy's interval): its key may
+#: leave the key ring, or its user-map rule the map, long before its ``exp``.
+RECHECK_SECONDS = 2.0
+INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
+#: Distinct vouched tokens the open watches of one stream may hold (a sidecar sends one client
+#: stream's token, or its lent identity's, a few over time): each is judged every RECHECK_SECONDS.
+#: A create with one more is refused with etcd's ``too many requests``.
+MAX_TOKENS_PER_STREAM = 16
+
+#: Judges a token again: (the user it names, its ``exp`` or None) while it verifies, else None.
+TokenJudge = Callable[[str], Awaitable[tuple[str, float | None] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Vouched:
+    """A sidecar-class caller's watch request with the token the store verified for it (a JWT or
+    a workload token: not a simple token, whose digest the auth state re-checks). The watches it
+    creates are judged again with the stream's ``TokenJudge`` and end when the token dies."""
+
+    data: bytes
+    token: str
+    username: str
+    expires_at: float | None
+
+
+@dataclass(slots=True)
+class _Held:
+    """A vouched token the open watches of one stream were created with."""
+
+    username: str
+    expires_at: float | None
+    count: int = 0  # open watchers created with it
 
 
 @dataclass(slots=True)
@@ -152,6 +193,8 @@ class Watcher:
     quiet: bool = True  # no events since the last progress tick
     gid: int = 0
     counted: bool = False  # holds one of its user's places (--max-watches-per-user) and its key bytes
+    #: the vouched token it was created with (a key of its stream's ``tokens``), judged again
+    token: str | None = None
 
     @property
     def key_bytes(self) -> int:
@@ -180,6 +223,10 @@ class Stream:
     queued: int = 0  # bytes in `queue`
     key_bytes: int = 0  # keys and range ends of the watchers counted on this stream
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set: queued <= limit / 2 (or failed)
+    #: a sidecar-class stream: judges its vouched tokens again (None: a central caller's stream)
+    judge: TokenJudge | None = None
+    tokens: dict[str, _Held] = field(default_factory=dict)  # vouched tokens of open watchers
+    token_added: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the stream's judging
 
     def __post_init__(self) -> None:
         self.room.set()
@@ -393,9 +440,16 @@ class WatchHub:
                 self._publish(item[1], item[2])
             else:
                 _, rev, w, reason = item
-                w.stop_at, w.stop_reason = rev, reason
-                if w.synced and not w.removed:
-                    self._finish(w)
+                self._end(w, rev, reason)
+
+    def _end(self, w: Watcher, rev: int, reason: str) -> None:
+        """`w` gets its events up to `rev` (the earliest end it was given), then its cancel."""
+        if w.stop_at is None or rev < w.stop_at:
+            w.stop_at = rev
+        if not w.stop_reason:
+            w.stop_reason = reason
+        if w.synced and not w.removed:
+            self._finish(w)
 
     def _publish(self, rev: int, records: list[tuple[int, bytes]]) -> None:
         """Each revision's events to the synced watchers the index finds for their keys (a synced
@@ -499,6 +553,7 @@ class WatchHub:
         metrics.observe_open_watches(len(self._watchers))
         if w.stream.watchers.get(w.id) is w:
             del w.stream.watchers[w.id]
+        self._unhold(w)
         self._release(w)
         self._gone.append(w.gid)
 
@@ -535,6 +590,104 @@ class WatchHub:
             else:
                 del self._per_user[w.username]
                 del self._per_user_key_bytes[w.username]
+
+    # ---- vouched tokens (sidecar-class streams) ------------------------------------------------------
+    @staticmethod
+    def _hold(w: Watcher, vouch: Vouched | None) -> None:
+        """An attached watcher created with a vouched token: the stream judges the token again."""
+        stream = w.stream
+        if vouch is None or stream.judge is None or vouch.username != w.username:
+            return
+        held = stream.tokens.get(vouch.token)
+        if held is None:
+            held = stream.tokens[vouch.token] = _Held(vouch.username, vouch.expires_at)
+            stream.token_added.set()
+        elif vouch.expires_at is not None and (held.expires_at is None or vouch.expires_at < held.expires_at):
+            held.expires_at = vouch.expires_at
+            stream.token_added.set()
+        held.count += 1
+        w.token = vouch.token
+
+    @staticmethod
+    def _unhold(w: Watcher) -> None:
+        if w.token is None:
+            return
+        token, w.token = w.token, None
+        held = w.stream.tokens.get(token)
+        if held is not None:
+            held.count -= 1
+            if held.count <= 0:
+                del w.stream.tokens[token]
+
+    async def _judge_tokens(self, stream: Stream) -> None:
+        """One timer per sidecar-class stream: every RECHECK_SECONDS each distinct vouched token its
+        open watches were created with is judged again (a cache hit in the verifier: cheap), and at
+        a token's ``exp`` it is dead without asking. A token that no longer verifies, or now names
+        another user, ends its watches with etcd's ``invalid auth token`` cancel (auth on)."""
+        try:
+            await self._judging(stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("watch stream: judging its tokens failed")
+            stream.fail(EtcdError(Err.NOT_CAPABLE))  # fails closed: the sidecar opens a new stream
+
+    async def _judging(self, stream: Stream) -> None:
+        judge = stream.judge
+        if judge is None:
+            return
+        checked = time.monotonic()
+        while True:
+            if not stream.tokens:
+                stream.token_added.clear()
+                await stream.token_added.wait()
+                checked = time.monotonic()  # the token was verified at its create, just now
+                continue
+            soonest = min((h.expires_at for h in stream.tokens.values() if h.expires_at is not None),
+                          default=math.inf)
+            wait = min(checked + RECHECK_SECONDS - time.monotonic(), soonest - time.time())
+            if wait > 0:
+                stream.token_added.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stream.token_added.wait(), wait)
+                continue
+            recheck = time.monotonic() >= checked + RECHECK_SECONDS
+            if recheck:
+                checked = time.monotonic()
+            dead: list[str] = []
+            for token, held in list(stream.tokens.items()):
+                if held.expires_at is not None and not time.time() < held.expires_at:
+                    dead.append(token)
+                    continue
+                if not recheck or stream.tokens.get(token) is not held:
+                    continue
+                try:
+                    verdict = await judge(token)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - an outage, not a verdict: judged again next time
+                    log.debug("watch: could not judge a stream's token again: %s", type(exc).__name__)
+                    continue
+                if verdict is None or verdict[0] != held.username:
+                    dead.append(token)
+                elif verdict[1] is not None and (held.expires_at is None or verdict[1] < held.expires_at):
+                    held.expires_at = verdict[1]
+            if dead:
+                self._tokens_died(stream, dead)
+
+    def _tokens_died(self, stream: Stream, dead: list[str]) -> None:
+        """The watches of `stream` created with a `dead` token end (auth on: etcd ignores tokens
+        with auth off, and an AuthEnable re-checks every watch anyway); the tokens are forgotten."""
+        gone = {token for token in dead if stream.tokens.pop(token, None) is not None}
+        if not gone:
+            return
+        with self.applier.env.begin() as txn:
+            enabled = self.applier.auth.is_enabled(txn)
+        for w in list(stream.watchers.values()):
+            if w.token is not None and w.token in gone:
+                w.token = None
+                if enabled and not w.removed:
+                    self._end(w, self.rev, INVALID_TOKEN_REASON)
 
     # ---- catch-up ----------------------------------------------------------------------------------
     def _read_history(self, first: int, last: int, prev: bool, max_bytes: int) -> tuple[int, list[Event], int]:
@@ -613,14 +766,14 @@ class WatchHub:
                     w.quiet = True
 
     # ---- the stream ---------------------------------------------------------------------------------
-    async def _handle(self, stream: Stream, data: bytes) -> None:
+    async def _handle(self, stream: Stream, data: bytes, vouch: Vouched | None = None) -> None:
         try:
             msg = spb.WatchStreamRequest.FromString(data)
         except DecodeError:
             return
         which = msg.request.WhichOneof("request_union")
         if which == "create_request":
-            await self._create(stream, msg)
+            await self._create(stream, msg, vouch)
         elif which == "cancel_request":
             w = stream.watchers.get(msg.request.cancel_request.watch_id)
             if w is not None:
@@ -630,7 +783,7 @@ class WatchHub:
             stream.progress_pending = True
             self._maybe_progress_all(stream)
 
-    async def _create(self, stream: Stream, msg: spb.WatchStreamRequest) -> None:
+    async def _create(self, stream: Stream, msg: spb.WatchStreamRequest, vouch: Vouched | None = None) -> None:
         creq = msg.request.create_request
         key = creq.key or b"\x00"
         if creq.start_revision < 0:
@@ -647,6 +800,10 @@ class WatchHub:
                     certificate=msg.current_revision and not msg.token_digest)
         w.gid = next(self._gids)
         capped = self._cap(stream, w)
+        if capped is None and vouch is not None and stream.judge is not None and vouch.token not in stream.tokens \
+                and len(stream.tokens) >= MAX_TOKENS_PER_STREAM:
+            self._release(w)
+            capped = Err.TOO_MANY_REQUESTS
         if capped is not None:  # refused before it costs the apply thread anything
             reason = EtcdError(capped).status_string()
             if msg.resume:  # the client knows this watch: cancel it under its own id
@@ -676,6 +833,7 @@ class WatchHub:
             self._remove(w)
             return
         self._attach(w, creq.watch_id, msg.resume)
+        self._hold(w, vouch)
         if not msg.resume:
             self._control(stream, rev, w.id, created=True)
         if w.next_rev > max(self.rev, w.reg_rev) and w.stop_at is None:
@@ -683,21 +841,28 @@ class WatchHub:
         else:
             asyncio.get_running_loop().create_task(self._catch_up(w))
 
-    async def serve(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def serve(self, requests: AsyncIterator[bytes | Vouched], context: grpc.aio.ServicerContext,
+                    judge: TokenJudge | None = None) -> AsyncIterator[bytes]:
+        """One WatchBatches stream. ``judge``: a sidecar-class caller's stream, whose requests may
+        come ``Vouched`` (the store verified their token): the watches a vouched token created end
+        when the judge no longer accepts it (see ``_judge_tokens``)."""
         try:
             if not self.node.is_leader:
                 raise EtcdError(Err.NOT_LEADER)
             await self.node.wait_applied(await self.node.read_index())
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = Stream(asyncio.Queue(), limit=self.stream_buffer_bytes)
+        stream = Stream(asyncio.Queue(), limit=self.stream_buffer_bytes, judge=judge)
         self._streams.add(stream)
 
         async def read() -> None:
             try:
-                async for data in requests:
+                async for item in requests:
                     await stream.room.wait()  # a reader that takes nothing sends no more requests
-                    await self._handle(stream, data)
+                    if isinstance(item, Vouched):
+                        await self._handle(stream, item.data, item)
+                    else:
+                        await self._handle(stream, item)
             except EtcdError as exc:
                 stream.fail(exc)
             except (asyncio.CancelledError, grpc.RpcError):
@@ -709,6 +874,8 @@ class WatchHub:
         tasks = [asyncio.get_running_loop().create_task(read())]
         if self.progress_interval > 0:
             tasks.append(asyncio.get_running_loop().create_task(self._ticker(stream)))
+        if judge is not None:
+            tasks.append(asyncio.get_running_loop().create_task(self._judge_tokens(stream)))
         try:
             while True:
                 item = await stream.queue.get()
