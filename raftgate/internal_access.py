@@ -153,9 +153,11 @@ ROWS: tuple[Row, ...] = (
     # a nonce to prove a development secret over (raftgate/secret_proof.py): asked before any
     # credential is proven, so open to all; with mTLS there is nothing to prove (UNIMPLEMENTED)
     Row(CHALLENGE, "ask for a challenge", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
-    # probes carry no credential
+    # probes carry no credential (Check answers at once)
     Row(HEALTH_CHECK, "check health", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
-    Row(HEALTH_WATCH, "watch health", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),
+    # a stream that never ends: open to anyone, it let a caller without a credential hold
+    # thousands (memory without bound before authentication); probes use Check
+    Row(HEALTH_WATCH, "watch health", {C: NO_KINDS, S: NO_KINDS}),
     # grpc's asyncio health servicer does not implement List (it raises, and each call would
     # log a traceback): refused to everyone
     Row(HEALTH_LIST, "list health", {}),

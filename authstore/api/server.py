@@ -703,16 +703,15 @@ def _peer_host(peer: str) -> str:
 
 def _health_without_reading(servicer: health.aio.HealthServicer
                             ) -> Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]:
-    """Health for callers without credentials (probes), answered without reading the request: the
-    status of the whole server (the only one this port reports), whatever service is named. A
-    unary handler would read the request whole first, up to the port's 64 MiB limit."""
+    """Health/Check for callers without credentials (probes), answered without reading the
+    request: the status of the whole server (the only one this port reports), whatever service is
+    named. A unary handler would read the request whole first, up to the port's 64 MiB limit.
+    Nothing that stays open is served to them (Health/Watch needs a credential: each open stream
+    is memory the store holds for someone it does not know)."""
 
     def open_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        if handler.response_streaming:  # Watch
-            async def watch(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
-                await servicer.Watch(health_pb2.HealthCheckRequest(), context)
-            return grpc.stream_stream_rpc_method_handler(watch, response_serializer=handler.response_serializer)
-
+        if handler.response_streaming:
+            raise ValueError("an open (unauthenticated) method must answer at once, not stream")
 
         async def check(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
             return await servicer.Check(health_pb2.HealthCheckRequest(), context)
