@@ -174,6 +174,31 @@ def test_a_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluste
         stream.cancel()
 
 
+def test_a_sidecar_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluster) -> None:
+    """The same through a sidecar: the store verified the token when the watch was created; once
+    the key is rotated out, the watch must end as it does through a central proxy (else a leaked
+    key, used once, reads a prefix's every change for as long as the stream stays open)."""
+    leaked = ec.generate_private_key(ec.SECP256R1())
+    _jwt_files(cluster.work, leaked)
+    minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
+                          leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
+                          algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
+    wait_for(lambda: _answer(cluster.sidecar, minted) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
+             what="the store to take the leaked key", interval=0.2)
+    create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"app/w"))
+    stream = rpc_pb2_grpc.WatchStub(cluster.sidecar).Watch(iter([create]), metadata=(("token", minted),),
+                                                           timeout=REFUSED_WITHIN * 2)
+    try:
+        created = next(stream)
+        assert created.created and not created.canceled
+        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        _refused_everywhere(cluster, minted, "signed with a key rotated out")
+        ended = next(stream)  # no event can come: nobody writes app/w
+        assert ended.canceled and "invalid auth token" in ended.cancel_reason, ended
+    finally:
+        stream.cancel()
+
+
 def _workload_token(kid: str, key_number: int) -> str:
     now = int(time.time())
     claims = {"iss": ISSUER, "aud": [AUDIENCE], "sub": "system:serviceaccount:shop:web", "iat": now, "nbf": now,
