@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
 from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
 from raftgate.crl import CRLError, RevocationList
@@ -243,6 +246,33 @@ def _tls_files(f: Flags, dests: tuple[str, ...], what: str) -> dict[str, Path]:
     return {dest: Path(f[dest]) for dest in dests}
 
 
+def _sidecars_are_no_peers(f: Flags, values: Mapping[str, object]) -> None:
+    """A sidecar's credential (held by whoever reads an application namespace's Secrets) must
+    not open the peer port, whose callers are trusted as store nodes (their Raft messages are
+    applied unchecked): neither the same secret nor a sidecar CA whose key is a peer CA's."""
+    if values.get("sidecar_secret") is not None and values["sidecar_secret"] == values.get("peer_secret"):
+        raise f.error("sidecar_secret_file", "must differ from --peer-secret-file (every sidecar would be a "
+                      "store peer)")
+    sidecar_ca, peer_ca = values.get("sidecar_trusted_ca_file"), values.get("peer_trusted_ca_file")
+    if isinstance(sidecar_ca, Path) and isinstance(peer_ca, Path):
+        shared = _ca_keys(f, "sidecar_trusted_ca_file", sidecar_ca) & _ca_keys(f, "peer_trusted_ca_file", peer_ca)
+        if shared:
+            raise f.error("sidecar_trusted_ca_file", f"holds a CA of {f.source('peer_trusted_ca_file')} (every "
+                          "sidecar certificate would be a store peer's): give sidecars a CA of their own")
+
+
+def _ca_keys(f: Flags, dest: str, path: Path) -> set[bytes]:
+    """The public keys (DER SubjectPublicKeyInfo) of the CA certificates in a PEM file."""
+    try:
+        cas = x509.load_pem_x509_certificates(read_file(f.source(dest), path))
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise f.error(dest, f"{str(path)!r} holds no PEM certificate") from None
+    return {ca.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            for ca in cas}
+
+
 def parse_initial_cluster(raw: str, source: str = "--initial-cluster") -> list[tuple[str, list[str]]]:
     """etcd's ``name=url,name=url`` (a name may repeat, one URL each)."""
     members: dict[str, list[str]] = {}
@@ -325,6 +355,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
     values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
     values.update(_oidc(f))
     values.update(_peer_config(f, name, peer_urls))
+    _sidecars_are_no_peers(f, values)
     advertise_internal = comma_list(f["advertise_internal_urls"])
     for url in advertise_internal:
         _host_port(f.source("advertise_internal_urls"), url)
