@@ -43,6 +43,9 @@ log = logging.getLogger("raftgate.crl")
 
 #: the refusal's message (the serial follows in parentheses); code: grpc.StatusCode.UNAVAILABLE
 REVOKED = "raftgate: client certificate revoked"
+#: ``revoked()``'s answer for a presented chain holding a certificate that does not parse here
+UNREADABLE = -1
+UNREADABLE_MESSAGE = "raftgate: client certificate chain holds a certificate that does not parse"
 #: a CRL of a large CA runs to megabytes; this bounds what one file makes the process parse and hold
 MAX_CRL_BYTES = 32 * 1024 * 1024
 MAX_CA_BYTES = 1024 * 1024
@@ -98,6 +101,24 @@ def _pem_blocks(data: bytes) -> list[bytes]:
             break
         position = end + len(_END)
         blocks.append(data[start:position])
+    return blocks
+
+
+_CERT_BEGIN, _CERT_END = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"
+
+
+def _certificate_blocks(data: bytes) -> list[bytes]:
+    """The ``CERTIFICATE`` blocks of a PEM chain, in one pass; text that is none (grpc-core
+    prints only certificates) is one unreadable block, refused by the caller."""
+    blocks, position = [], 0
+    while (start := data.find(_CERT_BEGIN, position)) >= 0:
+        end = data.find(_CERT_END, start)
+        if end < 0:
+            return [*blocks, data[start:]]
+        position = end + len(_CERT_END)
+        blocks.append(data[start:position])
+    if not blocks and data.strip():
+        return [data]
     return blocks
 
 
@@ -210,17 +231,24 @@ class RevocationList:
         return verdict
 
     def _judge(self, pems: Sequence[bytes]) -> int | None:
+        """Every certificate presented, one PEM block at a time: the client chooses its chain, and
+        one certificate this parser refuses (TLS stacks take some DER forbids) must not hide the
+        others - a revoked intermediate among them. Such a chain is refused (UNREADABLE), as
+        etcd's TLS stack refuses a chain it cannot parse."""
         for pem in pems:
-            try:
-                certs = x509.load_pem_x509_certificates(pem)
-            except ValueError:
-                continue  # grpc-core verified the peer certificate; a chain it could not print is not ours to judge
-            for cert in certs:
-                if cert.serial_number in self._current.entries.get(cert.issuer, ()):
+            for block in _certificate_blocks(pem):
+                try:
+                    cert = x509.load_pem_x509_certificate(block)
+                    serial, issuer = cert.serial_number, cert.issuer
+                except Exception:  # noqa: BLE001 - ValueError, InvalidVersion, ...: not readable here
+                    log.warning("%s: a client presented a certificate that does not parse: its calls are refused",
+                                self.source)
+                    return UNREADABLE
+                if serial in self._current.entries.get(issuer, ()):
                     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
                     log.warning("%s lists the client certificate serial %x (CN %r): its calls are refused",
-                                self.source, cert.serial_number, names[-1].value if names else "")
-                    return cert.serial_number
+                                self.source, serial, names[-1].value if names else "")
+                    return serial
         return None
 
 
@@ -255,7 +283,8 @@ class RevocationCheck(grpc.aio.ServerInterceptor):
 
 
 async def _refuse(context: Any, serial: int) -> None:
-    await context.abort(grpc.StatusCode.UNAVAILABLE, f"{REVOKED} (serial {serial:x})")
+    message = UNREADABLE_MESSAGE if serial == UNREADABLE else f"{REVOKED} (serial {serial:x})"
+    await context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
 
 def guard(handler: grpc.RpcMethodHandler, crl: RevocationList) -> grpc.RpcMethodHandler:
