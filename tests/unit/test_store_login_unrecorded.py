@@ -15,11 +15,13 @@ proposals fail; Credentials is the only part replaced (the user's hash, no LMDB)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import bcrypt
 import pytest
 
+from authstore import metrics
 from authstore.api.server import Refusal, StoreService
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
@@ -83,6 +85,14 @@ class _Service(StoreService):
         name = store_pb2.CredentialsRequest.FromString(data).name
         return store_pb2.CredentialsResponse(auth_enabled=True, auth_revision=3, found=name == "alice",
                                              password_hash=HASH, lockout=True).SerializeToString()
+
+
+@pytest.fixture(autouse=True)
+def _no_gauge_left_behind() -> Iterator[None]:
+    """A StoreService binds the process-wide locked-names gauge to itself; this fake one (no LMDB)
+    must not stay bound, or a later test in the same process scrapes it and fails."""
+    yield
+    metrics.AUTH_LOCKED_NAMES.set_function(lambda: 0)
 
 
 def _service(node: _Node) -> _Service:
