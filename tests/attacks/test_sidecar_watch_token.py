@@ -33,10 +33,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from authstore.api.watch.hub import MAX_TOKENS_PER_STREAM
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from protos.internal import INTERNAL_SECRET_METADATA
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
 from raftgate.jwt_keys import jwk_thumbprint, public_jwk
+from raftgate.secret_proof import proving_channel
 from tests.support.oidc_issuer import AUDIENCE, rsa_key
 from tests.support.oidc_issuer import public_jwk as rsa_jwk
 from tests.support.processes import Program, free_port, proxy_program, store_program, wait_for, wait_serving
@@ -212,7 +212,8 @@ def test_a_watch_a_sidecar_holds_open_past_exp_is_ended_by_the_store(cluster: Cl
     token = _mint(cluster, key, exp)
     create = rpc_pb2.WatchCreateRequest(key=b"app/held", watch_id=7)
     request = spb.WatchStreamRequest(request=rpc_pb2.WatchRequest(create_request=create), token=token)
-    with grpc.insecure_channel(cluster.store) as ch:
+    with grpc.insecure_channel(cluster.store) as base:
+        ch = proving_channel(base, SIDECAR_SECRET)  # the sidecar secret, proven
         method = ch.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
         done = threading.Event()
 
@@ -220,7 +221,7 @@ def test_a_watch_a_sidecar_holds_open_past_exp_is_ended_by_the_store(cluster: Cl
             yield request.SerializeToString()
             done.wait(ENDS_WITHIN * 2)  # the stream stays open, as a sidecar holding the watch keeps it
 
-        answers = method(requests(), timeout=ENDS_WITHIN * 2, metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),))
+        answers = method(requests(), timeout=ENDS_WITHIN * 2)
         try:
             seen: list[rpc_pb2.WatchResponse] = []
             for raw in answers:
@@ -242,9 +243,9 @@ class _RawStream:
     def __init__(self, cluster: Cluster) -> None:
         self._channel = grpc.insecure_channel(cluster.store)
         self._requests: queue.Queue[bytes | None] = queue.Queue()
-        method = self._channel.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
-        self._answers = method(iter(self._requests.get, None), timeout=ENDS_WITHIN * 2,
-                               metadata=((INTERNAL_SECRET_METADATA, SIDECAR_SECRET),))
+        proving = proving_channel(self._channel, SIDECAR_SECRET)  # the sidecar secret, proven
+        method = proving.stream_stream(WATCH_BATCHES, request_serializer=None, response_deserializer=None)
+        self._answers = method(iter(self._requests.get, None), timeout=ENDS_WITHIN * 2)
         self._seen: list[rpc_pb2.WatchResponse] = []
 
     def send(self, token: str, **request: Any) -> None:
