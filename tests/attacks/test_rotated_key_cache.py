@@ -10,12 +10,8 @@ though its ``exp`` is years away. Before the fix, the caches answered it until i
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import grpc
 import jwt as pyjwt
@@ -23,90 +19,26 @@ import pytest
 from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
 from raftgate.jwt_keys import jwk_thumbprint, public_jwk
 from tests.support.oidc_issuer import AUDIENCE, rsa_key
 from tests.support.oidc_issuer import public_jwk as rsa_jwk
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_for, wait_serving
+from tests.support.processes import wait_for
+from tests.support.rotating_keys import ISSUER, Cluster, jwt_files, rotating_key_cluster, swap
 
 pytestmark = pytest.mark.slow
 
-SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
-ISSUER = "https://issuer.invalid"
-RULES = [{"match": "system:serviceaccount:shop:*", "user": "app"}]
 YEAR_2100 = 4102444800
-TTL = "3s"
 #: how long a path may take to refuse: the TTL, the file polls, a loaded machine
 REFUSED_WITHIN = 60.0
 
 
-@dataclass
-class Cluster:
-    work: Path
-    central: grpc.Channel
-    sidecar: grpc.Channel
-
-
-def _swap(path: Path, data: bytes) -> None:
-    """A new inode, as Kubernetes swaps a Secret or ConfigMap volume."""
-    tmp = path.with_name(path.name + ".swap")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _jwt_files(work: Path, key: Any) -> None:
-    _swap(work / "jwt.key", key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()))
-    _swap(work / "jwt.pub", key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    work: Path = tmp_path_factory.mktemp("rotated-key-cache")
-    _jwt_files(work, ec.generate_private_key(ec.SECP256R1()))
-    (work / "sidecar-secret").write_text(SIDECAR_SECRET)
-    (work / "jwks.json").write_text(json.dumps({"keys": [rsa_jwk(rsa_key(0), "k1"), rsa_jwk(rsa_key(1), "k2")]}))
-    (work / "user-map.json").write_text(json.dumps(RULES))
-    jwt = f"jwt,pub-key={work / 'jwt.pub'},priv-key={work / 'jwt.key'},sign-method=ES256,ttl={TTL}"
-    oidc = ["--oidc-issuer", ISSUER, "--oidc-audience", AUDIENCE, "--oidc-jwks-file", str(work / "jwks.json"),
-            "--oidc-user-map", str(work / "user-map.json")]
-    store, internal = store_program(work, "--sidecar-secret-file", str(work / "sidecar-secret"),
-                                    "--auth-token", jwt, "--bcrypt-cost", "4", *oidc)
-    started: list[Program] = []
-    channels: list[grpc.Channel] = []
-    try:
-        store.start()
-        started.append(store)
-        central_port, sidecar_port = free_port(), free_port()
-        central = proxy_program(work, internal, f"http://127.0.0.1:{central_port}", "--auth-token", jwt, *oidc)
-        central.start()
-        started.append(central)
-        sidecar = Program(work / "sidecar", [
-            "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{sidecar_port}", "--store-endpoints",
-            internal, "--internal-secret-file", str(work / "sidecar-secret")], "raftgate proxy:")
-        sidecar.start()
-        started.append(sidecar)
-        wait_serving(f"127.0.0.1:{central_port}")
-        wait_serving(f"127.0.0.1:{sidecar_port}")
-        c = grpc.insecure_channel(f"127.0.0.1:{central_port}")
-        sc = grpc.insecure_channel(f"127.0.0.1:{sidecar_port}")
-        channels += [c, sc]
-        auth = rpc_pb2_grpc.AuthStub(c)
-        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
-        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
-        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="app", password="apppw"), timeout=10)
-        auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="app"), timeout=10)
-        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"app/", range_end=b"app0")
-        auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="app", perm=perm), timeout=10)
-        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
-        auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
-        yield Cluster(work, c, sc)
-    finally:
-        for ch in channels:
-            ch.close()
-        for p in reversed(started):
-            p.stop()
+    keys = [rsa_jwk(rsa_key(0), "k1"), rsa_jwk(rsa_key(1), "k2")]
+    with rotating_key_cluster(tmp_path_factory.mktemp("rotated-key-cache"), keys) as built:
+        yield built
 
 
 def _answer(channel: grpc.Channel, token: str) -> tuple[grpc.StatusCode, str]:
@@ -135,7 +67,7 @@ def _auth_revision(cluster: Cluster) -> int:
 
 def test_a_leaked_etcd_jwt_key_dies_with_its_rotation(cluster: Cluster) -> None:
     leaked = ec.generate_private_key(ec.SECP256R1())
-    _jwt_files(cluster.work, leaked)  # the key in force when it leaked
+    jwt_files(cluster.work, leaked)  # the key in force when it leaked
     minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
                           leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
                           algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
@@ -144,7 +76,7 @@ def test_a_leaked_etcd_jwt_key_dies_with_its_rotation(cluster: Cluster) -> None:
              what="both paths to take the leaked key", interval=0.2)
     for _ in range(3):
         _verified(cluster, minted)  # used, and cached, on both paths
-    _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+    jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
     _refused_everywhere(cluster, minted, "signed with a key rotated out")
     fresh = rpc_pb2_grpc.AuthStub(cluster.central).Authenticate(
         rpc_pb2.AuthenticateRequest(name="app", password="apppw"), timeout=10).token
@@ -155,7 +87,7 @@ def test_a_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluste
     """A stream opened with the token before the rotation keeps no watch once the key is gone
     (the central proxy verifies JWTs itself; it re-checks its open streams' tokens)."""
     leaked = ec.generate_private_key(ec.SECP256R1())
-    _jwt_files(cluster.work, leaked)
+    jwt_files(cluster.work, leaked)
     minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
                           leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
                           algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
@@ -167,7 +99,7 @@ def test_a_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster: Cluste
     try:
         created = next(stream)
         assert created.created and not created.canceled
-        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
         ended = next(stream)  # no event can come: nobody writes app/w
         assert ended.canceled and "invalid auth token" in ended.cancel_reason
     finally:
@@ -179,7 +111,7 @@ def test_a_sidecar_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster
     the key is rotated out, the watch must end as it does through a central proxy (else a leaked
     key, used once, reads a prefix's every change for as long as the stream stays open)."""
     leaked = ec.generate_private_key(ec.SECP256R1())
-    _jwt_files(cluster.work, leaked)
+    jwt_files(cluster.work, leaked)
     minted = pyjwt.encode({"username": "app", "revision": _auth_revision(cluster), "exp": YEAR_2100},
                           leaked.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()),
                           algorithm="ES256", headers={"kid": jwk_thumbprint(public_jwk(leaked))})
@@ -191,7 +123,7 @@ def test_a_sidecar_watch_opened_with_a_leaked_key_ends_with_its_rotation(cluster
     try:
         created = next(stream)
         assert created.created and not created.canceled
-        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
         _refused_everywhere(cluster, minted, "signed with a key rotated out")
         ended = next(stream)  # no event can come: nobody writes app/w
         assert ended.canceled and "invalid auth token" in ended.cancel_reason, ended
@@ -210,7 +142,7 @@ def test_a_workload_key_removed_from_the_jwks_file_stops_verifying(cluster: Clus
     token = _workload_token("k1", 0)
     for _ in range(3):
         _verified(cluster, token)
-    _swap(cluster.work / "jwks.json", json.dumps({"keys": [rsa_jwk(rsa_key(1), "k2")]}).encode())
+    swap(cluster.work / "jwks.json", json.dumps({"keys": [rsa_jwk(rsa_key(1), "k2")]}).encode())
     _refused_everywhere(cluster, token, "signed with a key removed from the JWKS file")
     _verified(cluster, _workload_token("k2", 1))
 
@@ -224,7 +156,7 @@ def test_a_deleted_user_map_refuses_workload_tokens_until_it_is_back(cluster: Cl
     try:
         _refused_everywhere(cluster, token, "mapped by a user map that was deleted")
     finally:
-        _swap(cluster.work / "user-map.json", rules)
+        swap(cluster.work / "user-map.json", rules)
     wait_for(lambda: _answer(cluster.central, token) == Err.PERMISSION_DENIED.value
              and _answer(cluster.sidecar, token) == Err.PERMISSION_DENIED.value, timeout=REFUSED_WITHIN,
              what="workload tokens to work again with the map back", interval=0.2)

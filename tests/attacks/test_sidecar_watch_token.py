@@ -14,14 +14,10 @@ user map), a central proxy for the set-up, and a ``raftgate proxy --sidecar``.
 
 from __future__ import annotations
 
-import json
-import os
 import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -31,7 +27,6 @@ from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from authstore.api.watch.hub import MAX_TOKENS_PER_STREAM
-from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
@@ -39,87 +34,22 @@ from raftgate.jwt_keys import jwk_thumbprint, public_jwk
 from raftgate.secret_proof import proving_channel
 from tests.support.oidc_issuer import AUDIENCE, rsa_key
 from tests.support.oidc_issuer import public_jwk as rsa_jwk
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_for, wait_serving
+from tests.support.processes import wait_for
+from tests.support.rotating_keys import ISSUER, SIDECAR_SECRET, Cluster, jwt_files, rotating_key_cluster, swap
 
 pytestmark = pytest.mark.slow
 
-SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
 WATCH_BATCHES = "/raftgate.storepb.Store/WatchBatches"
-ISSUER = "https://issuer.invalid"
-RULES = [{"match": "system:serviceaccount:shop:*", "user": "app"}]
 YEAR_2100 = 4102444800
-TTL = "3s"
 #: how long a watch may take to end: the TTL, the file polls, the re-check interval, a loaded machine
 ENDS_WITHIN = 60.0
 INVALID_TOKEN = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 
 
-@dataclass
-class Cluster:
-    work: Path
-    store: str
-    central: grpc.Channel
-    sidecar: grpc.Channel
-
-
-def _swap(path: Path, data: bytes) -> None:
-    """A new inode, as Kubernetes swaps a Secret or ConfigMap volume."""
-    tmp = path.with_name(path.name + ".swap")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _jwt_files(work: Path, key: Any) -> None:
-    _swap(work / "jwt.key", key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption()))
-    _swap(work / "jwt.pub", key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    work: Path = tmp_path_factory.mktemp("sidecar-watch-token")
-    _jwt_files(work, ec.generate_private_key(ec.SECP256R1()))
-    (work / "sidecar-secret").write_text(SIDECAR_SECRET)
-    (work / "jwks.json").write_text(json.dumps({"keys": [rsa_jwk(rsa_key(0), "k1")]}))
-    (work / "user-map.json").write_text(json.dumps(RULES))
-    jwt = f"jwt,pub-key={work / 'jwt.pub'},priv-key={work / 'jwt.key'},sign-method=ES256,ttl={TTL}"
-    oidc = ["--oidc-issuer", ISSUER, "--oidc-audience", AUDIENCE, "--oidc-jwks-file", str(work / "jwks.json"),
-            "--oidc-user-map", str(work / "user-map.json")]
-    store, internal = store_program(work, "--sidecar-secret-file", str(work / "sidecar-secret"),
-                                    "--auth-token", jwt, "--bcrypt-cost", "4", *oidc)
-    started: list[Program] = []
-    channels: list[grpc.Channel] = []
-    try:
-        store.start()
-        started.append(store)
-        central_port, sidecar_port = free_port(), free_port()
-        central = proxy_program(work, internal, f"http://127.0.0.1:{central_port}", "--auth-token", jwt, *oidc)
-        central.start()
-        started.append(central)
-        sidecar = Program(work / "sidecar", [
-            "proxy", "--sidecar", "--listen-client-urls", f"http://127.0.0.1:{sidecar_port}", "--store-endpoints",
-            internal, "--internal-secret-file", str(work / "sidecar-secret")], "raftgate proxy:")
-        sidecar.start()
-        started.append(sidecar)
-        wait_serving(f"127.0.0.1:{central_port}")
-        wait_serving(f"127.0.0.1:{sidecar_port}")
-        c = grpc.insecure_channel(f"127.0.0.1:{central_port}")
-        sc = grpc.insecure_channel(f"127.0.0.1:{sidecar_port}")
-        channels += [c, sc]
-        auth = rpc_pb2_grpc.AuthStub(c)
-        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
-        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
-        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="app", password="apppw"), timeout=10)
-        auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="app"), timeout=10)
-        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"app/", range_end=b"app0")
-        auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="app", perm=perm), timeout=10)
-        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="app", role="app"), timeout=10)
-        auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=10)
-        yield Cluster(work, internal, c, sc)
-    finally:
-        for ch in channels:
-            ch.close()
-        for p in reversed(started):
-            p.stop()
+    with rotating_key_cluster(tmp_path_factory.mktemp("sidecar-watch-token"), [rsa_jwk(rsa_key(0), "k1")]) as built:
+        yield built
 
 
 def _answer(channel: grpc.Channel, token: str) -> tuple[grpc.StatusCode, str]:
@@ -144,7 +74,7 @@ def _mint(cluster: Cluster, key: Any, exp: int) -> str:
 def _key_in_force(cluster: Cluster) -> Any:
     """A fresh signing key written to the files, once the store verifies what it signs."""
     key = ec.generate_private_key(ec.SECP256R1())
-    _jwt_files(cluster.work, key)
+    jwt_files(cluster.work, key)
     probe = _mint(cluster, key, YEAR_2100)
     wait_for(lambda: _answer(cluster.sidecar, probe) == Err.PERMISSION_DENIED.value, timeout=ENDS_WITHIN,
              what="the store to take the new key", interval=0.2)
@@ -172,7 +102,7 @@ def test_a_sidecar_watch_ends_when_its_jwt_key_is_rotated_out(cluster: Cluster) 
     leaked = _key_in_force(cluster)
     stream = _sidecar_watch(cluster, _mint(cluster, leaked, YEAR_2100), b"app/rotated")
     try:
-        _jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
+        jwt_files(cluster.work, ec.generate_private_key(ec.SECP256R1()))  # the operator rotates
         _ended(stream)
     finally:
         stream.cancel()
@@ -186,11 +116,11 @@ def test_a_sidecar_watch_ends_when_its_workload_rule_is_gone(cluster: Cluster) -
     stream = _sidecar_watch(cluster, token, b"app/workload")
     rules = (cluster.work / "user-map.json").read_bytes()
     try:
-        _swap(cluster.work / "user-map.json", b"[]")  # the rule that mapped the pod is removed
+        swap(cluster.work / "user-map.json", b"[]")  # the rule that mapped the pod is removed
         _ended(stream)
     finally:
         stream.cancel()
-        _swap(cluster.work / "user-map.json", rules)
+        swap(cluster.work / "user-map.json", rules)
 
 
 def test_a_sidecar_watch_ends_at_its_jwts_exp(cluster: Cluster) -> None:
