@@ -102,7 +102,12 @@ MAX_QUOTA_BYTES = 16 << 40
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = FlagParser(prog="raftgate store", description="Run one authstore node.")
+    p = FlagParser(
+        prog="raftgate store",
+        description="Run one authstore node.",
+        epilog="Replication, cluster flags and membership, backup, the data dir: docs/operations.md. "
+        "TLS, tokens, lockout: docs/configuration.md.",
+    )
     p.add_argument("--name", default="default", help="human-readable name of this member")
     p.add_argument("--data-dir", default=None,
                    help="directory for the log and the LMDB store (default: NAME.raftgate)")

@@ -62,7 +62,8 @@ USAGE = """usage: raftgate snapshot {status,restore} FILE [flags]
                --initial-cluster-token ... --skip-hash-check]
                                        a new member's data dir from a snapshot (a new cluster)
 
-For files written by `etcdctl snapshot save` from raftgate (an LMDB store, not etcd's bbolt)."""
+For files written by `etcdctl snapshot save` from raftgate (an LMDB store, not etcd's bbolt).
+Backup and restore: docs/operations.md."""
 
 
 class SnapshotError(Exception):

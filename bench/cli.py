@@ -443,7 +443,11 @@ async def leader_kill(t: Target, token: str | None, probe_every: float = 0.01, l
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="The latest results and what they say: docs/benchmarks.md.",
+    )
     p.add_argument("--quick", action="store_true", help="a few seconds per row, fewer rows (the CI smoke test)")
     p.add_argument("--out", default="bench-results", help="directory for results.json and chart.png")
     p.add_argument("--duration", type=float, help="seconds per measurement window (default 2, quick 0.5)")

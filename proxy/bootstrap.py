@@ -67,7 +67,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description="Create the root user and role and enable etcd v3 authentication, once.")
+    p = _Parser(
+        prog=PROG,
+        description="Create the root user and role and enable etcd v3 authentication, once.",
+        epilog="The Helm chart runs it as a hook Job: docs/kubernetes.md.",
+    )
     p.add_argument(
         "--endpoints", required=True, help="comma list of host:port (or http://host:port) etcd API endpoints"
     )

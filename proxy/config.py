@@ -129,7 +129,12 @@ class ProxyConfig:
 
 
 def _parser() -> FlagParser:
-    p = FlagParser(prog="raftgate proxy", description="The raftgate auth proxy: serves the etcd v3 API.")
+    p = FlagParser(
+        prog="raftgate proxy",
+        description="The raftgate auth proxy: serves the etcd v3 API.",
+        epilog="Flags, TLS, tokens, lockout, the audit log, worker processes, sidecars: docs/configuration.md. "
+        "Identity mode and Kubernetes workload identity: docs/kubernetes.md.",
+    )
     p.add_argument("--listen-client-urls", default=DEFAULT_LISTEN,
                    help=f"comma list of http://, https:// or unix:// URLs (default {DEFAULT_LISTEN})")
     p.add_argument("--cert-file", help="server certificate (PEM) of the https:// client URLs (etcd's flag)")

@@ -113,7 +113,10 @@ class LocalConfig:
 
 def _parser() -> FlagParser:
     p = FlagParser(
-        prog="raftgate local", description="Run a local raftgate (store + proxy) serving the etcd v3 API."
+        prog="raftgate local",
+        description="Run a local raftgate (store + proxy) serving the etcd v3 API.",
+        epilog="Flags: docs/configuration.md. The data dir, local.json and the cluster it runs: "
+        "docs/operations.md.",
     )
     p.add_argument("--data-dir", default="./raftgate-data", help="where all state lives (default ./raftgate-data)")
     p.add_argument("--client-port", type=int, default=2379, help="etcd API port on 127.0.0.1 (default 2379)")

@@ -17,7 +17,8 @@ USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth,snapshot,bench} [fl
   snapshot        status and restore of a snapshot file (`etcdctl snapshot save` of raftgate)
   bench           measure raftgate and a real etcd side by side on the same load
 
-Run `raftgate <command> --help` for the flags of each."""
+Run `raftgate <command> --help` for the flags of each. Documentation: README.md, and the
+pages in docs/ (docs/README.md lists them)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -228,7 +228,7 @@ def test_plaintext_to_the_tls_port_gets_nothing(side: Side) -> None:
 
 def test_a_watch_by_cn_is_rechecked_when_its_permission_goes(side: Side) -> None:
     """raftgate re-checks open watches on every auth change (etcd checks only at creation, see
-    README "Watch"): a CN identity is re-checked like a token's."""
+    docs/watch.md): a CN identity is re-checked like a token's."""
     if isinstance(side.server, TLSEtcd):
         pytest.skip("etcd 3.5.1 checks a watch only when it is created")
     assert side.ctl("root", "role", "add", "watcher", user=ROOT)[0] == 0

@@ -184,7 +184,7 @@ def test_json_escaped_as_go() -> None:
 
 
 def test_a_gateway_port_in_use_is_refused() -> None:
-    """No raftgate server shares a port (README: Configuration): the gateway's bind fails too."""
+    """No raftgate server shares a port (docs/configuration.md): the gateway's bind fails too."""
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()

@@ -260,13 +260,13 @@ def test_bcrypt_queue_depth_counts_waiting_jobs() -> None:
     assert 1 <= waiting <= 4 and checks_waiting == 0 and done == 0
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"  # "Metrics and health"
 
 
-def _readme_metric_rows() -> list[tuple[list[str], str]]:
-    """(metric names, labels cell) of each row of the README's metrics table."""
+def _documented_metric_rows() -> list[tuple[list[str], str]]:
+    """(metric names, labels cell) of each row of the metrics table (docs/kubernetes.md)."""
     rows: list[tuple[list[str], str]] = []
-    lines = iter(README.read_text().splitlines())
+    lines = iter(METRICS_DOC.read_text().splitlines())
     for line in lines:
         if line.startswith("| metric | type | labels |"):
             break
@@ -284,10 +284,10 @@ def _label_names(metric: str) -> tuple[str, ...]:
     return tuple(collector._labelnames)
 
 
-def test_metric_labels_are_the_readme_tables() -> None:
-    """Every metric in the README's table has exactly the labels the table names (a label in
+def test_metric_labels_are_the_documented_tables() -> None:
+    """Every metric in the documented table has exactly the labels the table names (a label in
     ``(+ `x`)`` is on some of the row's metrics only)."""
-    rows = _readme_metric_rows()
+    rows = _documented_metric_rows()
     assert rows
     for names, cell in rows:
         optional = set(re.findall(r"`([a-z_]+)`", "".join(re.findall(r"\(\+[^)]*\)", cell))))
@@ -301,9 +301,9 @@ def test_metric_labels_are_the_readme_tables() -> None:
         assert seen == named, (names, sorted(seen), cell)
 
 
-def test_bcrypt_metrics_name_the_two_lanes_as_the_readme_does() -> None:
-    """The README names the operation values; both lanes' queue depths exist from the start."""
-    (cell,) = [cell for names, cell in _readme_metric_rows() if "raftgate_proxy_bcrypt_queue_depth" in names]
+def test_bcrypt_metrics_name_the_two_lanes_as_the_docs_do() -> None:
+    """The docs name the operation values; both lanes' queue depths exist from the start."""
+    (cell,) = [cell for names, cell in _documented_metric_rows() if "raftgate_proxy_bcrypt_queue_depth" in names]
     assert re.fullmatch(r"`operation` \(check, hash\)", cell), cell
     assert set(proxy_metrics.BcryptOperation.__args__) == {"check", "hash"}  # type: ignore[attr-defined]
     for operation in ("check", "hash"):
