@@ -27,10 +27,9 @@ from typing import Any, Protocol
 
 import jwt as pyjwt
 
-from raftgate.jwt_keys import POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
 from raftgate.trust_cache import TrustCache
 
-MAX_TOKEN_BYTES = 16 * 1024
 CACHE_SIZE = 4096
 
 

@@ -39,7 +39,6 @@ from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
 
-MAX_TOKEN_BYTES = jwt_keys.MAX_TOKEN_BYTES
 CACHE_SIZE = 4096
 
 _ETCD_TEXT = {
