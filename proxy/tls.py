@@ -80,12 +80,9 @@ def _stamp(path: str) -> tuple[int, int, int, int]:
 
 def _read(source: str, path: str) -> bytes:
     try:
-        data = read_bounded(path, MAX_PEM_BYTES)
+        return read_bounded(path, MAX_PEM_BYTES, not_blank=True)
     except FileReadError as e:
         raise TLSFileError(f"{source}: {e}") from None
-    if not data.strip():
-        raise TLSFileError(f"{source}: {path!r} is empty")
-    return data
 
 
 def load(spec: ClientTLS) -> _Loaded:

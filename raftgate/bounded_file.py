@@ -15,8 +15,9 @@ class FileReadError(ValueError):
     """The file cannot be read, or is larger than the bound; the message names the file, never its content."""
 
 
-def read_bounded(path: str | Path, limit: int) -> bytes:
-    """The file's bytes, if it holds at most ``limit`` of them (exactly ``limit`` is fine)."""
+def read_bounded(path: str | Path, limit: int, *, not_blank: bool = False) -> bytes:
+    """The file's bytes, if it holds at most ``limit`` of them (exactly ``limit`` is fine); with
+    ``not_blank``, a file of only white space is refused too (an unfilled mount, a PEM that is not there)."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -24,4 +25,6 @@ def read_bounded(path: str | Path, limit: int) -> bytes:
         raise FileReadError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
     if len(data) > limit:
         raise FileReadError(f"{str(path)!r} is larger than {limit} bytes")
+    if not_blank and not data.strip():
+        raise FileReadError(f"{str(path)!r} is empty")
     return data

@@ -82,12 +82,9 @@ def _stamp(paths: Sequence[str]) -> tuple[tuple[int, int, int, int], ...]:
 
 def _read(source: str, path: str, limit: int) -> bytes:
     try:
-        data = read_bounded(path, limit)
+        return read_bounded(path, limit, not_blank=True)
     except FileReadError as e:
         raise CRLError(f"{source}: {e}") from None
-    if not data.strip():
-        raise CRLError(f"{source}: {path!r} is empty")
-    return data
 
 
 def _pem_blocks(data: bytes) -> list[bytes]:
