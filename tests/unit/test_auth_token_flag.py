@@ -51,6 +51,8 @@ REFUSED = [
     "jwt,sign-method=RS256,pub-key={pub},ttl=0s",
     "jwt,sign-method=RS256,pub-key={pub},ttl=-5m",
     "jwt,sign-method=RS256,pub-key={pub},ttl=1d",
+    "jwt,sign-method=RS256,pub-key={pub},ttl=\u0661h",  # Go's digits are ASCII: ARABIC-INDIC DIGIT ONE is none
+    "jwt,sign-method=RS256,pub-key={pub},ttl=\uff15m",  # nor is FULLWIDTH DIGIT FIVE
     "jwt,sign-method=rs256,pub-key={pub}",  # names are case-sensitive
     "jwt,sign-method=none,pub-key={pub}",
     "jwt,sign-method=XX,pub-key={pub}",

@@ -305,7 +305,8 @@ def test_go_duration(text: str, ns: int) -> None:
     assert parse_go_duration(text) == ns
 
 
-@pytest.mark.parametrize("text", ["", "5", "forever", "1d", ".s", "1.2.3s", "-", "s", "1m1"])
+@pytest.mark.parametrize("text", ["", "5", "forever", "1d", ".s", "1.2.3s", "-", "s", "1m1", "\u0661h", "1\u0660s",
+                                  "\uff15m"])
 def test_go_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_go_duration(text)
