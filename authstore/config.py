@@ -171,8 +171,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="development only: file with the shared secret sidecar-class proxies prove (never sent)")
     p.add_argument("--auth-token", default="simple",
                    help="tokens the store verifies for sidecars and issues at their Authenticate: simple, or "
-                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (priv-key: the store mints "
-                        "JWTs for sidecars; the sidecars hold no key)")
+                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (etcd's syntax, checked as the "
+                        "proxy checks it; ttl a Go duration; priv-key: the store mints JWTs for sidecars, the "
+                        "sidecars hold no key; no jwks-url)")
     p.add_argument("--auth-token-ttl", type=int, default=300,
                    help="seconds a simple token issued to a sidecar's Authenticate lives while unused")
     p.add_argument("--bcrypt-workers", type=int, default=2,
