@@ -11,6 +11,7 @@ import pytest
 
 from proxy import identity_file, tls
 from raftgate import config_support, crl, jwt_keys, password_file, workload_identity
+from raftgate.bounded_file import FileReadError, read_bounded
 
 # name -> (bound, read the file at the path: raises the module's own error)
 READERS: dict[str, tuple[int, Callable[[Path], object]]] = {
@@ -45,3 +46,16 @@ def test_a_file_of_exactly_the_bound_is_read(tmp_path: Path, name: str) -> None:
         read(path)
     except Exception as e:  # it does not parse: fine, it was read
         assert "larger than" not in str(e) and "too large" not in str(e), str(e)
+
+
+def test_the_reader_says_why_a_file_cannot_be_read(tmp_path: Path) -> None:
+    with pytest.raises(FileReadError, match=r"cannot read '.*missing': No such file"):
+        read_bounded(tmp_path / "missing", 10)
+    with pytest.raises(FileReadError, match="cannot read .*: Is a directory"):
+        read_bounded(tmp_path, 10)
+    (tmp_path / "blank").write_bytes(b" \n\t")
+    assert read_bounded(tmp_path / "blank", 10) == b" \n\t"
+    with pytest.raises(FileReadError, match="'.*blank' is empty"):
+        read_bounded(tmp_path / "blank", 10, not_blank=True)
+    with pytest.raises(FileReadError, match="larger than 10 bytes"):
+        read_bounded("/dev/zero", 10)  # a device that never ends: 11 bytes read, then refused
