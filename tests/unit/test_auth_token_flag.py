@@ -11,6 +11,7 @@ stricter on one point: a ttl that is not positive is refused.
 from __future__ import annotations
 
 import io
+import os
 from contextlib import redirect_stderr
 from pathlib import Path
 
@@ -100,11 +101,16 @@ def test_both_programs_refuse_with_exit_2_naming_the_flag(files: dict[str, str],
     # The store refuses it while reading its flags, before any file in the data dir is touched.
     with pytest.raises(authstore.config.ConfigError, match="--auth-token"):
         authstore.config.parse(_store_argv(files, token), {})
-    for main, argv in ((proxy.main.main, _proxy_argv(files, token)), (authstore.main.main, _store_argv(files, token))):
-        err = io.StringIO()
-        with redirect_stderr(err):
-            assert main(argv) == 2
-        assert "--auth-token" in err.getvalue()
+    umask = os.umask(0o022)  # the store's main sets its own: give the test process its umask back
+    try:
+        for main, argv in ((proxy.main.main, _proxy_argv(files, token)),
+                           (authstore.main.main, _store_argv(files, token))):
+            err = io.StringIO()
+            with redirect_stderr(err):
+                assert main(argv) == 2
+            assert "--auth-token" in err.getvalue()
+    finally:
+        os.umask(umask)
     assert not Path(files["dir"], "data").exists()
 
 
