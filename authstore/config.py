@@ -20,11 +20,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
+from raftgate.auth_token import JWT, NOP, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
 from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
 from raftgate.crl import CRLError, RevocationList
 from raftgate.go_duration import parse_go_duration
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
+from raftgate.token_verifier import JwtKeys, TokenKeyError
 
 __all__ = ["ConfigError", "StoreConfig", "parse", "parse_initial_cluster"]
 
@@ -83,8 +85,11 @@ class StoreConfig:
     sidecar_trusted_ca_file: Path | None = None
     #: --client-crl-file: proxy and sidecar certificates it lists are refused (raftgate/crl.py)
     client_crl_file: Path | None = None
-    #: how the store verifies and issues tokens for sidecar-class callers (etcd's --auth-token)
-    auth_token: str = "simple"
+    #: how the store verifies and issues tokens for sidecar-class callers (etcd's --auth-token,
+    #: parsed by the proxy's parser: raftgate/auth_token.py)
+    auth_token: AuthTokenSpec = field(default_factory=lambda: AuthTokenSpec(SIMPLE))
+    #: --auth-token jwt,...: the keys, loaded (and checked) while the flags are read
+    jwt: JwtKeys | None = field(default=None, repr=False, compare=False)
     auth_token_ttl: int = 300
     bcrypt_workers: int = 2
     #: --oidc-*: Kubernetes workload tokens sidecars forward are verified here (None: off)
@@ -171,8 +176,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="development only: file with the shared secret sidecar-class proxies prove (never sent)")
     p.add_argument("--auth-token", default="simple",
                    help="tokens the store verifies for sidecars and issues at their Authenticate: simple, or "
-                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (priv-key: the store mints "
-                        "JWTs for sidecars; the sidecars hold no key)")
+                        "jwt,pub-key=PATH[,priv-key=PATH],sign-method=ALG[,ttl=5m] (etcd's syntax, checked as the "
+                        "proxy checks it; ttl a Go duration; priv-key: the store mints JWTs for sidecars, the "
+                        "sidecars hold no key; no jwks-url)")
     p.add_argument("--auth-token-ttl", type=int, default=300,
                    help="seconds a simple token issued to a sidecar's Authenticate lives while unused")
     p.add_argument("--bcrypt-workers", type=int, default=2,
@@ -355,7 +361,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
             raise f.error("sidecar_trusted_ca_file", "no such file")
         values["sidecar_trusted_ca_file"] = Path(f["sidecar_trusted_ca_file"])
     values.update(_crl(f, tls, values))
-    values["auth_token"] = f["auth_token"]
+    values.update(_auth_token(f))
     values["auth_token_ttl"] = integer(f, "auth_token_ttl", 1)
     values["bcrypt_workers"] = integer(f, "bcrypt_workers", 1)
     values.update(_oidc(f))
@@ -389,6 +395,29 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
         auth_lockout_duration_ms=_lockout_duration(f),
         **values,  # type: ignore[arg-type]
     )
+
+
+def _auth_token(f: Flags) -> dict[str, object]:
+    """--auth-token with the proxy's parser, and a JWT key loaded now: a string one program refuses the
+    other refuses too, with the flag named and exit 2, before anything starts."""
+    try:
+        spec = parse_auth_token(f["auth_token"] or "")
+    except AuthOptionError as e:
+        raise f.error("auth_token", str(e)) from None
+    if spec.kind == NOP:
+        raise f.error("auth_token", "is empty: the store issues the tokens of sidecars' Authenticate calls "
+                      f"({SIMPLE} or {JWT},...)")
+    if spec.jwt is None:
+        return {"auth_token": spec}
+    if spec.jwt.jwks_url:
+        raise f.error("auth_token", "jwks-url is for a proxy: the store verifies sidecars' JWTs with the "
+                      "pub-key files")
+    try:
+        keys = JwtKeys.from_files(spec.jwt.sign_method, spec.jwt.priv_key, spec.jwt.pub_key,
+                                  ttl_seconds=spec.jwt.ttl_seconds)
+    except TokenKeyError as e:
+        raise f.error("auth_token", str(e)) from None
+    return {"auth_token": spec, "jwt": keys}
 
 
 def _crl(f: Flags, tls: bool, values: dict[str, object]) -> dict[str, Path]:

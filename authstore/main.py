@@ -38,7 +38,6 @@ from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
-from raftgate.token_verifier import JwtKeys, TokenKeyError, parse_auth_token, parse_ttl
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
 
@@ -91,22 +90,6 @@ def _revocations(cfg: store_config.StoreConfig) -> RevocationList | None:
         return store_config.revocation_list(cfg.client_crl_file, cas)
     except CRLError as exc:
         raise StartupError(str(exc)) from None
-
-
-def _jwt_keys(cfg: store_config.StoreConfig) -> JwtKeys | None:
-    """--auth-token jwt,...: the key the store verifies sidecars' JWTs with (and signs with, given
-    priv-key); simple (the default): none."""
-    try:
-        kind, options = parse_auth_token(cfg.auth_token)
-        if kind == "simple":
-            return None
-        if kind != "jwt":
-            raise TokenKeyError(f"unknown token kind {kind!r} (simple or jwt)")
-        ttl = parse_ttl(options["ttl"]) if options.get("ttl") else 300.0
-        return JwtKeys.from_files(options.get("sign-method", ""), options.get("priv-key") or None,
-                                  options.get("pub-key") or None, ttl_seconds=ttl)
-    except (TokenKeyError, ValueError) as exc:
-        raise StartupError(f"--auth-token: {exc}") from None
 
 
 def _workload(cfg: store_config.StoreConfig) -> WorkloadTokens | None:
@@ -303,7 +286,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                            lockout_attempts=cfg.auth_lockout_attempts,
                            lockout_duration_ms=cfg.auth_lockout_duration_ms,
                            classifier=_classifier(cfg),
-                           jwt=_jwt_keys(cfg), workload=_workload(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
+                           jwt=cfg.jwt, workload=_workload(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
                            bcrypt_workers=cfg.bcrypt_workers, bcrypt_cost=cfg.bcrypt_cost)
     service.watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the

@@ -41,7 +41,7 @@ from proxy.store_client import InternalTLS
 from proxy.tls import ClientTLS, TLSFileError, revocation_list
 from proxy.tls import load as load_tls
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.options import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
+from raftgate.auth_token import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
 from raftgate.config_support import (
     ConfigError,
     FlagParser,
@@ -611,7 +611,7 @@ def _identity(f: Flags, listen: tuple[str, ...], spec: AuthTokenSpec, jwt: JwtPr
 def _auth_token(f: Flags) -> tuple[AuthTokenSpec, JwtProvider | None]:
     try:
         spec = parse_auth_token(f["auth_token"] or "")
-        jwt = JwtProvider.from_options(spec.options) if spec.kind == JWT else None
+        jwt = JwtProvider.from_options(spec.jwt) if spec.jwt is not None else None
     except AuthOptionError as e:
         raise f.error("auth_token", str(e)) from None
     return spec, jwt

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy import metrics
+from raftgate.bounded_file import FileReadError, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,9 @@ class IdentitySpec:
 
 def _read_text(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise IdentityFileError(f"cannot read {str(path)!r}: {e.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise IdentityFileError(f"{str(path)!r} is larger than {MAX_FILE_BYTES} bytes")
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except FileReadError as e:
+        raise IdentityFileError(str(e)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

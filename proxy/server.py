@@ -32,8 +32,8 @@ from proxy.services import etcd_handlers
 from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tls import ServerTLS, revocation_list
-from proxy.tokens.options import SIMPLE
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate.auth_token import SIMPLE
 from raftgate.crl import RevocationCheck
 from raftgate.jwt_keys import JWKS_PATH
 from raftgate.methods import ETCD_PACKAGE, SERVICES

@@ -27,6 +27,7 @@ import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.crl import RevocationList
 
 log = logging.getLogger(__name__)
@@ -79,15 +80,9 @@ def _stamp(path: str) -> tuple[int, int, int, int]:
 
 def _read(source: str, path: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PEM_BYTES + 1)
-    except OSError as e:
-        raise TLSFileError(f"{source}: cannot read {path!r}: {e.strerror}") from None
-    if len(data) > MAX_PEM_BYTES:
-        raise TLSFileError(f"{source}: {path!r} is too large")
-    if not data.strip():
-        raise TLSFileError(f"{source}: {path!r} is empty")
-    return data
+        return read_bounded(path, MAX_PEM_BYTES, not_blank=True)
+    except FileReadError as e:
+        raise TLSFileError(f"{source}: {e}") from None
 
 
 def load(spec: ClientTLS) -> _Loaded:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from raftgate.bounded_file import FileReadError, read_bounded
+
 #: Where ``parse_flags`` reads a flag's variables: the flag's action -> names, strongest first.
 EnvNames = Callable[[argparse.Action], Sequence[str]]
 
@@ -134,13 +136,9 @@ def host_port(source: str, text: str) -> tuple[str, int]:
 def read_file(source: str, path: str | Path, limit: int = 1024 * 1024) -> bytes:
     """A file's bytes, at most ``limit`` (a config file is small; a huge one is a mistake)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read {str(path)!r}: {e.strerror}") from None
-    if len(data) > limit:
-        raise ConfigError(f"{source}: {str(path)!r} is too large")
-    return data
+        return read_bounded(path, limit)
+    except FileReadError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def comma_list(text: str) -> list[str]:

@@ -39,6 +39,8 @@ import grpc.aio
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from raftgate.bounded_file import FileReadError, read_bounded
+
 log = logging.getLogger("raftgate.crl")
 
 #: the refusal's message (the serial follows in parentheses); code: grpc.StatusCode.UNAVAILABLE
@@ -80,15 +82,9 @@ def _stamp(paths: Sequence[str]) -> tuple[tuple[int, int, int, int], ...]:
 
 def _read(source: str, path: str, limit: int) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise CRLError(f"{source}: cannot read {path!r}: {e.strerror}") from None
-    if len(data) > limit:
-        raise CRLError(f"{source}: {path!r} is larger than {limit} bytes")
-    if not data.strip():
-        raise CRLError(f"{source}: {path!r} is empty")
-    return data
+        return read_bounded(path, limit, not_blank=True)
+    except FileReadError as e:
+        raise CRLError(f"{source}: {e}") from None
 
 
 def _pem_blocks(data: bytes) -> list[bytes]:

@@ -15,7 +15,8 @@ _UNIT_NS: dict[str, int] = {
     "m": 60 * 1_000_000_000,
     "h": 3600 * 1_000_000_000,
 }
-_PART = re.compile(r"(\d*(?:\.\d*)?)([^\d.]+)")
+#: ASCII digits only, as Go: Python's \d would take other scripts' digits (U+0661 as 1)
+_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)([^0-9.]+)")
 _MAX_NS = (1 << 63) - 1
 
 

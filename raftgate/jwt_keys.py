@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from raftgate import bounded_get
+from raftgate.bounded_file import FileReadError, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ MAX_DIR_ENTRIES = 64
 MAX_JWKS_KEYS = 64
 MAX_RETIRED = 16
 MAX_UNKEYED_TRIES = 8
+#: the largest token (JWT, workload token) any verifier looks at: the one definition, imported by the others
 MAX_TOKEN_BYTES = 16 * 1024
 POLL_INTERVAL_SECONDS = 1.0
 JWKS_REFRESH_SECONDS = 60.0
@@ -209,13 +211,9 @@ def _public_der(key: Any) -> bytes:
 
 def read_key_file(path: str | Path) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as e:
-        raise KeyLoadError(f"cannot read key file {str(path)!r}: {e.strerror}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise KeyLoadError(f"key file {str(path)!r} is too large")
-    return data
+        return read_bounded(path, MAX_KEY_FILE_BYTES)
+    except FileReadError as e:
+        raise KeyLoadError(f"key file: {e}") from None
 
 
 def load_private(alg: str, data: bytes) -> Any:

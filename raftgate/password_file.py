@@ -7,6 +7,8 @@ is: the file's UTF-8 text without a trailing newline (as `echo` and editors leav
 
 from __future__ import annotations
 
+from raftgate.bounded_file import FileReadError, read_bounded
+
 #: a password file larger than this is a mistake (a wrong path), not a password
 MAX_FILE_BYTES = 4096
 #: bcrypt uses at most this many bytes of a password
@@ -19,12 +21,9 @@ class PasswordFileError(ValueError):
 
 def read_password_file(path: str) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise PasswordFileError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise PasswordFileError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except FileReadError as exc:
+        raise PasswordFileError(str(exc)) from None
     try:
         password = data.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,10 +27,9 @@ from typing import Any, Protocol
 
 import jwt as pyjwt
 
-from raftgate.jwt_keys import POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
 from raftgate.trust_cache import TrustCache
 
-MAX_TOKEN_BYTES = 16 * 1024
 CACHE_SIZE = 4096
 
 
@@ -168,30 +166,3 @@ def unverified_expiry(token: str) -> float | None:
         return None
     exp = claims.get("exp") if isinstance(claims, dict) else None
     return float(exp) if _number(exp) else None
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_ttl(text: str) -> float:
-    """Seconds of a Go duration such as ``5m``, ``1h30m``, ``90s`` (the JWT ``ttl=`` option)."""
-    parts = _DURATION.findall(text)
-    if not text or "".join(n + u for n, u in parts) != text:
-        raise TokenKeyError(f'time: invalid duration "{text}"')
-    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    if seconds <= 0:
-        raise TokenKeyError("ttl must be positive")
-    return seconds
-
-
-def parse_auth_token(value: str) -> tuple[str, dict[str, str]]:
-    """etcd's ``--auth-token`` value: ``simple`` or ``jwt,key=value,...`` -> (kind, options)."""
-    kind, *rest = value.split(",")
-    options: dict[str, str] = {}
-    for item in rest:
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise TokenKeyError(f"bad --auth-token option {item!r}")
-        options[key.strip()] = val.strip()
-    return kind.strip(), options

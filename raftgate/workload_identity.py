@@ -51,6 +51,8 @@ from urllib.parse import urlsplit
 import jwt as pyjwt
 
 from raftgate import bounded_get
+from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.jwt_keys import MAX_TOKEN_BYTES
 from raftgate.token_verifier import Verified
 from raftgate.trust_cache import TrustCache
 
@@ -58,7 +60,6 @@ log = logging.getLogger(__name__)
 
 #: Clock skew allowed on ``nbf`` and ``iat`` (kubelet's clock vs ours); ``exp`` gets none.
 NBF_LEEWAY_SECONDS = 30
-MAX_TOKEN_BYTES = 16 * 1024
 #: A discovery document, a JWKS, a user map: bigger is refused.
 MAX_DOCUMENT_BYTES = 256 * 1024
 MAX_KEYS = 64
@@ -228,13 +229,9 @@ class UserMapFile:
 
 def _read_bounded(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError as e:
-        raise WorkloadConfigError(f"cannot read {path!r}: {e.strerror}") from None
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise WorkloadConfigError(f"{path!r} is larger than {MAX_DOCUMENT_BYTES} bytes")
-    return data
+        return read_bounded(path, MAX_DOCUMENT_BYTES)
+    except FileReadError as e:
+        raise WorkloadConfigError(str(e)) from None
 
 
 def parse_jwks(data: bytes, where: str) -> dict[str | None, pyjwt.PyJWK]:

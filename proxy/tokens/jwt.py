@@ -22,26 +22,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import metrics
-from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.extract import fingerprint
-from proxy.tokens.options import (
+from raftgate import jwt_keys
+from raftgate.auth_token import (
+    DEFAULT_TTL_NS,
     ERR_INVALID_AUTH_METHOD,
     ERR_INVALID_AUTH_OPTS,
     ERR_KEY_MISMATCH,
     ERR_MISSING_KEY,
     AuthOptionError,
+    JwtOptions,
 )
-from raftgate import jwt_keys
 from raftgate.errors import Err, EtcdError
-from raftgate.jwt_keys import HMAC_ALGORITHMS, SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
+from raftgate.jwt_keys import SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
 from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TTL_NS = 5 * 60 * 1_000_000_000
-MAX_TOKEN_BYTES = jwt_keys.MAX_TOKEN_BYTES
 CACHE_SIZE = 4096
-KNOWN_OPTIONS = frozenset({"sign-method", "pub-key", "priv-key", "ttl", "jwks-url", "jwks-ca"})
 
 _ETCD_TEXT = {
     KeyLoadError.INVALID: ERR_INVALID_AUTH_OPTS,
@@ -104,42 +102,22 @@ class JwtProvider:
         self._cache: TrustCache[JwtIdentity] = TrustCache(CACHE_SIZE, clock=clock)
 
     @classmethod
-    def from_options(cls, options: dict[str, str], *, clock: Callable[[], float] = time.time) -> JwtProvider:
-        """Builds the provider from etcd's ``jwt,`` options (``sign-method``, ``pub-key``, ``priv-key``,
-        ``ttl``) and raftgate's ``jwks-url`` / ``jwks-ca``. Key files are re-read when they change."""
-        unknown = sorted(set(options) - KNOWN_OPTIONS)
-        if unknown:
-            log.warning("unknown JWT options ignored: %s", ", ".join(unknown))
-        ttl_ns = DEFAULT_TTL_NS
-        if options.get("ttl"):
-            try:
-                ttl_ns = parse_go_duration(options["ttl"])
-            except ValueError as e:
-                raise AuthOptionError(ERR_INVALID_AUTH_OPTS, str(e)) from None
-        pub, priv, url = options.get("pub-key") or None, options.get("priv-key") or None, options.get("jwks-url")
+    def from_options(cls, options: JwtOptions, *, clock: Callable[[], float] = time.time) -> JwtProvider:
+        """Builds the provider from the parsed ``jwt,`` options (raftgate/auth_token.py): etcd's
+        ``sign-method``, ``pub-key``, ``priv-key``, ``ttl`` and raftgate's ``jwks-url`` / ``jwks-ca``.
+        Key files are re-read when they change."""
+        pub, priv, url = options.pub_key, options.priv_key, options.jwks_url
+        method, ttl_ns = options.sign_method, options.ttl_ns
         try:
-            for path in (pub, priv):  # etcd reads both files first, whatever the method
+            for path in (pub, priv):  # etcd reads both files, whatever the method
                 if path is not None and not jwt_keys.is_directory(path):
                     jwt_keys.read_key_file(path)
-        except KeyLoadError as e:
-            raise _option_error(e) from None
-        method = options.get("sign-method", "")
-        if method not in SUPPORTED_ALGORITHMS:
-            raise AuthOptionError(ERR_INVALID_AUTH_METHOD, f"unsupported sign-method {method!r}")
-        if ttl_ns <= 0:
-            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "ttl must be positive")
-        if url and method in HMAC_ALGORITHMS:
-            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "jwks-url needs an asymmetric sign-method")
-        if options.get("jwks-ca") and not url:
-            raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "jwks-ca needs jwks-url")
-        try:
             if url and not priv and not pub:  # verify-only with fetched keys only: nothing in the files
                 keys = KeyRing(method, jwt_keys.KeyMaterial(None, ()), retain_seconds=ttl_ns / 1e9, clock=clock)
             else:
                 keys = KeyRing.from_files(method, priv, pub, retain_seconds=ttl_ns / 1e9, clock=clock,
                                           on_reload=_key_reloaded)
-            follower = JwksFollower(keys, url, ca_file=options.get("jwks-ca") or None,
-                                    on_reload=_key_reloaded) if url else None
+            follower = JwksFollower(keys, url, ca_file=options.jwks_ca, on_reload=_key_reloaded) if url else None
         except KeyLoadError as e:
             raise _option_error(e) from None
         return cls(method, ttl_ns=ttl_ns, clock=clock, keys=keys, follower=follower)

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from proxy.tokens.jwt import JwtProvider
+from raftgate.auth_token import jwt_options
 from raftgate.jwt_keys import JWKS_PATH, jwk_thumbprint, public_jwk
 from tests.support.processes import (
     EtcdServer,
@@ -180,9 +181,9 @@ def test_tokens_minted_by_real_etcd_verify(tmp_path: Path) -> None:
         token = authenticate(etcd.target, "root", "rootpw")
     assert kid(token) is None
     for pub in (tmp_path / "jwt.pub", folder, jwks):
-        provider = JwtProvider.from_options({"sign-method": "RS256", "pub-key": str(pub)})
+        provider = JwtProvider.from_options(jwt_options({"sign-method": "RS256", "pub-key": str(pub)}))
         found = provider.verify(token)
         assert found is not None and found.username == "root", pub
-    signer = JwtProvider.from_options({"sign-method": "RS256", "pub-key": str(tmp_path / "jwt.pub"),
-                                       "priv-key": str(tmp_path / "jwt.key")})
+    signer = JwtProvider.from_options(jwt_options({"sign-method": "RS256", "pub-key": str(tmp_path / "jwt.pub"),
+                                                   "priv-key": str(tmp_path / "jwt.key")}))
     assert signer.verify(token) is not None

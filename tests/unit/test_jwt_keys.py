@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from prometheus_client.registry import CollectorRegistry
 
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.options import ERR_INVALID_AUTH_OPTS, ERR_MISSING_KEY, AuthOptionError, parse_auth_token
+from raftgate.auth_token import ERR_INVALID_AUTH_OPTS, ERR_MISSING_KEY, AuthOptionError, jwt_options, parse_auth_token
 from raftgate.jwt_keys import (
     JWKS_PATH,
     MAX_UNKEYED_TRIES,
@@ -128,7 +128,7 @@ def test_pub_key_directory(tmp_path: Path, rsa_keys: list[Any]) -> None:
         (keys / f"k{i}.pem").write_bytes(_pub_pem(key))
     (keys / "..data").mkdir()
     (keys / "..data" / "junk").write_text("not a key")
-    provider = JwtProvider.from_options(parse_auth_token(f"jwt,sign-method=RS256,pub-key={keys}").options)
+    provider = JwtProvider.from_options(jwt_options(parse_auth_token(f"jwt,sign-method=RS256,pub-key={keys}").options))
     assert provider.verify_only
     for key in rsa_keys[:2]:
         assert provider.verify(_mint(key)) is not None  # etcd's tokens: no kid
@@ -152,7 +152,7 @@ def test_jwks_file_keeps_its_kids_and_algorithms(tmp_path: Path, rsa_keys: list[
     ]}
     path = tmp_path / "jwks.json"
     path.write_text(json.dumps(jwks))
-    provider = JwtProvider.from_options({"sign-method": "RS256", "pub-key": str(path)})
+    provider = JwtProvider.from_options(jwt_options({"sign-method": "RS256", "pub-key": str(path)}))
     assert provider.verify(_mint(rsa_keys[0], "PS256", "rsa-2026")) is not None
     assert provider.verify(_mint(es, "ES256", "ec-1")) is not None
     assert provider.verify(_mint(es, "ES256")) is not None
@@ -161,7 +161,7 @@ def test_jwks_file_keeps_its_kids_and_algorithms(tmp_path: Path, rsa_keys: list[
     assert provider.verify(_mint(rsa_keys[1], "RS256", "enc")) is None
     with pytest.raises(AuthOptionError) as e:
         path.write_text('{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}')
-        JwtProvider.from_options({"sign-method": "RS256", "pub-key": str(path)})
+        JwtProvider.from_options(jwt_options({"sign-method": "RS256", "pub-key": str(path)}))
     assert e.value.etcd_text == ERR_INVALID_AUTH_OPTS
 
 
@@ -174,7 +174,7 @@ def test_alg_confusion_through_kid(tmp_path: Path, rsa_keys: list[Any]) -> None:
                      {"kty": "oct", "kid": "h", "alg": "HS256", "k": _b64(secret)}]}
     path = tmp_path / "jwks.json"
     path.write_text(json.dumps(jwks))
-    provider = JwtProvider.from_options({"sign-method": "RS256", "pub-key": str(path)})
+    provider = JwtProvider.from_options(jwt_options({"sign-method": "RS256", "pub-key": str(path)}))
     assert provider.verify(_mint(rsa_key, kid="r")) is not None
     for material in (_pub_pem(rsa_key), json.dumps(public_jwk(rsa_key)).encode(),
                      base64.urlsafe_b64decode(public_jwk(rsa_key)["n"] + "==")):
@@ -273,7 +273,7 @@ def test_unkeyed_tokens_try_a_bounded_number_of_keys(tmp_path: Path) -> None:
     folder.mkdir()
     for i, key in enumerate(keys):
         (folder / f"k{i:02}.pem").write_bytes(_pub_pem(key))
-    provider = JwtProvider.from_options({"sign-method": "ES256", "pub-key": str(folder)})
+    provider = JwtProvider.from_options(jwt_options({"sign-method": "ES256", "pub-key": str(folder)}))
     assert provider.verify(_mint(keys[MAX_UNKEYED_TRIES - 1], "ES256")) is not None
     assert provider.verify(_mint(keys[MAX_UNKEYED_TRIES], "ES256")) is None  # beyond the bound: needs its kid
     assert provider.verify(_mint(keys[MAX_UNKEYED_TRIES], "ES256", _kid(keys[MAX_UNKEYED_TRIES]))) is not None
@@ -282,7 +282,7 @@ def test_unkeyed_tokens_try_a_bounded_number_of_keys(tmp_path: Path) -> None:
 def test_jwks_url_options(tmp_path: Path, rsa_keys: list[Any]) -> None:
     pub = tmp_path / "k.pub"
     pub.write_bytes(_pub_pem(rsa_keys[0]))
-    ok = JwtProvider.from_options(parse_auth_token("jwt,sign-method=RS256,jwks-url=http://127.0.0.1:1/x").options)
+    ok = JwtProvider.from_options(jwt_options(parse_auth_token("jwt,sign-method=RS256,jwks-url=http://127.0.0.1:1/x").options))
     assert ok.verify_only and ok.follower is not None
     for text, want in [
         ("jwt,sign-method=HS256,priv-key={pub},jwks-url=http://127.0.0.1:1/x", ERR_INVALID_AUTH_OPTS),
@@ -292,7 +292,7 @@ def test_jwks_url_options(tmp_path: Path, rsa_keys: list[Any]) -> None:
         ("jwt,sign-method=RS256", ERR_MISSING_KEY),
     ]:
         with pytest.raises(AuthOptionError) as e:
-            JwtProvider.from_options(parse_auth_token(text.format(pub=pub, tmp=tmp_path)).options)
+            JwtProvider.from_options(jwt_options(parse_auth_token(text.format(pub=pub, tmp=tmp_path)).options))
         assert e.value.etcd_text == want, text
 
 

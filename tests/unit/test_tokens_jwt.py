@@ -17,17 +17,19 @@ from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
-from proxy.tokens.duration import parse_go_duration
 from proxy.tokens.jwt import JwtProvider
-from proxy.tokens.options import (
+from raftgate.auth_token import (
     ERR_INVALID_AUTH_METHOD,
     ERR_INVALID_AUTH_OPTS,
     ERR_KEY_MISMATCH,
     ERR_MISSING_KEY,
     AuthOptionError,
+    AuthTokenSpec,
+    JwtOptions,
     parse_auth_token,
 )
 from raftgate.errors import Err, EtcdError
+from raftgate.go_duration import parse_go_duration
 from raftgate.jwt_keys import jwk_thumbprint, public_jwk
 
 
@@ -218,6 +220,11 @@ def _files(tmp_path: Path, keys: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _jwt(spec: AuthTokenSpec) -> JwtOptions:
+    assert spec.jwt is not None, spec
+    return spec.jwt
+
+
 def test_bad_option_matrix(tmp_path: Path, keys: dict[str, Any]) -> None:
     f = _files(tmp_path, keys)
     missing = str(tmp_path / "missing-file")
@@ -264,7 +271,7 @@ def test_bad_option_matrix(tmp_path: Path, keys: dict[str, Any]) -> None:
     for name, (text, expected) in cases.items():
         with pytest.raises(AuthOptionError) as e:
             spec = parse_auth_token(text)
-            JwtProvider.from_options(spec.options)
+            JwtProvider.from_options(_jwt(spec))
         assert e.value.etcd_text == expected, name
         assert str(e.value).startswith(expected), name
 
@@ -273,9 +280,9 @@ def test_good_options(tmp_path: Path, keys: dict[str, Any]) -> None:
     f = _files(tmp_path, keys)
     spec = parse_auth_token(f"jwt,pub-key={f['rsa.pub']},priv-key={f['rsa.key']},sign-method=RS256,ttl=2h45m,x=y")
     assert spec.kind == "jwt"
-    provider = JwtProvider.from_options(spec.options)
+    provider = JwtProvider.from_options(_jwt(spec))
     assert provider.ttl_seconds == 9900 and not provider.verify_only
-    assert JwtProvider.from_options(parse_auth_token(f"jwt,sign-method=ES256,priv-key={f['ec.key']}").options)
+    assert JwtProvider.from_options(_jwt(parse_auth_token(f"jwt,sign-method=ES256,priv-key={f['ec.key']}")))
     assert parse_auth_token("simple").kind == "simple"
     assert parse_auth_token("").kind == ""
 
@@ -298,7 +305,8 @@ def test_go_duration(text: str, ns: int) -> None:
     assert parse_go_duration(text) == ns
 
 
-@pytest.mark.parametrize("text", ["", "5", "forever", "1d", ".s", "1.2.3s", "-", "s", "1m1"])
+@pytest.mark.parametrize("text", ["", "5", "forever", "1d", ".s", "1.2.3s", "-", "s", "1m1", "\u0661h", "1\u0660s",
+                                  "\uff15m"])
 def test_go_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_go_duration(text)
