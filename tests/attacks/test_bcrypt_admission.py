@@ -118,6 +118,36 @@ def test_anonymous_flood_does_not_starve_root_or_other_peers(tmp_path: Path, mon
         release.set()
 
 
+def test_a_lone_client_gets_the_whole_check_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 5: a client alone (a sidecar's pod) is not refused while the lane has room:
+    --bcrypt-workers=1 --bcrypt-queue-limit=4 take five concurrent logins from one address."""
+    release = threading.Event()
+    real = passwords._checkpw
+
+    def stuck_check(raw: bytes, hashed: bytes) -> bool:
+        release.wait(timeout=50)  # bounded: the test lets go long before
+        return real(raw, hashed)
+
+    async def scenario(fake: FakeStore, ch: grpc.aio.Channel, _other: grpc.aio.Channel, proxy: ProxyServer) -> None:
+        monkeypatch.setattr(passwords, "_checkpw", stuck_check)
+        places = 1 + 4
+        logins = [asyncio.ensure_future(login(ch, "nobody", f"guess{i}")) for i in range(places)]
+        await asyncio.to_thread(wait_for, lambda: any(f.done() for f in logins) or proxy.hasher.pending == places,
+                                30, "every login to take a place in the check lane")
+        refused = [f.exception() for f in logins if f.done()]
+        assert not refused, f"{len(refused)} of {places} logins of a lone client refused: {refused[0]}"
+        release.set()
+        for f in logins:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await f
+            assert e.value.details() == Err.AUTH_FAILED.message
+
+    try:
+        _run(tmp_path, scenario)
+    finally:
+        release.set()
+
+
 @pytest.mark.parametrize(("peer", "client"), [
     ("ipv4:10.0.0.7:5123", "ipv4:10.0.0.7"),
     ("ipv4:10.0.0.7:6000", "ipv4:10.0.0.7"),  # another connection, the same client
