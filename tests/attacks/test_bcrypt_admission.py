@@ -6,8 +6,9 @@ here is held inside bcrypt (every check blocks until the test lets go), so the q
 for as long as the test needs, without sleeps:
 
 * root's UserAdd and UserChangePassword (hashing) are still served, while the checks are stuck;
-* an Authenticate from another peer (a Unix socket client here) is still admitted to the queue,
-  and gets its answer once the checks run again.
+* an Authenticate from another peer (a Unix socket client here) is still admitted to the queue
+  (the flood's newest waiting check is refused to make room), and gets its answer once the checks
+  run again.
 """
 
 from __future__ import annotations
@@ -98,10 +99,11 @@ def test_anonymous_flood_does_not_starve_root_or_other_peers(tmp_path: Path, mon
         assert fake.requests[-1].auth_user_change_password.hashedPassword
 
         # Another peer is still admitted: its check waits for a worker instead of being refused.
-        before = proxy.hasher.pending
+        # The queue is full of the flood, so the flood's newest waiting check gives up its place.
+        refused_before = sum(f.done() for f in flood)
         other = asyncio.ensure_future(login(other_ch, "root", "wrong"))
-        await asyncio.to_thread(wait_for, lambda: other.done() or proxy.hasher.pending > before, 30,
-                                "the other peer's check to be queued or refused")
+        await asyncio.to_thread(wait_for, lambda: other.done() or sum(f.done() for f in flood) > refused_before,
+                                30, "the other peer's check to be queued or refused")
         if other.done():
             exc = other.exception()
             why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc

@@ -65,7 +65,7 @@ def _store_lane(workers: int, waiting: int) -> Lane:
     assert waiting == workers * store_login.QUEUE_PER_WORKER  # the store's pool has no queue flag
     lane = store_login.BcryptLane(workers)
     return Lane(lambda peer, pw: lane.check(pw.encode(), b"$2a$", peer), workers, waiting,
-                lambda: lane.pool.shutdown(wait=False, cancel_futures=True))
+                lane.close)
 
 
 LANES = {"proxy": (_proxy_lane, lambda w: 4 * w), "store": (_store_lane, lambda w: store_login.QUEUE_PER_WORKER * w)}
