@@ -14,7 +14,8 @@ share of the lane refused a client that was alone (a sidecar, whose only client 
   newest waiting job is refused instead and the new one takes its place. A flood from one address
   can therefore fill an idle queue, but never keep another address out of its share.
 
-Every structure here is bounded by ``waiting_limit`` (the addresses with waiting jobs included).
+Every structure here is bounded by ``waiting_limit`` (the addresses with waiting jobs included),
+and every step under the lock takes constant time, however many addresses wait.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,8 +52,12 @@ class FairLane:
         self.max_job_bytes = max_job_bytes
         self._busy = 0  # workers running a job (or about to)
         self._waiting = 0
-        self._queues: dict[str, deque[_Job[Any]]] = {}  # address -> its waiting jobs, oldest first
-        self._turn: deque[str] = deque()  # addresses with waiting jobs, next to be served first
+        # address -> its waiting jobs, oldest first; the addresses themselves in the order they
+        # are served (a served address goes to the back while it has more waiting)
+        self._queues: OrderedDict[str, OrderedDict[_Job[Any], None]] = OrderedDict()
+        # waiting jobs an address holds -> the addresses holding that many; and the most any holds
+        self._by_count: dict[int, dict[str, None]] = {}
+        self._most = 0
         self._lock = threading.Lock()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
@@ -109,54 +114,64 @@ class FairLane:
             self._closed = True
             jobs = [job for queue in self._queues.values() for job in queue]
             self._queues.clear()
-            self._turn.clear()
-            self._waiting = 0
+            self._by_count.clear()
+            self._most = self._waiting = 0
         for job in jobs:
             job.future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # --- under the lock -------------------------------------------------------------------------
+    # --- under the lock: every step O(1), whatever the number of addresses and jobs -------------
 
     def _enqueue(self, job: _Job[Any]) -> None:
         queue = self._queues.get(job.peer)
         if queue is None:
-            queue = self._queues[job.peer] = deque()
-            self._turn.append(job.peer)
-        queue.append(job)
-        self._waiting += 1
+            queue = self._queues[job.peer] = OrderedDict()
+        queue[job] = None
+        self._counted(job.peer, len(queue) - 1, len(queue))
 
     def _displace_for(self, peer: str) -> _Job[Any]:
-        """The newest waiting job of the address holding the most waiting places, taken out of
-        the queue for ``peer``'s new job; EtcdError TOO_MANY_REQUESTS if ``peer`` already holds
-        as many as that address, less one (or there is no waiting place at all)."""
+        """The newest waiting job of an address holding the most waiting places, taken out of the
+        queue for ``peer``'s new job; EtcdError TOO_MANY_REQUESTS if ``peer`` already holds as
+        many as that address, less one (or there is no waiting place at all)."""
         own = len(self._queues.get(peer, ()))
-        victim = max(self._turn, key=lambda p: len(self._queues[p]), default=None)
-        if victim is None or len(self._queues[victim]) <= own + 1:
+        if self._most <= own + 1:
             raise EtcdError(Err.TOO_MANY_REQUESTS)
-        job = self._queues[victim].pop()
+        victim = next(iter(self._by_count[self._most]))
+        job, _ = self._queues[victim].popitem(last=True)
         self._dequeued(victim)
         return job
 
-    def _dequeued(self, peer: str) -> None:
-        self._waiting -= 1
-        if not self._queues[peer]:
-            del self._queues[peer]
-            self._turn.remove(peer)
-
     def _next(self) -> _Job[Any] | None:
         """The job a freed worker runs next (round-robin between addresses), or None: idle."""
-        if not self._turn:
+        if not self._queues:
             self._busy -= 1
             return None
-        peer = self._turn.popleft()
-        queue = self._queues[peer]
-        job = queue.popleft()
-        self._waiting -= 1
-        if queue:
-            self._turn.append(peer)
-        else:
-            del self._queues[peer]
+        peer = next(iter(self._queues))
+        job, _ = self._queues[peer].popitem(last=False)
+        self._dequeued(peer)
+        if peer in self._queues:
+            self._queues.move_to_end(peer)  # its next job after every other address's
         return job
+
+    def _dequeued(self, peer: str) -> None:
+        """A job of ``peer`` left its queue."""
+        left = len(self._queues[peer])
+        if not left:
+            del self._queues[peer]
+        self._counted(peer, left + 1, left)
+
+    def _counted(self, peer: str, before: int, after: int) -> None:
+        self._waiting += after - before
+        if before:
+            holders = self._by_count[before]
+            del holders[peer]
+            if not holders:
+                del self._by_count[before]
+        if after:
+            self._by_count.setdefault(after, {})[peer] = None
+        self._most = max(self._most, after)
+        while self._most and self._most not in self._by_count:
+            self._most -= 1  # counts move by one: one step
 
     # --- outside the lock -----------------------------------------------------------------------
 
@@ -167,7 +182,7 @@ class FairLane:
         with self._lock:
             queue = self._queues.get(job.peer)
             if queue is not None and job in queue:
-                queue.remove(job)
+                del queue[job]
                 self._dequeued(job.peer)
 
     def _start(self, job: _Job[Any]) -> None:
