@@ -180,3 +180,34 @@ def test_a_flooding_address_leaves_the_other_half(make: tuple[Gate, Callable[[in
         assert 2 * both_waiting.count("B") >= len(both_waiting), f"served in order: {''.join(served)}"
 
     asyncio.run(go())
+
+
+def test_the_queue_depth_gauge_counts_refused_and_displaced_checks_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's bcrypt queue-depth gauge is back where it was once a flood has been refused
+    at the door, pushed out of the queue by another address, and served."""
+    from proxy import metrics
+
+    gate = Gate()
+    monkeypatch.setattr(passwords, "_checkpw", gate.check)
+    depth = metrics.BCRYPT_QUEUE_DEPTH.labels("check")
+
+    async def go() -> None:
+        hasher = passwords.PasswordHasher(4, workers=1, queue_limit=4)
+        try:
+            before = depth._value.get()
+            flood = [asyncio.ensure_future(hasher.check(f"A{i}", b"", peer=A)) for i in range(8)]
+            await _settle()
+            await _until(lambda: len(gate.started) == 1, "the flood to hold the worker")
+            assert depth._value.get() == before + 4
+            other = [asyncio.ensure_future(hasher.check(f"B{i}", b"", peer=B)) for i in range(2)]
+            await _settle()
+            assert depth._value.get() == before + 4  # two of the flood's waiting checks made room
+            assert len(_refused(flood)) == 3 + 2 and not _refused(other)
+            gate.release.set()
+            await asyncio.gather(*flood, *other, return_exceptions=True)
+            assert depth._value.get() == before
+        finally:
+            gate.release.set()
+            hasher.close()
+
+    asyncio.run(go())
