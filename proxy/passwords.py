@@ -81,7 +81,7 @@ class PasswordHasher:
 
     async def check(self, password: str, stored_hash: bytes, *, peer: str = "") -> bool:
         """True when ``password`` matches; a malformed or empty stored hash never matches."""
-        return await self._run("check", _checkpw, *_check_input(password, _normalize(stored_hash)), peer=peer)
+        return await self._run("check", _bounded_checkpw, *_check_input(password, _normalize(stored_hash)), peer=peer)
 
     async def check_dummy(self, password: str, decoy: bytes = b"", *, peer: str = "") -> None:
         """Spends the time of a real check, for unknown users (no user enumeration by timing).
@@ -90,7 +90,7 @@ class PasswordHasher:
         a well-formed one, the proxy's own (at ``--bcrypt-cost``).
         """
         hashed = decoy if _is_bcrypt_hash(decoy) else self._dummy_hash
-        await self._run("check", _checkpw, *_check_input(password, hashed), peer=peer)
+        await self._run("check", _bounded_checkpw, *_check_input(password, hashed), peer=peer)
 
     async def _run(self, operation: metrics.BcryptOperation, fn: Callable[..., T], *args: object,
                    peer: str = "") -> T:
@@ -140,11 +140,16 @@ class PasswordHasher:
             lane.close()
 
 
-def _check_input(password: str, hashed: bytes) -> tuple[bytes, bytes]:
+def _check_input(password: str, hashed: bytes) -> tuple[bytes, bytes, bool]:
     """What a check needs, and no more, so a waiting check holds at most MAX_JOB_BYTES: the
     password's first 72 bytes (all bcrypt reads: Go's bcrypt ignores the rest when comparing),
-    and the hash, or b"" when it is too long to be one (it could never match)."""
-    return password.encode("utf-8")[:BCRYPT_MAX_BYTES], hashed if len(hashed) <= MAX_HASH_BYTES else b""
+    the hash's first MAX_HASH_BYTES, and whether that was all of it (a longer one is no bcrypt
+    hash: it never matches, but costs the check's time as before)."""
+    return password.encode("utf-8")[:BCRYPT_MAX_BYTES], hashed[:MAX_HASH_BYTES], len(hashed) <= MAX_HASH_BYTES
+
+
+def _bounded_checkpw(raw: bytes, hashed: bytes, whole: bool) -> bool:
+    return _checkpw(raw, hashed) and whole
 
 
 def _hashpw(raw: bytes, cost: int) -> bytes:

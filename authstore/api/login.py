@@ -45,7 +45,8 @@ from raftgate.token_verifier import JwtKeys
 
 BCRYPT_MAX_BYTES = 72
 QUEUE_PER_WORKER = 4
-#: a stored hash longer than this is no bcrypt hash (those are 60 bytes): it never matches
+#: a stored hash longer than this is no bcrypt hash (those are 60 bytes): it never matches, and
+#: a waiting check keeps only this much of it
 MAX_HASH_BYTES = 64
 DEADLINE_SECONDS = 10.0
 _DUMMY_PASSWORD = b"raftgate: no such user"
@@ -64,9 +65,8 @@ class BcryptLane:
     async def check(self, password: bytes, hashed: bytes, peer: str) -> bool:
         """Raises EtcdError TOO_MANY_REQUESTS when the queue is full (see FairLane)."""
         password = password[:BCRYPT_MAX_BYTES]  # all bcrypt reads: a waiting check holds no more
-        if len(hashed) > MAX_HASH_BYTES:
-            hashed = b""
-        return await self.lane.run(peer, lambda: _checkpw(password, hashed), len(password) + len(hashed))
+        whole, hashed = len(hashed) <= MAX_HASH_BYTES, hashed[:MAX_HASH_BYTES]  # longer: never matches
+        return await self.lane.run(peer, lambda: _checkpw(password, hashed) and whole, len(password) + len(hashed))
 
     def close(self) -> None:
         self.lane.close()

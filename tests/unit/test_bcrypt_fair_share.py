@@ -211,3 +211,29 @@ def test_the_queue_depth_gauge_counts_refused_and_displaced_checks_out(monkeypat
             hasher.close()
 
     asyncio.run(go())
+
+
+def test_what_a_waiting_check_keeps_does_not_change_its_answer() -> None:
+    """A waiting check keeps only the password's first 72 bytes and the hash's first 64 (so a
+    queue place holds a bounded number of bytes): a longer password still matches on what bcrypt
+    reads, and a hash with anything after it still never matches."""
+    import bcrypt
+
+    password = "p" * 72
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4))
+
+    async def go() -> None:
+        hasher = passwords.PasswordHasher(4, workers=1)
+        lane = store_login.BcryptLane(1)
+        try:
+            for longer in (password, password + "and more"):
+                assert await hasher.check(longer, hashed, peer=A)
+                assert await lane.check(longer.encode(), hashed, A)
+            for padded in (hashed + b"x", hashed + b"x" * 4, hashed + b"$" * 1000):
+                assert not await hasher.check(password, padded, peer=A)
+                assert not await lane.check(password.encode(), padded, A)
+        finally:
+            hasher.close()
+            lane.close()
+
+    asyncio.run(go())
