@@ -97,7 +97,7 @@ class Authenticator:
     async def authenticate(self, request: rpc_pb2.AuthenticateRequest, timeout: float | None = None, *,
                            peer: str = "") -> bytes:
         """The serialized AuthenticateResponse, or EtcdError / AioRpcError. ``peer``: the client
-        (``passwords.peer_host``) whose share of the bcrypt queue the check takes."""
+        (``passwords.peer_host``) whose turn in the bcrypt queue the check takes."""
         try:
             if self._rate is not None and peer and not self._rate.allow(peer):
                 raise _Refused(Err.TOO_MANY_REQUESTS, "rate_limited")

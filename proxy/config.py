@@ -170,8 +170,10 @@ def _parser() -> FlagParser:
     p.add_argument("--bcrypt-workers", help="threads checking passwords (default: CPU count)")
     p.add_argument(
         "--bcrypt-queue-limit",
-        help=f"bcrypt jobs that may wait for a free worker; beyond it Authenticate, UserAdd and "
-        f"UserChangePassword get 'too many requests' (default {QUEUE_PER_WORKER} per worker)",
+        help=f"bcrypt jobs that may wait for a free worker, per lane (checks, hashing), served by turns "
+        f"between client addresses; when that many wait, Authenticate, UserAdd and UserChangePassword "
+        f"get 'too many requests', unless the caller's address waits with fewer than the busiest one "
+        f"(whose newest waiting job is refused instead) (default {QUEUE_PER_WORKER} per worker)",
     )
     p.add_argument(
         "--listen-gateway-urls",

@@ -4,8 +4,10 @@ bcrypt costs ~50-100 ms of CPU at cost 10 and releases the GIL, so it runs on a 
 N workers check N passwords at once and the event loop never blocks. The wait for a worker is
 bounded: with ``queue_limit`` jobs already waiting, a new one is refused at once with etcd's
 ``too many requests`` instead of queueing for ever. Checks and hashing have separate pools and
-bounds, and one client may hold only part of each. Passwords never leave this module other than
-as hashes, and are never logged.
+bounds. A client (an address) may use every idle worker; waiting jobs are served round-robin
+between addresses, and a full queue makes room for an address holding less than its share
+(raftgate/fair_lane.py). Passwords never leave this module other than as hashes, and are never
+logged.
 """
 
 from __future__ import annotations
@@ -14,17 +16,15 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import bcrypt
-from prometheus_client import Gauge
 
 from proxy import metrics
 from raftgate.errors import Err, EtcdError
+from raftgate.fair_lane import FairLane
 
 T = TypeVar("T")
 
@@ -37,10 +37,12 @@ _DUMMY_PASSWORD = b"raftgate: no such user"
 
 #: Default bound of jobs waiting for a worker, per worker.
 QUEUE_PER_WORKER = 4
-#: Share of a lane's places (running + waiting) one peer may hold at once.
-PEER_SHARE = 0.5
 #: Workers of the administrative lane (UserAdd, UserChangePassword: rare, and never anonymous).
 ADMIN_WORKERS = 1
+#: A stored hash longer than this is no bcrypt hash (those are 60 bytes) and never matches.
+MAX_HASH_BYTES = 64
+#: The input one waiting job holds at most: the bytes of a password bcrypt reads, and a hash.
+MAX_JOB_BYTES = BCRYPT_MAX_BYTES + MAX_HASH_BYTES
 
 
 def peer_host(peer: str) -> str:
@@ -53,44 +55,10 @@ def peer_host(peer: str) -> str:
     return host if sep and port.isdigit() else peer
 
 
-class _Lane:
-    """One bounded admission: ``workers`` threads, at most ``capacity`` jobs running or waiting,
-    at most ``per_peer`` of them from one peer (jobs without a peer only count toward the total)."""
-
-    def __init__(self, name: str, workers: int, queue_limit: int) -> None:
-        self.capacity = workers + queue_limit
-        self.per_peer = max(1, int(self.capacity * PEER_SHARE + 0.5))
-        self.pending = 0  # submitted and not finished; changed on the loop and in done callbacks
-        self._by_peer: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-
-    def admit(self, peer: str) -> None:
-        """Takes a place, or raises EtcdError TOO_MANY_REQUESTS."""
-        with self._lock:
-            held = self._by_peer.get(peer, 0)
-            if self.pending >= self.capacity or (peer and held >= self.per_peer):
-                raise EtcdError(Err.TOO_MANY_REQUESTS)
-            self.pending += 1
-            if peer:
-                self._by_peer[peer] = held + 1
-
-    def release(self, peer: str) -> None:
-        """A job left the pool (done, failed or cancelled): its place is free again."""
-        with self._lock:
-            self.pending -= 1
-            if peer:
-                left = self._by_peer[peer] - 1
-                if left:
-                    self._by_peer[peer] = left
-                else:
-                    del self._by_peer[peer]
-
-
 class PasswordHasher:
     """Two lanes, each with its own workers and admission: password checks (Authenticate, open to
     anyone) and hashing (UserAdd, UserChangePassword), so a flood of logins never refuses or
-    delays root's administration; and within a lane no peer holds more than PEER_SHARE of it."""
+    delays root's administration; within a lane, addresses share the workers by turns."""
 
     def __init__(self, cost: int = DEFAULT_COST, workers: int = 1, queue_limit: int | None = None) -> None:
         """``queue_limit``: jobs that may wait for a free worker, per lane (default QUEUE_PER_WORKER
@@ -98,8 +66,8 @@ class PasswordHasher:
         self.cost = cost
         workers = max(1, workers)
         self.queue_limit = QUEUE_PER_WORKER * workers if queue_limit is None else max(0, queue_limit)
-        self._check = _Lane("bcrypt", workers, self.queue_limit)
-        self._admin = _Lane("bcrypt-admin", ADMIN_WORKERS, self.queue_limit)
+        self._check = FairLane("bcrypt", workers, self.queue_limit, MAX_JOB_BYTES)
+        self._admin = FairLane("bcrypt-admin", ADMIN_WORKERS, self.queue_limit, MAX_JOB_BYTES)
         # Checked against when the user does not exist, so a miss costs the same time as a hit.
         self._dummy_hash = bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(cost, prefix=b"2a"))
 
@@ -113,7 +81,7 @@ class PasswordHasher:
 
     async def check(self, password: str, stored_hash: bytes, *, peer: str = "") -> bool:
         """True when ``password`` matches; a malformed or empty stored hash never matches."""
-        return await self._run("check", _checkpw, password.encode("utf-8"), _normalize(stored_hash), peer=peer)
+        return await self._run("check", _bounded_checkpw, *_check_input(password, _normalize(stored_hash)), peer=peer)
 
     async def check_dummy(self, password: str, decoy: bytes = b"", *, peer: str = "") -> None:
         """Spends the time of a real check, for unknown users (no user enumeration by timing).
@@ -122,19 +90,23 @@ class PasswordHasher:
         a well-formed one, the proxy's own (at ``--bcrypt-cost``).
         """
         hashed = decoy if _is_bcrypt_hash(decoy) else self._dummy_hash
-        await self._run("check", _checkpw, password.encode("utf-8"), hashed, peer=peer)
+        await self._run("check", _bounded_checkpw, *_check_input(password, hashed), peer=peer)
 
     async def _run(self, operation: metrics.BcryptOperation, fn: Callable[..., T], *args: object,
                    peer: str = "") -> T:
         """Runs ``fn`` on the operation's lane, counted in the queue-depth gauge until a worker
         picks it up. ``peer``: the client (``peer_host``), "" for the proxy's own jobs.
 
-        Raises EtcdError TOO_MANY_REQUESTS when the lane is full, or the peer holds its share.
+        Raises EtcdError TOO_MANY_REQUESTS when the lane's queue is full (at once), or when a job
+        of an address holding less of the queue takes this one's waiting place (later).
         """
 
         depth = metrics.BCRYPT_QUEUE_DEPTH.labels(operation)
+        picked_up = False
 
         def timed() -> T:
+            nonlocal picked_up
+            picked_up = True
             depth.dec()
             started = time.perf_counter()
             try:
@@ -142,17 +114,20 @@ class PasswordHasher:
             finally:
                 metrics.BCRYPT_DURATION.labels(operation).observe(time.perf_counter() - started)
 
+        def uncount(_f: concurrent.futures.Future[T]) -> None:
+            """A job that never ran (refused from the queue, cancelled) is still in the gauge."""
+            if not picked_up:
+                depth.dec()
+
         lane = self._admin if operation == "hash" else self._check
-        lane.admit(peer)
+        nbytes = sum(len(a) for a in args if isinstance(a, bytes))
         depth.inc()
         try:
-            future = lane.pool.submit(timed)
-        except RuntimeError:  # the pool is shut down
+            future = lane.submit(peer, timed, nbytes)
+        except BaseException:
             depth.dec()
-            lane.release(peer)
             raise
-        future.add_done_callback(lambda f: _uncount_if_cancelled(f, depth))
-        future.add_done_callback(lambda _f: lane.release(peer))
+        future.add_done_callback(uncount)
         return await asyncio.wrap_future(future)
 
     @property
@@ -162,13 +137,19 @@ class PasswordHasher:
 
     def close(self) -> None:
         for lane in (self._check, self._admin):
-            lane.pool.shutdown(wait=False, cancel_futures=True)
+            lane.close()
 
 
-def _uncount_if_cancelled(future: concurrent.futures.Future[object], depth: Gauge) -> None:
-    """A job cancelled before a worker took it never ran ``timed``, so it is still in the gauge."""
-    if future.cancelled():
-        depth.dec()
+def _check_input(password: str, hashed: bytes) -> tuple[bytes, bytes, bool]:
+    """What a check needs, and no more, so a waiting check holds at most MAX_JOB_BYTES: the
+    password's first 72 bytes (all bcrypt reads: Go's bcrypt ignores the rest when comparing),
+    the hash's first MAX_HASH_BYTES, and whether that was all of it (a longer one is no bcrypt
+    hash: it never matches, but costs the check's time as before)."""
+    return password.encode("utf-8")[:BCRYPT_MAX_BYTES], hashed[:MAX_HASH_BYTES], len(hashed) <= MAX_HASH_BYTES
+
+
+def _bounded_checkpw(raw: bytes, hashed: bytes, whole: bool) -> bool:
+    return _checkpw(raw, hashed) and whole
 
 
 def _hashpw(raw: bytes, cost: int) -> bytes:

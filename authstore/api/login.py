@@ -26,11 +26,8 @@ there (its ``authenticate`` entry fails the same way), so the answer tells nothi
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import bcrypt
@@ -41,47 +38,38 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
+from raftgate.fair_lane import FairLane
 from raftgate.lockout_names import unknown_name_record
 from raftgate.simple_token import generate_prefix
 from raftgate.token_verifier import JwtKeys
 
 BCRYPT_MAX_BYTES = 72
 QUEUE_PER_WORKER = 4
-#: share of the pool (running + waiting) one peer (one sidecar pod) may hold
-PEER_SHARE = 0.5
+#: a stored hash longer than this is no bcrypt hash (those are 60 bytes): it never matches, and
+#: a waiting check keeps only this much of it
+MAX_HASH_BYTES = 64
 DEADLINE_SECONDS = 10.0
 _DUMMY_PASSWORD = b"raftgate: no such user"
 
 
 class BcryptLane:
-    """``workers`` threads; at most workers x (1 + QUEUE_PER_WORKER) checks running or waiting,
-    at most PEER_SHARE of them from one peer; beyond: etcd's ``too many requests`` at once."""
+    """``workers`` threads and QUEUE_PER_WORKER waiting places per worker, shared between
+    sidecar addresses by turns (raftgate/fair_lane.py): one sidecar alone may use the whole pool,
+    waiting checks are served round-robin between addresses, and a full queue answers etcd's
+    ``too many requests`` (making room for an address holding less than its share)."""
 
     def __init__(self, workers: int) -> None:
-        self.capacity = workers * (1 + QUEUE_PER_WORKER)
-        self.per_peer = max(1, int(self.capacity * PEER_SHARE + 0.5))
-        self.pending = 0
-        self._by_peer: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bcrypt")
+        self.lane = FairLane("bcrypt", workers, max(1, workers) * QUEUE_PER_WORKER,
+                             BCRYPT_MAX_BYTES + MAX_HASH_BYTES)
 
     async def check(self, password: bytes, hashed: bytes, peer: str) -> bool:
-        with self._lock:
-            held = self._by_peer.get(peer, 0)
-            if self.pending >= self.capacity or held >= self.per_peer:
-                raise EtcdError(Err.TOO_MANY_REQUESTS)
-            self.pending += 1
-            self._by_peer[peer] = held + 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, _checkpw, password, hashed)
-        finally:
-            with self._lock:
-                self.pending -= 1
-                left = self._by_peer[peer] - 1
-                if left:
-                    self._by_peer[peer] = left
-                else:
-                    del self._by_peer[peer]
+        """Raises EtcdError TOO_MANY_REQUESTS when the queue is full (see FairLane)."""
+        password = password[:BCRYPT_MAX_BYTES]  # all bcrypt reads: a waiting check holds no more
+        whole, hashed = len(hashed) <= MAX_HASH_BYTES, hashed[:MAX_HASH_BYTES]  # longer: never matches
+        return await self.lane.run(peer, lambda: _checkpw(password, hashed) and whole, len(password) + len(hashed))
+
+    def close(self) -> None:
+        self.lane.close()
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
@@ -154,8 +142,8 @@ class StoreLogin:
 
     async def _dummy_hash(self) -> bytes:
         if self._dummy is None:
-            self._dummy = await asyncio.get_running_loop().run_in_executor(
-                self._lane.pool, lambda: bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(self._cost, prefix=b"2a")))
+            self._dummy = await self._lane.lane.run(
+                "", lambda: bcrypt.hashpw(_DUMMY_PASSWORD, bcrypt.gensalt(self._cost, prefix=b"2a")))
         return self._dummy
 
     async def _issue(self, name: str, revision: int) -> bytes:
@@ -171,4 +159,4 @@ class StoreLogin:
         return response.SerializeToString()
 
     def close(self) -> None:
-        self._lane.pool.shutdown(wait=False, cancel_futures=True)
+        self._lane.close()

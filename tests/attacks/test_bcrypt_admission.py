@@ -6,8 +6,9 @@ here is held inside bcrypt (every check blocks until the test lets go), so the q
 for as long as the test needs, without sleeps:
 
 * root's UserAdd and UserChangePassword (hashing) are still served, while the checks are stuck;
-* an Authenticate from another peer (a Unix socket client here) is still admitted to the queue,
-  and gets its answer once the checks run again.
+* an Authenticate from another peer (a Unix socket client here) is still admitted to the queue
+  (the flood's newest waiting check is refused to make room), and gets its answer once the checks
+  run again.
 """
 
 from __future__ import annotations
@@ -98,10 +99,11 @@ def test_anonymous_flood_does_not_starve_root_or_other_peers(tmp_path: Path, mon
         assert fake.requests[-1].auth_user_change_password.hashedPassword
 
         # Another peer is still admitted: its check waits for a worker instead of being refused.
-        before = proxy.hasher.pending
+        # The queue is full of the flood, so the flood's newest waiting check gives up its place.
+        refused_before = sum(f.done() for f in flood)
         other = asyncio.ensure_future(login(other_ch, "root", "wrong"))
-        await asyncio.to_thread(wait_for, lambda: other.done() or proxy.hasher.pending > before, 30,
-                                "the other peer's check to be queued or refused")
+        await asyncio.to_thread(wait_for, lambda: other.done() or sum(f.done() for f in flood) > refused_before,
+                                30, "the other peer's check to be queued or refused")
         if other.done():
             exc = other.exception()
             why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc
@@ -111,6 +113,36 @@ def test_anonymous_flood_does_not_starve_root_or_other_peers(tmp_path: Path, mon
             await other
         assert (e.value.code(), e.value.details()) == (Err.AUTH_FAILED.code, Err.AUTH_FAILED.message)
         await asyncio.gather(*flood, return_exceptions=True)
+
+    try:
+        _run(tmp_path, scenario)
+    finally:
+        release.set()
+
+
+def test_a_lone_client_gets_the_whole_check_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 5: a client alone (a sidecar's pod) is not refused while the lane has room:
+    --bcrypt-workers=1 --bcrypt-queue-limit=4 take five concurrent logins from one address."""
+    release = threading.Event()
+    real = passwords._checkpw
+
+    def stuck_check(raw: bytes, hashed: bytes) -> bool:
+        release.wait(timeout=50)  # bounded: the test lets go long before
+        return real(raw, hashed)
+
+    async def scenario(fake: FakeStore, ch: grpc.aio.Channel, _other: grpc.aio.Channel, proxy: ProxyServer) -> None:
+        monkeypatch.setattr(passwords, "_checkpw", stuck_check)
+        places = 1 + 4
+        logins = [asyncio.ensure_future(login(ch, "nobody", f"guess{i}")) for i in range(places)]
+        await asyncio.to_thread(wait_for, lambda: any(f.done() for f in logins) or proxy.hasher.pending == places,
+                                30, "every login to take a place in the check lane")
+        refused = [f.exception() for f in logins if f.done()]
+        assert not refused, f"{len(refused)} of {places} logins of a lone client refused: {refused[0]}"
+        release.set()
+        for f in logins:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await f
+            assert e.value.details() == Err.AUTH_FAILED.message
 
     try:
         _run(tmp_path, scenario)
