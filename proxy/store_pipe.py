@@ -36,7 +36,7 @@ import grpc.aio
 
 from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
-from proxy import audit
+from proxy import audit, metrics
 from raftgate import stages
 from raftgate.secret_proof import STALE_METADATA, Prover
 
@@ -135,6 +135,7 @@ class _Stream:
                         return  # what is still queued was never written; the reader fails it
                     batch = self._next_batch()
                     if batch:
+                        metrics.LINK_CALLS_PER_MESSAGE.observe(len(batch))
                         await call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
                         if self.traces:
                             self._stamp_sent(batch)

@@ -238,7 +238,9 @@ class StoreService:
             loop = asyncio.get_running_loop()
             try:
                 async for raw in batches:
-                    for call in spb.DoBatch.FromString(raw).calls:
+                    calls = spb.DoBatch.FromString(raw).calls
+                    metrics.LINK_CALLS_PER_MESSAGE.observe(len(calls))
+                    for call in calls:
                         while len(running) + ready.count >= STREAM_CALLS_HELD or ready.bytes >= STREAM_BYTES_HELD:
                             room.clear()
                             await room.wait()
@@ -632,6 +634,7 @@ class _Outbox:
                 trace = None if result.rest else self.traces.pop(result.id, None)
                 if trace is not None:
                     result.stages.extend(stages.store_finish(trace))
+        metrics.LINK_ANSWERS_PER_MESSAGE.observe(len(out))
         return spb.DoResultBatch(results=out).SerializeToString()
 
 
