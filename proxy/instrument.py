@@ -41,18 +41,19 @@ def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
     async def observed(request: Any, context: Context) -> bytes:
         started = time.perf_counter()
         error: BaseException | None = None
-        trace = None
+        trace = token = None
         if stages.ON and stages.sampled():
             trace = stages.ProxyTrace()
-            stages.CURRENT.set(trace)  # this handler's task only: its store call carries the mark
+            token = stages.CURRENT.set(trace)  # this handler's task only: its store call carries the mark
         try:
             return await behaviour(request, context)
         except BaseException as e:
             error = e
             raise
         finally:
-            if trace is not None:
-                trace.finish()
+            if token is not None:
+                stages.CURRENT.reset(token)
+                trace.finish()  # type: ignore[union-attr]
             metrics.REQUEST_DURATION.labels(service, name).observe(time.perf_counter() - started)
             metrics.REQUESTS.labels(service, name, _code(context, error)).inc()
 
