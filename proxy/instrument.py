@@ -51,9 +51,9 @@ def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
             error = e
             raise
         finally:
-            if token is not None:
+            if trace is not None and token is not None:
                 stages.CURRENT.reset(token)
-                trace.finish()  # type: ignore[union-attr]
+                trace.finish()
             metrics.REQUEST_DURATION.labels(service, name).observe(time.perf_counter() - started)
             metrics.REQUESTS.labels(service, name, _code(context, error)).inc()
 

@@ -205,7 +205,7 @@ class _Stream:
             self.users[result.id] = result.user  # taken by ``do`` when the call ends
         if result.stages:  # a traced call's answer (its only or first part)
             trace = self.traces.get(result.id)
-            if trace is not None:
+            if trace is not None and len(result.stages) == len(stages.STORE_STAGES) - 1:
                 trace.received = stages.now()
                 trace.store = list(result.stages)
         response = result.response

@@ -340,7 +340,9 @@ class StoreService:
             data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
-        return await self.node.propose(data, trace)
+        if trace is not None:
+            return await self.node.propose(data, trace)
+        return await self.node.propose(data)
 
     def _behind_auth(self, header: ipb.RequestHeader) -> bool:
         """A serializable read stamped with an auth revision this node has not applied yet (a
