@@ -203,7 +203,7 @@ class _Stream:
         """Settles the call ``result`` answers, or adds a part to its answer."""
         if result.user and (result.id in self.sent):
             self.users[result.id] = result.user  # taken by ``do`` when the call ends
-        if result.stages:  # a traced call's answer (its only or first part)
+        if self.traces and result.stages:  # a traced call's answer (its only or first part)
             trace = self.traces.get(result.id)
             if trace is not None and len(result.stages) == len(stages.STORE_STAGES) - 1:
                 trace.received = stages.now()
