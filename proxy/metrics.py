@@ -16,6 +16,7 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from raftgate.errors import Err
+from raftgate.fast_histogram import FastHistogram
 
 # The *_created series double every counter and histogram for no use in dashboards or alerts.
 disable_created_metrics()
@@ -40,6 +41,12 @@ REFRESH_REASONS: tuple[RefreshReason, ...] = RefreshReason.__args__  # type: ign
 
 # bcrypt: ~1 ms at cost 4, ~60 ms at cost 10, ~250 ms at cost 12.
 _BCRYPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: Always on (raftgate/fast_histogram.py: well under 1 µs an observation), on the event loop only.
+LINK_CALLS_PER_MESSAGE = FastHistogram(
+    "raftgate_proxy_link_calls_per_message",
+    "Calls in one message the proxy sent to a store node on its DoStream (DoBatch size).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
 _REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 AUTHENTICATIONS = Counter(

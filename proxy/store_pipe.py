@@ -36,7 +36,8 @@ import grpc.aio
 
 from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
-from proxy import audit
+from proxy import audit, metrics
+from raftgate import stages
 from raftgate.secret_proof import STALE_METADATA, Prover
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class _Stream:
         self.partial: dict[int, tuple[int, list[bytes], int]] = {}
         #: call id -> the user the store verified a sidecar's call as (only calls still in ``sent``)
         self.users: dict[int, str] = {}
+        #: call id -> the stage trace of a sampled request (RAFTGATE_TRACE_STAGES; else empty)
+        self.traces: dict[int, stages.ProxyTrace] = {}
         self.wake = asyncio.Event()
         #: while the writer holds a batch back: the future an arriving answer (or the timer) settles
         self.corked: asyncio.Future[None] | None = None
@@ -132,7 +135,10 @@ class _Stream:
                         return  # what is still queued was never written; the reader fails it
                     batch = self._next_batch()
                     if batch:
+                        metrics.LINK_CALLS_PER_MESSAGE.observe(len(batch))
                         await call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
+                        if self.traces:
+                            self._stamp_sent(batch)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the call broke under the write; its reader has the status
@@ -149,6 +155,13 @@ class _Stream:
         finally:
             timer.cancel()
             self.corked = None
+
+    def _stamp_sent(self, batch: list[store_pb2.DoCall]) -> None:
+        sent = stages.now()
+        for call in batch:
+            trace = self.traces.get(call.id)
+            if trace is not None:
+                trace.sent = sent
 
     def _next_batch(self) -> list[store_pb2.DoCall]:
         """Queued calls whose callers still wait, within the batch bounds; they count as sent."""
@@ -190,6 +203,11 @@ class _Stream:
         """Settles the call ``result`` answers, or adds a part to its answer."""
         if result.user and (result.id in self.sent):
             self.users[result.id] = result.user  # taken by ``do`` when the call ends
+        if self.traces and result.stages:  # a traced call's answer (its only or first part)
+            trace = self.traces.get(result.id)
+            if trace is not None and len(result.stages) == len(stages.STORE_STAGES) - 1:
+                trace.received = stages.now()
+                trace.store = list(result.stages)
         response = result.response
         if result.rest:
             partial = self.partial.pop(result.id, None)
@@ -285,6 +303,11 @@ class StorePipe:
         call = store_pb2.DoCall(id=call_id, request=request, method=method)
         if token is not None:  # a sidecar's: the store verifies it (never logged, never in the log)
             call.token = token
+        if stages.ON and method == store_pb2.DoCall.DO:
+            trace = stages.CURRENT.get()
+            if trace is not None and not trace.sent:
+                call.trace = True
+                stream.traces[call_id] = trace
         stream.queue.append(call)
         stream.wake.set()
         timer = loop.call_later(timeout, _expire, fut)
@@ -292,6 +315,8 @@ class StorePipe:
             return await fut
         finally:
             timer.cancel()
+            if stream.traces:
+                stream.traces.pop(call_id, None)
             user = stream.users.pop(call_id, None)
             if user is not None:  # a sidecar's call: who the store found the client to be
                 audit.noted_identity(user, 0)

@@ -57,7 +57,7 @@ from protos.internal import (
     STREAM_BATCH_BYTES,
 )
 from protos.storepb import store_pb2 as spb
-from raftgate import secret_proof
+from raftgate import secret_proof, stages
 from raftgate.crl import RevocationCheck, RevocationList
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.internal_access import (
@@ -218,9 +218,10 @@ class StoreService:
                 admit(stream_call(spb.DoCall.Method.Name(method)), caller)
                 if method == spb.DoCall.DO:
                     token = call.token if sidecar and call.HasField("token") else None
+                    trace = stages.store_trace() if stages.ON and call.trace else None
                     answer = await self.answer(call.request, caller=caller, method=CALL_DO, token=token,
-                                               verified=who)
-                    ready.answer(call_id, answer, user=who[0] if who else "")
+                                               verified=who, trace=trace)
+                    ready.answer(call_id, answer, user=who[0] if who else "", trace=trace)
                 else:
                     ready.answer(call_id, await methods[method](call.request))
             except (Refusal, EtcdError) as exc:
@@ -237,7 +238,9 @@ class StoreService:
             loop = asyncio.get_running_loop()
             try:
                 async for raw in batches:
-                    for call in spb.DoBatch.FromString(raw).calls:
+                    calls = spb.DoBatch.FromString(raw).calls
+                    metrics.LINK_CALLS_PER_MESSAGE.observe(len(calls))
+                    for call in calls:
                         while len(running) + ready.count >= STREAM_CALLS_HELD or ready.bytes >= STREAM_BYTES_HELD:
                             room.clear()
                             await room.wait()
@@ -269,14 +272,14 @@ class StoreService:
         self.draining = True
 
     async def answer(self, data: bytes, *, caller: Caller | None = None, method: str = DO, token: str | None = None,
-                     verified: list[str] | None = None) -> bytes:
+                     verified: list[str] | None = None, trace: list[int] | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; a refusal raises ``Refusal``.
 
         ``caller``: the class of the caller whose ``method`` (Do, or DoStream's DO call) carries
         the request: its kind must be one the table lets that class send (None: an entry of the
         store's own making). A sidecar's header is replaced by the identity of ``token`` (the
         client's, verified here; None: anonymous), whose user name is appended to ``verified``
-        (for the sidecar's audit log)."""
+        (for the sidecar's audit log). ``trace``: a sampled call's stage trace (raftgate/stages.py)."""
         if self.draining:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
@@ -299,7 +302,7 @@ class StoreService:
                 await self.node.settled()
                 with self.env.begin() as txn:
                     self.applier.check(txn, req, read=True)
-            resp = await self._dispatch(req, kind, data)
+            resp = await self._dispatch(req, kind, data, trace)
             if kind.startswith("member_"):
                 resp.header.revision = 0  # etcd's Cluster service header has no KV revision
         except EtcdError as exc:
@@ -308,7 +311,8 @@ class StoreService:
             raise Refusal(grpc.StatusCode.ABORTED, REVISION_MOVED) from None
         return wire.length_delimited(FIELD_NUMBERS[kind], check_answer_size(resp.SerializeToString()))
 
-    async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes) -> Any:
+    async def _dispatch(self, req: ipb.InternalRaftRequest, kind: str, data: bytes,
+                        trace: list[int] | None = None) -> Any:
         if kind in READ_KINDS or (kind == "txn" and is_read_only_txn(req.txn)) or (
                 kind == "alarm" and req.alarm.action == pb.AlarmRequest.GET):
             if not _serializable(req, kind) or self._behind_auth(req.header):
@@ -316,8 +320,12 @@ class StoreService:
             else:
                 await self.node.settled()  # every write answered so far is visible
             if kind == "range" and not req.range.range_end:
-                return self._read(req, kind)  # one key: microseconds, cheaper than a thread hop
-            return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
+                resp = self._read(req, kind)  # one key: microseconds, cheaper than a thread hop
+            else:
+                resp = await asyncio.get_running_loop().run_in_executor(self._reads, self._read, req, kind)
+            if trace is not None:
+                trace[stages.APPLIED] = stages.now()  # a read: executed against the applied state
+            return resp
         if self.maintenance.handles(kind):
             await self.node.settled()
             return await self.maintenance.answer(req, kind, now_ms())
@@ -332,6 +340,8 @@ class StoreService:
             data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
+        if trace is not None:
+            return await self.node.propose(data, trace)
         return await self.node.propose(data)
 
     def _behind_auth(self, header: ipb.RequestHeader) -> bool:
@@ -573,6 +583,8 @@ class _Outbox:
         self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
         #: bytes of answers (and refusal messages) not yet taken
         self.bytes = 0
+        #: call id -> the stage trace of a sampled call (raftgate/stages.py), until its answer is taken
+        self.traces: dict[int, list[int]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.whole or self.large)
@@ -582,7 +594,9 @@ class _Outbox:
         """Calls whose answer is not (wholly) taken yet."""
         return len(self.whole) + len(self.large)
 
-    def answer(self, call_id: int, response: bytes, user: str = "") -> None:
+    def answer(self, call_id: int, response: bytes, user: str = "", trace: list[int] | None = None) -> None:
+        if trace is not None:
+            self.traces[call_id] = trace
         self.bytes += len(response)
         if len(response) > ANSWER_PART_BYTES:
             self.large.append((call_id, response, 0, user))
@@ -617,6 +631,12 @@ class _Outbox:
             self.bytes -= len(part)
             if sent < len(response):
                 self.large.append((call_id, response, sent, user))  # its next part after the others'
+        if self.traces:
+            for result in out:
+                trace = None if result.rest else self.traces.pop(result.id, None)
+                if trace is not None:
+                    result.stages.extend(stages.store_finish(trace))
+        metrics.LINK_ANSWERS_PER_MESSAGE.observe(len(out))
         return spb.DoResultBatch(results=out).SerializeToString()
 
 

@@ -56,6 +56,7 @@ from authstore.raft.types import (
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
+from raftgate import stages
 from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.driver")
@@ -147,6 +148,8 @@ class RaftNode:
         self._ticks = 0
         self._ids = itertools.count((rng.getrandbits(40) if seeded else secrets.randbits(40)) << 20)
         self._waiters = Waiters()
+        #: log index -> the stage trace of a sampled proposal in flight (raftgate/stages.py; else empty)
+        self._traced: dict[int, list[int]] = {}
         self._reads = ReadBatcher()
         self._incoming = IncomingSnapshots(snapshot_dir)
         self._snapshots = SnapshotSender(fsm, peers, snapshot_dir, copy_worker or _DefaultExecutor(),
@@ -292,6 +295,8 @@ class RaftNode:
         if rd.entries or rd.hard_state is not None:
             metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
+            if self._traced and rd.entries:
+                self._stamp(stages.WAL_SYNCED, rd.entries[-1].index)
             if rd.entries:
                 self.storage.append(rd.entries)
             if rd.hard_state is not None:
@@ -299,6 +304,8 @@ class RaftNode:
             failpoints.hit("raftAfterFsync")
         self._send(late)
         if rd.committed_entries:
+            if self._traced:
+                self._stamp(stages.COMMITTED, rd.committed_entries[-1].index)
             self._to_apply.put_nowait(rd.committed_entries)
             if self._to_apply.qsize() >= MAX_APPLY_BACKLOG or any(
                     e.type == EntryType.CONF_CHANGE for e in rd.committed_entries):
@@ -306,6 +313,13 @@ class RaftNode:
         self._reads.answer(rd.read_states)
         self.rn.advance(rd)  # only now, with everything of this Ready durable
         metrics.observe_indexes(committed=self.storage.hard_state.commit, applied=self.applied_index)
+
+    def _stamp(self, stage: int, upto: int) -> None:
+        """Stamps ``stage`` on every traced proposal at or below log index ``upto`` not stamped yet."""
+        t = stages.now()
+        for index, trace in self._traced.items():
+            if index <= upto and not trace[stage]:
+                trace[stage] = t
 
     def _send(self, messages: list[Message]) -> None:
         for msg in messages:
@@ -349,6 +363,8 @@ class RaftNode:
             if request_id:
                 self._waiters.answer(request_id, result)
         self.applied_index = max(self.applied_index, entries[-1].index)
+        if self._traced:
+            self._stamp(stages.APPLIED, entries[-1].index)
         for batch_hook in self._batch_hooks:
             batch_hook(entries, results)
         if membership_changed:
@@ -367,6 +383,8 @@ class RaftNode:
             self._event_loop.call_soon_threadsafe(self._answer_decided, index, results)
 
     def _answer_decided(self, index: int, results: list[tuple[int, Any]]) -> None:
+        if self._traced:
+            self._stamp(stages.APPLIED, index)
         for request_id, result in results:
             if request_id and not isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
                 self._waiters.answer(request_id, result)
@@ -429,14 +447,15 @@ class RaftNode:
         log.info("snapshot at index %d; log compacted", index)
 
     # ---- the API the store service uses ----
-    async def propose(self, data: bytes) -> Any:
-        """Puts a request into the log; returns the apply stage's answer (or raises its error)."""
+    async def propose(self, data: bytes, trace: list[int] | None = None) -> Any:
+        """Puts a request into the log; returns the apply stage's answer (or raises its error).
+        ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way."""
         await self._await_leader()
         if self.storage.hard_state.commit - self.applied_index > MAX_APPLY_LAG:
             raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
         payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, self.clock.wall_ms())
-        return await self._propose(request_id, lambda: self.rn.propose(payload))
+        return await self._propose(request_id, lambda: self.rn.propose(payload), trace)
 
     async def propose_conf_change(self, cc: ConfChange, request_id: int) -> Any:
         return await self._propose(request_id, lambda: self.rn.propose_conf_change(cc))
@@ -444,7 +463,7 @@ class RaftNode:
     def new_request_id(self) -> int:
         return next(self._ids)
 
-    async def _propose(self, request_id: int, put: Callable[[], None]) -> Any:
+    async def _propose(self, request_id: int, put: Callable[[], None], trace: list[int] | None = None) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters.add(request_id, fut)
         leader = self.leader_id
@@ -454,6 +473,11 @@ class RaftNode:
             self._waiters.discard(request_id)
             raise EtcdError(Err.NO_LEADER) from None
         metrics.observe_proposal()
+        traced_at = 0
+        if trace is not None:  # a leader appends a proposal to its log at once: this is its index
+            traced_at = self.rn.raft.log.last_index()
+            trace[stages.PROPOSED] = stages.now()
+            self._traced[traced_at] = trace
         self._wake.set()
         try:
             result = await self._within_request_timeout(fut)
@@ -461,6 +485,8 @@ class RaftNode:
             raise EtcdError(Err.TIMEOUT_DUE_TO_LEADER_FAIL if self.leader_id != leader else Err.TIMEOUT) from None
         finally:
             self._waiters.discard(request_id)  # answered, timed out, or its caller went away
+            if traced_at:
+                self._traced.pop(traced_at, None)
         if isinstance(result, BaseException):
             raise result
         return result

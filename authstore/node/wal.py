@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -299,8 +300,9 @@ class WAL:
         full = os.fstat(self._fd).st_size >= self.segment_bytes
         if sync or entries or full:  # only the newest segment may hold unsynced (tearable) records
             failpoints.hit("raftBeforeFsync")
-            with metrics.WAL_FSYNC_DURATION.time():
-                os.fsync(self._fd)
+            started = time.perf_counter()
+            os.fsync(self._fd)
+            metrics.WAL_FSYNC_DURATION.observe(time.perf_counter() - started)
         if full:
             os.close(self._fd)
             self._fd = self._new_segment(int(self._segments[-1].stem, 16) + 1)
@@ -317,8 +319,9 @@ class WAL:
         out = self._frames([_encode_snapshot(snapshot), *(_encode_entry(e) for e in entries),
                             _encode_hard_state(hard_state)])
         os.write(self._fd, out)
-        with metrics.WAL_FSYNC_DURATION.time():
-            os.fsync(self._fd)
+        started = time.perf_counter()
+        os.fsync(self._fd)
+        metrics.WAL_FSYNC_DURATION.observe(time.perf_counter() - started)
         failpoints.hit("walMidCheckpoint")
         for path in old:
             path.unlink(missing_ok=True)

@@ -164,7 +164,7 @@ class InternalResponse(_message.Message):
     def __init__(self, range: _Optional[_Union[_rpc_pb2.RangeResponse, _Mapping]] = ..., put: _Optional[_Union[_rpc_pb2.PutResponse, _Mapping]] = ..., delete_range: _Optional[_Union[_rpc_pb2.DeleteRangeResponse, _Mapping]] = ..., txn: _Optional[_Union[_rpc_pb2.TxnResponse, _Mapping]] = ..., compaction: _Optional[_Union[_rpc_pb2.CompactionResponse, _Mapping]] = ..., lease_grant: _Optional[_Union[_rpc_pb2.LeaseGrantResponse, _Mapping]] = ..., lease_revoke: _Optional[_Union[_rpc_pb2.LeaseRevokeResponse, _Mapping]] = ..., alarm: _Optional[_Union[_rpc_pb2.AlarmResponse, _Mapping]] = ..., lease_checkpoint: _Optional[_Union[_rpc_pb2.LeaseCheckpointResponse, _Mapping]] = ..., auth_enable: _Optional[_Union[_rpc_pb2.AuthEnableResponse, _Mapping]] = ..., auth_disable: _Optional[_Union[_rpc_pb2.AuthDisableResponse, _Mapping]] = ..., authenticate: _Optional[_Union[_rpc_pb2.AuthenticateResponse, _Mapping]] = ..., auth_status: _Optional[_Union[_rpc_pb2.AuthStatusResponse, _Mapping]] = ..., auth_user_add: _Optional[_Union[_rpc_pb2.AuthUserAddResponse, _Mapping]] = ..., auth_user_delete: _Optional[_Union[_rpc_pb2.AuthUserDeleteResponse, _Mapping]] = ..., auth_user_get: _Optional[_Union[_rpc_pb2.AuthUserGetResponse, _Mapping]] = ..., auth_user_change_password: _Optional[_Union[_rpc_pb2.AuthUserChangePasswordResponse, _Mapping]] = ..., auth_user_grant_role: _Optional[_Union[_rpc_pb2.AuthUserGrantRoleResponse, _Mapping]] = ..., auth_user_revoke_role: _Optional[_Union[_rpc_pb2.AuthUserRevokeRoleResponse, _Mapping]] = ..., auth_user_list: _Optional[_Union[_rpc_pb2.AuthUserListResponse, _Mapping]] = ..., auth_role_list: _Optional[_Union[_rpc_pb2.AuthRoleListResponse, _Mapping]] = ..., auth_role_add: _Optional[_Union[_rpc_pb2.AuthRoleAddResponse, _Mapping]] = ..., auth_role_delete: _Optional[_Union[_rpc_pb2.AuthRoleDeleteResponse, _Mapping]] = ..., auth_role_get: _Optional[_Union[_rpc_pb2.AuthRoleGetResponse, _Mapping]] = ..., auth_role_grant_permission: _Optional[_Union[_rpc_pb2.AuthRoleGrantPermissionResponse, _Mapping]] = ..., auth_role_revoke_permission: _Optional[_Union[_rpc_pb2.AuthRoleRevokePermissionResponse, _Mapping]] = ..., status: _Optional[_Union[_rpc_pb2.StatusResponse, _Mapping]] = ..., defragment: _Optional[_Union[_rpc_pb2.DefragmentResponse, _Mapping]] = ..., hash: _Optional[_Union[_rpc_pb2.HashResponse, _Mapping]] = ..., hash_kv: _Optional[_Union[_rpc_pb2.HashKVResponse, _Mapping]] = ..., move_leader: _Optional[_Union[_rpc_pb2.MoveLeaderResponse, _Mapping]] = ..., downgrade: _Optional[_Union[_rpc_pb2.DowngradeResponse, _Mapping]] = ..., member_list: _Optional[_Union[_rpc_pb2.MemberListResponse, _Mapping]] = ..., member_add: _Optional[_Union[_rpc_pb2.MemberAddResponse, _Mapping]] = ..., member_remove: _Optional[_Union[_rpc_pb2.MemberRemoveResponse, _Mapping]] = ..., member_update: _Optional[_Union[_rpc_pb2.MemberUpdateResponse, _Mapping]] = ..., member_promote: _Optional[_Union[_rpc_pb2.MemberPromoteResponse, _Mapping]] = ..., lease_time_to_live: _Optional[_Union[_rpc_pb2.LeaseTimeToLiveResponse, _Mapping]] = ..., lease_leases: _Optional[_Union[_rpc_pb2.LeaseLeasesResponse, _Mapping]] = ..., lease_keep_alive: _Optional[_Union[_rpc_pb2.LeaseKeepAliveResponse, _Mapping]] = ...) -> None: ...
 
 class DoCall(_message.Message):
-    __slots__ = ("id", "request", "method", "token")
+    __slots__ = ("id", "request", "method", "token", "trace")
     class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         DO: _ClassVar[DoCall.Method]
@@ -179,11 +179,13 @@ class DoCall(_message.Message):
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     id: int
     request: bytes
     method: DoCall.Method
     token: str
-    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ..., method: _Optional[_Union[DoCall.Method, str]] = ..., token: _Optional[str] = ...) -> None: ...
+    trace: bool
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[bytes] = ..., method: _Optional[_Union[DoCall.Method, str]] = ..., token: _Optional[str] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class DoBatch(_message.Message):
     __slots__ = ("calls",)
@@ -192,7 +194,7 @@ class DoBatch(_message.Message):
     def __init__(self, calls: _Optional[_Iterable[_Union[DoCall, _Mapping]]] = ...) -> None: ...
 
 class DoResult(_message.Message):
-    __slots__ = ("id", "response", "code", "message", "size", "rest", "user")
+    __slots__ = ("id", "response", "code", "message", "size", "rest", "user", "stages")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +202,7 @@ class DoResult(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     REST_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
     id: int
     response: bytes
     code: int
@@ -207,7 +210,8 @@ class DoResult(_message.Message):
     size: int
     rest: bool
     user: str
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[bytes] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size: _Optional[int] = ..., rest: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+    stages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[bytes] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size: _Optional[int] = ..., rest: _Optional[bool] = ..., user: _Optional[str] = ..., stages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DoResultBatch(_message.Message):
     __slots__ = ("results",)

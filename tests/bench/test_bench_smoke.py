@@ -78,3 +78,41 @@ def test_quick_bench_produces_table_json_and_chart(tmp_path: Path) -> None:
     else:
         png = (out / "chart.png").read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
+
+
+@pytest.mark.slow
+def test_quick_ab_run_puts_two_variants_side_by_side(tmp_path: Path) -> None:
+    """`--ab`: two raftgate variants (here: stage tracing off and on) and the floor in one rotation,
+    one row, each variant with a value and B÷A in the JSON and the table."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out), "--only", "Put/s, 16 clients · off",
+         "--ab", "A:RAFTGATE_TRACE_STAGES=0", "B:RAFTGATE_TRACE_STAGES=1"],
+        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=110, env=env, start_new_session=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["failures"] == []
+    assert [v["name"] for v in doc["ab"]] == ["A", "B"]
+    assert doc["ab"][1]["env"] == {"RAFTGATE_TRACE_STAGES": "1"}
+    rows = doc["rows"]
+    assert rows and {r["group"] for r in rows} == {"put"}
+    for r in rows:
+        assert "etcd" not in r and "raftgate" not in r
+        for kind in ("A", "B", "floor"):
+            assert r[kind]["value"] is not None and r[kind]["value"] > 0, (r["row"], kind, r[kind].get("error"))
+        assert r["ab_ratio"] is not None and r["ab_ratio"] > 0
+    header = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| row"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["row", "A", "B", "floor", "B÷A", "A÷floor",
+                                                                 "B÷floor"]
+
+
+def test_ab_variants_are_checked() -> None:
+    from bench.cli import parse_variant
+
+    v = parse_variant("fast:X=1,Y_2=")
+    assert (v.name, v.kind, v.env, v.build) == ("fast", "raftgate", {"X": "1", "Y_2": ""}, None)
+    for bad in ("noname", "etcd:X=1", "A:X", "A:1X=2", "A:@/nonexistent-build-dir"):
+        with pytest.raises(ValueError):
+            parse_variant(bad)
