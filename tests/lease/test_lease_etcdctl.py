@@ -315,8 +315,17 @@ class Running:
 
     def wait_lines(self, n: int, timeout: float = 15) -> list[str]:
         wait_for(lambda: len(self.lines) >= n or self.proc.poll() is not None, timeout, f"{n} lines of output")
+        if len(self.lines) < n:
+            self._reader.join(timeout=10)  # exited: what it wrote last may still be in the pipe
         assert len(self.lines) >= n, (self.lines, self.stop())
         return self.lines[:n]
+
+    def exited(self, timeout: float) -> int:
+        """Its exit code, once its output is read to the end (a process can exit before the reader
+        thread has taken its last line: the test then saw no output from a command that wrote it)."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
@@ -364,7 +373,7 @@ def test_lock_between_two_users(sync_users: tuple[Server, Ctl]) -> None:
                  timeout=10, what="bob's lock key")
         assert waiter.proc.poll() is None and not waiter.lines
         holder.signal(signal.SIGTERM)  # etcdctl unlocks and closes its session
-        assert waiter.proc.wait(timeout=15) == 0, waiter.stop()
+        assert waiter.exited(15) == 0, waiter.stop()
         assert waiter.lines == ["bob-has-it"]
         assert holder.proc.wait(timeout=10) == 0
         ctl("get", "mylock/", "--prefix", user=ROOT, out="")
