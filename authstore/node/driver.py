@@ -138,6 +138,8 @@ class RaftNode:
         self.term = storage.hard_state.term
         self.conf_state: ConfState = storage.snapshot().metadata.conf_state
         self.removed = False
+        #: members this node applied the removal of: their messages are refused (see removed_by_peers)
+        self._removed_ids: set[int] = set()
         self._membership_hooks: list[Callable[[], None]] = []
         self._removed_hooks: list[Callable[[], None]] = []
         self._leader_hooks: list[Callable[[int, int], None]] = []
@@ -233,6 +235,20 @@ class RaftNode:
 
     def report_unreachable(self, peer_id: int) -> None:
         self.rn.report_unreachable(peer_id)
+
+    def is_removed(self, peer_id: int) -> bool:
+        return peer_id in self._removed_ids
+
+    def removed_by_peers(self) -> None:
+        """A member that missed the entry removing it (away while it was committed; the leader
+        then stops sending to it) learns it from the peers that refuse its messages, as etcd's
+        do (its rafthttp answers a removed member 410 Gone), and stops like one that applied it."""
+        if self.removed:
+            return
+        log.warning("this member was removed from the cluster (its peers refuse it); it stops")
+        self.removed = True
+        for hook in self._removed_hooks:
+            hook()
 
     async def receive_snapshot(self, msg: Message, path: Path) -> None:
         """A leader sent the state as of a snapshot: keep the file until the core asks to install it."""
@@ -355,6 +371,8 @@ class RaftNode:
                 cc = decode_conf_change(entry.data)
                 self.conf_state = self.rn.apply_conf_change(cc)
                 membership_changed = True
+                if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id != self.id:
+                    self._removed_ids.add(cc.node_id)
                 if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id == self.id and not self.removed:
                     log.warning("this member was removed from the cluster; it stops")
                     self.removed = removed_now = True

@@ -42,6 +42,14 @@ class Receiver(Protocol):
 
     def report_unreachable(self, peer_id: int) -> None: ...
 
+    def is_removed(self, peer_id: int) -> bool:
+        """True for a member this node saw removed from the cluster."""
+        ...
+
+    def removed_by_peers(self) -> None:
+        """A peer refused this node's messages: this member was removed while it was away."""
+        ...
+
 
 class Peers(Protocol):
     """The peer transport (transport.Transport): best effort, may lose messages."""

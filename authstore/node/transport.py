@@ -36,6 +36,9 @@ from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 log = logging.getLogger("raftgate.store.transport")
 
+#: the answer to a member this node saw removed (the sender then stops: Receiver.removed_by_peers)
+REMOVED = "raftgate: the sending member was removed from the cluster"
+
 SERVICE = "raftgate.storepb.Peer"
 QUEUE_LIMIT = 4096
 CHUNK = 256 << 10
@@ -141,6 +144,8 @@ class Transport:
         self.on_message: OnMessage = _unbound
         self.on_snapshot: OnSnapshot = _unbound  # type: ignore[assignment]
         self.on_unreachable: OnUnreachable = _unbound
+        self.is_removed: Callable[[int], bool] = lambda _peer_id: False
+        self.on_removed: Callable[[], None] = lambda: None
         self.snapshot_dir = snapshot_dir
         self._peers: dict[int, _Peer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # stream tasks, until they have finished
@@ -150,6 +155,8 @@ class Transport:
         self.on_message = receiver.step
         self.on_snapshot = receiver.receive_snapshot
         self.on_unreachable = receiver.report_unreachable
+        self.is_removed = receiver.is_removed
+        self.on_removed = receiver.removed_by_peers
 
     # ---- peers ----
     def set_peers(self, peers: dict[int, str]) -> None:
@@ -212,6 +219,8 @@ class Transport:
                     await self._send_batches(peer, call)
                 await call
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.FAILED_PRECONDITION and exc.details() == REMOVED:
+                    self.on_removed()
                 log.debug("stream to %x broke: %s", peer.id, exc.code())
             finally:
                 # This task is the only one that touches the call: nothing of a broken stream
@@ -289,6 +298,8 @@ class Transport:
         warned = False
         async for data in requests:
             for message in peer_pb2.MessageBatch.FromString(data).messages:
+                if self.is_removed(getattr(message, "from")):
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, REMOVED)
                 if message.to != self.id:
                     # For another member at this address: a node of an older cluster that still
                     # sends to the member this address had (a member restored into a new cluster
