@@ -1,0 +1,46 @@
+"""A stop signal never falls back to its default action while a program stops.
+
+Found in a full run: after a Ctrl-C, `raftgate local`'s client proxy exited with -15 (killed by
+SIGTERM) without logging that it stopped. Ctrl-C reaches every process of the group and `raftgate
+local` passes SIGTERM on at the same moment; the first signal's handler took asyncio's handlers
+away (asyncio restores the default action when it does) before ignoring the signals, and a
+SIGTERM landing between the two killed the process. The proxy and the store share the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from proxy.signals import stop_on_signals
+
+
+def test_sigterm_never_gets_its_default_action_while_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
+    dispositions: list[tuple[int, Any]] = []
+    real = signal.signal
+
+    def recording(sig: int, handler: Any) -> Any:
+        dispositions.append((sig, handler))
+        return real(sig, handler)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        monkeypatch.setattr(signal, "signal", recording)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
+        await asyncio.wait_for(stop.wait(), 10)
+        os.kill(os.getpid(), signal.SIGTERM)  # what raftgate local passes on: ignored
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(signal, "signal", real)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        asyncio.run(run())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert (signal.SIGTERM, signal.SIG_DFL) not in dispositions, dispositions
