@@ -8,7 +8,6 @@ import dataclasses
 import fcntl
 import logging
 import os
-import signal
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
+from raftgate.stop_signals import stop_on_signals
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
 
@@ -46,7 +46,6 @@ log = logging.getLogger("raftgate.store")
 
 _MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
 #: own removal, the answer to MemberRemove) still go out.
 #: how long the ready line waits for this member's attributes to be in the member list
@@ -246,28 +245,11 @@ def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, pe
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
-    """The first SIGTERM or SIGINT sets ``stop``; later ones are ignored for the rest of the
-    process's life. asyncio restores the default action when its loop closes, so a second signal
-    while the node winds down (Ctrl-C reaches the whole process group, then ``raftgate local``
-    passes SIGTERM on) would otherwise kill it with -15 or a KeyboardInterrupt traceback."""
-    loop = asyncio.get_running_loop()
-
-    def stopping() -> None:
-        for sig in _STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, signal.SIG_IGN)
-        stop.set()
-
-    for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, stopping)
-
-
 async def serve(cfg: store_config.StoreConfig) -> int | None:
     """Runs the node until SIGTERM/SIGINT or its removal from the cluster; returns its member ID
     if it was removed."""
     stop = asyncio.Event()
-    _stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
+    stop_on_signals(stop)  # from the start: a signal during startup stops the node once it is up
     backend = Backend(cfg.data_dir / "store", map_size=max(cfg.quota_backend_bytes * 2, 64 << 20))
     security = _peer_security(cfg)
     rec = await recover(cfg, backend, security)

@@ -35,10 +35,10 @@ from typing import Any
 from proxy import config as proxy_config
 from proxy.children import forward_output, stop_child
 from proxy.gateway_access import LOOPBACK_HOSTS
-from proxy.signals import stop_on_signals
 from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
+from raftgate.stop_signals import stop_on_signals
 
 #: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
 #: raftgate.cli (the proxy never imports the store's code), so local can check a store's values without starting it.

@@ -40,9 +40,10 @@ from prometheus_client.registry import CollectorRegistry
 
 from proxy.children import forward_output, stop_child
 from proxy.config import ConfigError, ProxyConfig, load
-from proxy.signals import reopen_on_sighup, stop_on_signals
+from proxy.signals import reopen_on_sighup
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
+from raftgate.stop_signals import stop_on_signals
 
 log = logging.getLogger("proxy.workers")
 

@@ -109,7 +109,7 @@ def test_gives_up_after_the_timeout_when_nothing_answers(password_file: Path) ->
         (["--endpoints", "nohostport"], "is not host:port"),
         (["--endpoints", "https://h:2379"], "TLS client endpoints are not supported"),
         (["--endpoints", "h:1", "--timeout", "0"], "must be positive"),
-        (["--endpoints", "h:1", "--root-password-file", "/nonexistent/pw"], "--root-password-file: cannot read '/nonexistent/pw'"),
+        (["--endpoints", "h:1", "--root-password-file", "/nonexistent/pw"], "cannot read '/nonexistent/pw'"),
     ],
 )
 def test_bad_flags_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

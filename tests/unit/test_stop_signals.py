@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from proxy.signals import stop_on_signals
+from raftgate.stop_signals import stop_on_signals
 
 
 def test_sigterm_never_gets_its_default_action_while_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
