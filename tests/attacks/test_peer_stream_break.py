@@ -50,7 +50,8 @@ def _transport(me: int, security: PeerSecurity, on_message: Callable[[Message], 
     """A transport bound to callbacks instead of a node."""
     transport = Transport(me, security, snapshot_dir)
     transport.bind(SimpleNamespace(step=on_message, receive_snapshot=_no_snapshot,  # type: ignore[arg-type]
-                                   report_unreachable=on_unreachable))
+                                   report_unreachable=on_unreachable, is_removed=lambda _peer_id: False,
+                                   removed_by_peers=lambda: None))
     return transport
 
 

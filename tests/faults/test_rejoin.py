@@ -129,3 +129,9 @@ class _Receiver:
 
     def report_unreachable(self, _peer_id: int) -> None:
         pass
+
+    def is_removed(self, _peer_id: int) -> bool:
+        return False
+
+    def removed_by_peers(self) -> None:
+        raise AssertionError("this member is not removed")
