@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jwt as pyjwt
 
@@ -31,6 +31,9 @@ from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, SUPPORTED_
 from raftgate.trust_cache import TrustCache
 
 CACHE_SIZE = 4096
+
+#: How a verification was decided (the proxy counts them by this label).
+Outcome = Literal["cache_hit", "valid", "expired", "invalid"]
 
 
 @dataclass(frozen=True)
@@ -105,29 +108,45 @@ class JwtKeys:
         return self.verify_now(token)
 
     def verify_now(self, token: str) -> Verified | None:
+        return self.check(token)[0]
+
+    def cached(self, token: str) -> Verified | None:
+        """A token verified before, under the key set in force (no signature check)."""
+        return self._cache.get(token, self.ring.generation())
+
+    def check(self, token: str) -> tuple[Verified | None, Outcome]:
+        """The identity in a valid token (or None), and how it was decided: ``cache_hit``, ``valid``,
+        ``expired`` (a good signature, an ``exp`` passed) or ``invalid`` (anything else).
+
+        A cached token is answered until its ``exp`` and only while the key set is the one it was
+        verified under: once its key has left the ring (rotated out, then its retirement over), the
+        token is checked again and refused, whatever its ``exp``."""
         if len(token) > MAX_TOKEN_BYTES:
-            return None
+            return None, "invalid"
         basis = self.ring.generation()  # files re-read if due (a stat per poll interval); read first
         hit = self._cache.get(token, basis)
         if hit is not None:
-            return hit
+            return hit, "cache_hit"
         now = self._clock()
         payload = self.ring.verify(token)
         if payload is None:
-            return None
+            return None, "invalid"
         try:
             claims = json.loads(payload)
         except (ValueError, TypeError):
-            return None
+            return None, "invalid"
         if not isinstance(claims, dict):
-            return None
-        found = _claims(claims, now)
-        if found is not None:
-            self._cache.put(token, found, basis=basis, until=found.expires_at)
-        return found
+            return None, "invalid"
+        found = etcd_claims(claims, now)
+        if found is None:
+            exp = claims.get("exp")
+            return None, "expired" if _number(exp) and not now < exp else "invalid"
+        self._cache.put(token, found, basis=basis, until=found.expires_at)
+        return found, "valid"
 
     def sign(self, username: str, revision: int) -> str:
-        """A token with etcd's claims; ``exp`` is now + ttl in whole seconds."""
+        """A token with etcd's claims (``exp`` is now + ttl in whole seconds), and a ``kid`` header
+        when the signing key is asymmetric."""
         if not self.can_sign:
             raise TokenKeyError("no priv-key: this store only verifies JWTs")
         exp = int(self._clock() + self.ttl_seconds)
@@ -139,8 +158,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _claims(claims: dict[str, Any], now: float) -> Verified | None:
-    """etcd's claims, checked as the proxy checks them (proxy/tokens/jwt.py)."""
+def etcd_claims(claims: dict[str, Any], now: float) -> Verified | None:
+    """etcd's claims: ``exp``/``nbf`` validated when present (an externally minted token without
+    ``exp`` never expires, as in etcd), ``username`` a string, ``revision`` a JSON number that fits
+    a uint64 (no auth revision is larger, and the stamped header holds a uint64)."""
     exp, nbf = claims.get("exp"), claims.get("nbf")
     if exp is not None and (not _number(exp) or not now < exp):
         return None
