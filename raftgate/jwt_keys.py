@@ -249,11 +249,27 @@ def pem_key(alg: str, key: Any) -> VerifyKey:
 
 
 def load_jwks(default_alg: str, data: bytes, where: str, *, publish: bool = True) -> tuple[VerifyKey, ...]:
-    """The usable signature keys of a JWKS document (PyJWT's PyJWK parses each).
+    """The usable signature keys of a ``pub-key`` or ``jwks-url`` JWKS document (see
+    :func:`jwks_keys`); more than ``MAX_JWKS_KEYS`` keys is an error, skipped keys are logged."""
+    found, skipped = jwks_keys(data, where, default_alg=default_alg, name_unnamed=True)
+    if skipped:
+        log.warning("%s: %d key(s) skipped (symmetric, not for signatures, or not usable for JWT here)",
+                    where, skipped)
+    return tuple(key if publish else VerifyKey(key.kid, key.alg, key.key) for _, key in found)
+
+
+def jwks_keys(data: bytes, where: str, *, default_alg: str | None = None, name_unnamed: bool = True,
+              truncate: bool = False) -> tuple[list[tuple[str | None, VerifyKey]], int]:
+    """The usable signature keys of a JWKS document, each with the ``kid`` the document gave it
+    (None: none), and how many were skipped; the one JWKS parser (raftgate's JWT keys and workload
+    identity's issuer keys alike). PyJWT's ``PyJWK`` parses each key.
 
     A key's ``alg`` pins it; without one, ``default_alg`` if the key is of its family, else what
     PyJWT infers from the key type. Symmetric (``oct``) keys, encryption keys and algorithms etcd
-    does not have are skipped: a shared secret never comes from a key set.
+    does not have are skipped: a shared secret never comes from a key set. A key without a ``kid``
+    is named by its RFC 7638 thumbprint when ``name_unnamed``. More than ``MAX_JWKS_KEYS`` keys is
+    an error, or with ``truncate`` only the first ones are looked at. Raises KeyLoadError when no
+    key is usable.
     """
     try:
         doc = json.loads(data)
@@ -263,28 +279,27 @@ def load_jwks(default_alg: str, data: bytes, where: str, *, publish: bool = True
     if not isinstance(raw_keys, list):
         raise KeyLoadError(f"{where} is not a JWKS document (no \"keys\" list)")
     if len(raw_keys) > MAX_JWKS_KEYS:
-        raise KeyLoadError(f"{where} holds more than {MAX_JWKS_KEYS} keys")
-    out: list[VerifyKey] = []
+        if not truncate:
+            raise KeyLoadError(f"{where} holds more than {MAX_JWKS_KEYS} keys")
+        raw_keys = raw_keys[:MAX_JWKS_KEYS]
+    out: list[tuple[str | None, VerifyKey]] = []
     skipped = 0
     for raw in raw_keys:
-        key = _jwks_key(default_alg, raw)
+        key = _jwks_key(default_alg, raw, name_unnamed)
         if key is None:
             skipped += 1
         else:
-            out.append(key if publish else VerifyKey(key.kid, key.alg, key.key))
-    if skipped:
-        log.warning("%s: %d key(s) skipped (symmetric, not for signatures, or not usable for JWT here)",
-                    where, skipped)
+            out.append(key)
     if not out:
         raise KeyLoadError(f"{where} holds no usable signature key")
-    return tuple(out)
+    return out, skipped
 
 
-def _jwks_key(default_alg: str, raw: Any) -> VerifyKey | None:
+def _jwks_key(default_alg: str | None, raw: Any, name_unnamed: bool) -> tuple[str | None, VerifyKey] | None:
     if not isinstance(raw, dict) or raw.get("kty") == "oct" or raw.get("use", "sig") != "sig":
         return None
     alg = raw.get("alg")
-    if alg is None and default_alg in ASYMMETRIC_ALGORITHMS:
+    if alg is None and default_alg is not None and default_alg in ASYMMETRIC_ALGORITHMS:
         family = "RSA" if default_alg in RSA_ALGORITHMS else "EC" if default_alg in EC_CURVES else "OKP"
         alg = default_alg if raw.get("kty") == family else None
     if alg is not None and alg not in ASYMMETRIC_ALGORITHMS:
@@ -298,8 +313,10 @@ def _jwks_key(default_alg: str, raw: Any) -> VerifyKey | None:
         key = key.public_key()  # a private JWK by mistake: only its public half is used
     if jwk.algorithm_name not in ASYMMETRIC_ALGORITHMS or not fits(jwk.algorithm_name, key):
         return None
-    kid = jwk.key_id if isinstance(jwk.key_id, str) and jwk.key_id else jwk_thumbprint(public_jwk(key))
-    return VerifyKey(kid, jwk.algorithm_name, key, _published(jwk.algorithm_name, key, kid))
+    given = jwk.key_id if isinstance(jwk.key_id, str) and jwk.key_id else None
+    kid = given if given is not None or not name_unnamed else jwk_thumbprint(public_jwk(key))
+    published = _published(jwk.algorithm_name, key, kid) if kid is not None else None
+    return given, VerifyKey(kid, jwk.algorithm_name, key, published)
 
 
 def _keys_from(alg: str, data: bytes, where: str) -> tuple[VerifyKey, ...]:

@@ -52,7 +52,7 @@ import jwt as pyjwt
 
 from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
-from raftgate.jwt_keys import MAX_TOKEN_BYTES
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, jwks_keys
 from raftgate.token_verifier import Verified
 from raftgate.trust_cache import TrustCache
 
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 NBF_LEEWAY_SECONDS = 30
 #: A discovery document, a JWKS, a user map: bigger is refused.
 MAX_DOCUMENT_BYTES = 256 * 1024
-MAX_KEYS = 64
 MAX_RULES = 1024
 FETCH_TIMEOUT_SECONDS = 5.0
 #: Keys fetched over HTTP are fetched again after this long (a rotation needs no unknown kid).
@@ -74,9 +73,6 @@ REFETCH_INTERVAL_SECONDS = 30.0
 CACHE_SIZE = 4096
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 
-#: Asymmetric algorithms only: an HMAC "key" from a JWKS is a public value, never a secret.
-ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
-_SYMMETRIC_KTY = frozenset({"oct"})
 
 
 class WorkloadRefused(Exception):
@@ -234,27 +230,17 @@ def _read_bounded(path: str) -> bytes:
         raise WorkloadConfigError(str(e)) from None
 
 
-def parse_jwks(data: bytes, where: str) -> dict[str | None, pyjwt.PyJWK]:
-    """kid -> key, asymmetric keys for signing only; raises WorkloadConfigError when none is usable."""
+def parse_jwks(data: bytes, where: str) -> dict[str | None, VerifyKey]:
+    """kid -> key (the first of a kid; None: keys without one), asymmetric keys for signing only,
+    the first ``MAX_JWKS_KEYS`` looked at (raftgate/jwt_keys.py parses); raises WorkloadConfigError when
+    none is usable."""
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise WorkloadConfigError(f"{where}: not JSON ({e})") from None
-    raw = doc.get("keys") if isinstance(doc, dict) else None
-    if not isinstance(raw, list):
-        raise WorkloadConfigError(f'{where}: not a JWKS (no "keys" list)')
-    usable = [k for k in raw[:MAX_KEYS] if isinstance(k, dict) and k.get("kty") not in _SYMMETRIC_KTY
-              and k.get("use", "sig") == "sig"]
-    try:
-        keyset = pyjwt.PyJWKSet.from_dict({"keys": usable})
-    except (pyjwt.PyJWTError, ValueError, TypeError, KeyError) as e:
+        found, _ = jwks_keys(data, where, name_unnamed=False, truncate=True)
+    except KeyLoadError as e:
         raise WorkloadConfigError(f"{where}: no usable signing key ({e})") from None
-    keys: dict[str | None, pyjwt.PyJWK] = {}
-    for key in keyset.keys:
-        if key.algorithm_name in ALGORITHMS:
-            keys.setdefault(key.key_id, key)
-    if not keys:
-        raise WorkloadConfigError(f"{where}: no usable signing key (asymmetric keys only)")
+    keys: dict[str | None, VerifyKey] = {}
+    for kid, key in found:
+        keys.setdefault(kid, key)
     return keys
 
 
@@ -383,7 +369,7 @@ class KeySet:
         self.max_stale = max_stale
         self._clock = clock
         self._lock = threading.Condition()
-        self._keys: dict[str | None, pyjwt.PyJWK] = {}
+        self._keys: dict[str | None, VerifyKey] = {}
         self._digest: bytes | None = None  # of the document the keys came from
         self._generation = 0
         self._fetched_at: float | None = None  # last successful fetch
@@ -427,7 +413,7 @@ class KeySet:
         """Fetches now if the keys are due (and no fetch is under way); may block on I/O."""
         self._refresh(self._stale, wait=False)
 
-    def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
+    def key_for(self, kid: str | None) -> VerifyKey | None:
         def may_refetch(now: float) -> bool:
             return self._tried_at is None or now - self._tried_at >= self.refetch_interval
 
@@ -441,7 +427,7 @@ class KeySet:
                 key = self._find(kid)
         return key
 
-    def _find(self, kid: str | None) -> pyjwt.PyJWK | None:
+    def _find(self, kid: str | None) -> VerifyKey | None:
         self._drop_if_stale(self._clock())
         if kid is None:
             return next(iter(self._keys.values())) if len(self._keys) == 1 else None
@@ -460,7 +446,7 @@ class KeySet:
             self._fetching = True
             self._tried_at = self._clock()
             self.fetches += 1
-        keys: dict[str | None, pyjwt.PyJWK] | None = None
+        keys: dict[str | None, VerifyKey] | None = None
         digest: bytes | None = None
         error: str | None = None
         try:
@@ -581,7 +567,7 @@ class WorkloadVerifier:
         key = self.keys.key_for(kid)
         if key is None:
             raise WorkloadRefused("unknown key id" if kid is not None else "no kid and not exactly one key")
-        algorithm = key.algorithm_name  # pinned to the key, never taken from the header
+        algorithm = key.alg  # pinned to the key, never taken from the header
         if header.get("alg") != algorithm:
             raise WorkloadRefused(f"algorithm {str(header.get('alg'))[:16]!r} is not the key's ({algorithm})")
         try:
