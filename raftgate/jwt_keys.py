@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import ssl
-import stat
 import threading
 import time
 import urllib.parse
@@ -55,6 +54,7 @@ from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorith
 
 from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.file_watch import FileWatch, stamps
 
 log = logging.getLogger(__name__)
 
@@ -419,31 +419,6 @@ def material_from_files(alg: str, priv_path: str | None, pub_path: str | None) -
     return _asymmetric(alg, priv, _keys_from(alg, data, "pub-key"), single_pub=not data.lstrip().startswith(b"{"))
 
 
-def files_signature(paths: list[Path]) -> tuple[Any, ...]:
-    """What changes when a key file is replaced (symlink swap: inode) or rewritten (mtime, size),
-    or a directory gains or loses an entry."""
-    out: list[Any] = []
-    for p in paths:
-        try:
-            st = os.stat(p)  # follows symlinks to the current content
-        except OSError:
-            out.append((str(p), None))
-            continue
-        out.append((str(p), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                names = sorted(n for n in os.listdir(p) if not n.startswith("."))[: MAX_DIR_ENTRIES + 1]
-            except OSError:
-                names = []
-            for name in names:
-                try:
-                    e = os.stat(p / name)
-                    out.append((name, e.st_dev, e.st_ino, e.st_mtime_ns, e.st_size))
-                except OSError:
-                    out.append((name, None))
-    return tuple(out)
-
-
 # -------------------------------------------------------------------------------------------------
 # the key ring
 
@@ -513,15 +488,13 @@ class KeyRing:
         self.retain_seconds = retain_seconds
         self.poll_interval = poll_interval
         self._load = load
-        self._watch = watch or []
+        self._files = FileWatch(watch or [], poll_interval=poll_interval, dir_entries=MAX_DIR_ENTRIES,
+                                clock=monotonic)
         self._clock = clock
         self._monotonic = monotonic
         self._on_reload = on_reload or (lambda source, result: None)
         self._lock = threading.Lock()
         self._jws = new_jws()
-        self._good = files_signature(self._watch) if self._watch else None
-        self._bad: tuple[Any, ...] | None = None
-        self._checked_at = monotonic()
         self._snap = _snapshot(material.signing, material.verify, (), (), 0)
         #: fetched keys verify until then (monotonic), unless fetched again; None: no bound
         self._remote_until: float | None = None
@@ -531,14 +504,14 @@ class KeyRing:
                    **kw: Any) -> KeyRing:
         """Reads the files now (a bad file is a start-up error) and re-reads them when they change."""
         watch = [Path(p) for p in (priv_path, pub_path if algorithm not in HMAC_ALGORITHMS else None) if p]
-        # Take the signature before reading: a change during the read is seen at the next poll.
-        signature = files_signature(watch)
+        # Take the stamps before reading: a change during the read is seen at the next poll.
+        signature = stamps(watch, dir_entries=MAX_DIR_ENTRIES)
 
         def load() -> KeyMaterial:
             return material_from_files(algorithm, priv_path, pub_path)
 
         ring = cls(algorithm, load(), retain_seconds=retain_seconds, load=load, watch=watch, **kw)
-        ring._good = signature
+        ring._files.took(signature)
         return ring
 
     # -- what is in force
@@ -597,23 +570,20 @@ class KeyRing:
     def poll(self, *, force: bool = False) -> bool:
         """Re-reads the files if they changed (looked at no more than once per poll interval); True
         when new keys are in force. A bad new file keeps the old keys and is reported once."""
-        if self._load is None:
-            return False
-        if not force and self._monotonic() - self._checked_at < self.poll_interval:
+        if self._load is None or not self._files.due(force=force):
             return False
         with self._lock:
-            self._checked_at = self._monotonic()
-            signature = files_signature(self._watch)
-            if signature == self._good or signature == self._bad:
+            signature = self._files.changed()
+            if signature is None:
                 return False
             try:
                 material = self._load()
             except KeyLoadError as e:
-                self._bad = signature
+                self._files.failed(signature)
                 log.warning("JWT key files changed but cannot be used; keeping the keys in force: %s", e)
                 self._on_reload("files", ERROR)
                 return False
-            self._good, self._bad = signature, None
+            self._files.took(signature)
             changed = self._install(material)
         self._on_reload("files", OK)
         if changed:

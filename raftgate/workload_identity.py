@@ -52,6 +52,7 @@ import jwt as pyjwt
 
 from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.file_watch import FileWatch, missing
 from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, jwks_keys
 from raftgate.token_verifier import Verified
 from raftgate.trust_cache import TrustCache
@@ -158,15 +159,6 @@ class UserMap:
         return None
 
 
-def _signature(path: str) -> tuple[int, int, int, int] | None:
-    """What changes when a file is replaced (a ConfigMap volume swaps a symlink) or rewritten."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 class UserMapFile:
     """A user map file, re-read when it changes (looked at no more than once per ``poll_interval``).
 
@@ -177,29 +169,31 @@ class UserMapFile:
 
     def __init__(self, path: str, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self.poll_interval = poll_interval
-        self._clock = clock
-        self._signature = _signature(path)
+        self._file = FileWatch([path], poll_interval=poll_interval, clock=clock)
         self.current = UserMap.from_file(path)
         #: why the file in place cannot be used (None: it can)
         self.error: str | None = None
         self.generation = 0
-        self._checked_at = clock()
         self._lock = threading.Lock()
+
+    @property
+    def poll_interval(self) -> float:
+        return self._file.poll_interval
+
+    @poll_interval.setter
+    def poll_interval(self, seconds: float) -> None:
+        self._file.poll_interval = seconds
 
     def poll(self) -> bool:
         """True when the rules in force changed (an unusable file: to none)."""
         with self._lock:
-            now = self._clock()
-            if now - self._checked_at < self.poll_interval:
+            signature = self._file.look()
+            if signature is None:
                 return False
-            self._checked_at = now
-            signature = _signature(self.path)
-            if signature is not None and signature == self._signature:
-                return False
-            self._signature = signature
+            # taken whether it parses or not: a broken map maps nobody until the file changes again
+            self._file.took(signature)
             try:
-                if signature is None:
+                if missing(signature):
                     raise WorkloadConfigError(f"user map {self.path!r} is missing")
                 rules = UserMap.from_file(self.path)
             except WorkloadConfigError as e:
