@@ -18,6 +18,7 @@ mints. Claims are exactly etcd's ``{username, revision, exp}``, as the proxy's t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -64,6 +65,24 @@ class TokenVerifier(Protocol):
 
 def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and len(token) <= MAX_TOKEN_BYTES
+
+
+def fingerprint(token: str) -> str:
+    """The only form in which a token may be logged (etcd's redactToken: sha256, 12 hex chars);
+    distinct strings keep distinct fingerprints (lone surrogates are hashed as they are)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def unverified_claims(token: str) -> dict[str, Any] | None:
+    """A JWT's claims read WITHOUT checking its signature (None: not a JWT's shape, or malformed):
+    only to route a token to its verifier or to end something sooner, never to grant anything."""
+    if not looks_like_jwt(token):
+        return None
+    try:
+        claims = pyjwt.decode(token, options={"verify_signature": False})
+    except (pyjwt.PyJWTError, ValueError, TypeError):
+        return None
+    return claims if isinstance(claims, dict) else None
 
 
 class TokenKeyError(ValueError):
@@ -179,11 +198,6 @@ def unverified_expiry(token: str) -> float | None:
     """A JWT's ``exp`` read WITHOUT checking its signature: only for a sidecar proxy to end a
     watch stream's watches when the token dies (the store verified the token; this can only make
     a stream end sooner, never grant anything)."""
-    if not looks_like_jwt(token):
-        return None
-    try:
-        claims = pyjwt.decode(token, options={"verify_signature": False})
-    except (pyjwt.PyJWTError, ValueError, TypeError):
-        return None
-    exp = claims.get("exp") if isinstance(claims, dict) else None
+    claims = unverified_claims(token)
+    exp = claims.get("exp") if claims is not None else None
     return float(exp) if _number(exp) else None

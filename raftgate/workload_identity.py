@@ -54,7 +54,7 @@ from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, missing
 from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, jwks_keys
-from raftgate.token_verifier import Verified
+from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,6 @@ class WorkloadIdentity:
     subject: str
     #: the token's ``exp`` (unix seconds)
     expires_at: float
-
-
-def fingerprint(token: str) -> str:
-    """A short hash naming a token in logs (the token itself never is)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 # --- claim mapping ------------------------------------------------------------------------------
@@ -502,13 +497,8 @@ class WorkloadVerifier:
     def is_workload_token(self, token: str) -> bool:
         """Whether ``token`` claims to come from this issuer (unverified: it only routes the
         token here, where it must then pass every check or be refused)."""
-        if len(token) > MAX_TOKEN_BYTES or token.count(".") != 2:
-            return False
-        try:
-            claims = pyjwt.decode(token, options={"verify_signature": False})
-        except (pyjwt.PyJWTError, ValueError, TypeError):
-            return False
-        return isinstance(claims, dict) and claims.get("iss") == self.issuer
+        claims = unverified_claims(token)
+        return claims is not None and claims.get("iss") == self.issuer
 
     def _rules(self) -> UserMap:
         """The current rules (a map file is looked at again if due); an unusable map refuses."""

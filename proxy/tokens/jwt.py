@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 from proxy import metrics
-from proxy.tokens.extract import fingerprint
 from raftgate import jwt_keys
 from raftgate.auth_token import (
     DEFAULT_TTL_NS,
@@ -33,7 +32,7 @@ from raftgate.auth_token import (
 )
 from raftgate.errors import Err, EtcdError
 from raftgate.jwt_keys import SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
-from raftgate.token_verifier import JwtKeys, Verified
+from raftgate.token_verifier import JwtKeys, Verified, fingerprint
 
 log = logging.getLogger(__name__)
 
