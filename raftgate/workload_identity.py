@@ -50,10 +50,9 @@ from urllib.parse import urlsplit
 
 import jwt as pyjwt
 
-from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, missing
-from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, jwks_keys
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, fetch, jwks_keys
 from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
@@ -266,13 +265,13 @@ class Fetcher:
         self.timeout = timeout
 
     def get(self, url: str) -> bytes:
+        """The document (raftgate/jwt_keys.py fetches, as for a ``jwks-url``); raises OSError. Any
+        status but 200 is refused, a redirect too: keys come from the URL named, nowhere else."""
         check_url(url, "URL")
-        status, data = bounded_get.get(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
-        if status != 200:  # a redirect too: keys come from the URL named, nowhere else
-            raise OSError(f"GET {url}: HTTP {status}")
-        if len(data) > MAX_DOCUMENT_BYTES:
-            raise OSError(f"GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes")
-        return data
+        try:
+            return fetch(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
+        except KeyLoadError as e:
+            raise OSError(str(e)) from None
 
 
 class FileSource:
