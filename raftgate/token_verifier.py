@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 
 import jwt as pyjwt
 
-from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, KeyLoadError, KeyRing
 from raftgate.trust_cache import TrustCache
 
 CACHE_SIZE = 4096
@@ -85,10 +85,6 @@ def unverified_claims(token: str) -> dict[str, Any] | None:
     return claims if isinstance(claims, dict) else None
 
 
-class TokenKeyError(ValueError):
-    """A key file that cannot serve the configured algorithm."""
-
-
 class JwtKeys:
     """etcd JWTs verified (and signed, given the private key) with a :class:`KeyRing`, the proxy's
     implementation: each key's algorithm pinned, ``kid`` headers, files re-read when they change
@@ -106,14 +102,10 @@ class JwtKeys:
     @classmethod
     def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, ttl_seconds: float = 300.0,
                    clock: Callable[[], float] = time.time, poll_interval: float = POLL_INTERVAL_SECONDS) -> JwtKeys:
-        """``priv-key``/``pub-key`` as the proxy reads them (a PEM, a directory of PEMs, a JWKS)."""
-        if algorithm not in SUPPORTED_ALGORITHMS:
-            raise TokenKeyError(f"unsupported sign-method {algorithm!r}")
-        try:
-            ring = KeyRing.from_files(algorithm, priv_path, pub_path, retain_seconds=ttl_seconds, clock=clock,
-                                      poll_interval=poll_interval)
-        except KeyLoadError as e:
-            raise TokenKeyError(str(e)) from None
+        """``priv-key``/``pub-key`` as the proxy reads them (a PEM, a directory of PEMs, a JWKS);
+        raises KeyLoadError (naming the files, never key material)."""
+        ring = KeyRing.from_files(algorithm, priv_path, pub_path, retain_seconds=ttl_seconds, clock=clock,
+                                  poll_interval=poll_interval)
         return cls(ring, ttl_seconds=ttl_seconds, clock=clock)
 
     @property
@@ -167,7 +159,7 @@ class JwtKeys:
         """A token with etcd's claims (``exp`` is now + ttl in whole seconds), and a ``kid`` header
         when the signing key is asymmetric."""
         if not self.can_sign:
-            raise TokenKeyError("no priv-key: this store only verifies JWTs")
+            raise KeyLoadError("no priv-key: only verifies JWTs", KeyLoadError.MISSING)
         exp = int(self._clock() + self.ttl_seconds)
         payload = json.dumps({"exp": exp, "revision": revision, "username": username}, separators=(",", ":"))
         return self.ring.sign(payload.encode())
