@@ -94,6 +94,17 @@ class KeyLoadError(ValueError):
         self.reason = reason
 
 
+def unverified_header(token: str) -> dict[str, Any] | None:
+    """A JWT's header, unverified (None: too large or malformed): it only picks the key, whose own
+    pinned algorithm then decides."""
+    if len(token) > MAX_TOKEN_BYTES:
+        return None
+    try:
+        return pyjwt.get_unverified_header(token)
+    except (pyjwt.PyJWTError, ValueError, TypeError):
+        return None
+
+
 class _RawHMAC(HMACAlgorithm):
     """HMAC whose secret is the key file's raw bytes, whatever they look like (etcd's rule).
 
@@ -630,9 +641,8 @@ class KeyRing:
         if len(token) > MAX_TOKEN_BYTES:
             return None
         self.poll()
-        try:
-            header = self._jws.get_unverified_header(token)
-        except (pyjwt.PyJWTError, ValueError, TypeError):
+        header = unverified_header(token)
+        if header is None:
             return None
         alg, kid = header.get("alg"), header.get("kid")
         found = self._current().by_kid.get(kid) if isinstance(kid, str) else None
@@ -659,12 +669,8 @@ class KeyRing:
     @staticmethod
     def kid_of(token: str) -> str | None:
         """The ``kid`` header of a token, unverified (None if it has none or is malformed)."""
-        if len(token) > MAX_TOKEN_BYTES:
-            return None
-        try:
-            kid = pyjwt.get_unverified_header(token).get("kid")
-        except (pyjwt.PyJWTError, ValueError, TypeError):
-            return None
+        header = unverified_header(token)
+        kid = header.get("kid") if header is not None else None
         return kid if isinstance(kid, str) else None
 
 

@@ -52,7 +52,7 @@ import jwt as pyjwt
 
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, missing
-from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, fetch, jwks_keys
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, fetch, jwks_keys, unverified_header
 from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
@@ -540,10 +540,9 @@ class WorkloadVerifier:
     def _verify(self, token: str) -> WorkloadIdentity:
         if len(token) > MAX_TOKEN_BYTES:
             raise WorkloadRefused("token too large")
-        try:
-            header = pyjwt.get_unverified_header(token)
-        except pyjwt.PyJWTError:
-            raise WorkloadRefused("malformed token") from None
+        header = unverified_header(token)
+        if header is None:
+            raise WorkloadRefused("malformed token")
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise WorkloadRefused("malformed kid")
