@@ -76,7 +76,6 @@ class JwtProvider:
             raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "ttl must be positive")
         self.algorithm = sign_method
         self.ttl_seconds = ttl_ns / 1e9
-        self._clock = clock
         if keys is None:
             try:
                 material = jwt_keys.material_from_bytes(sign_method, private_key, public_key)
