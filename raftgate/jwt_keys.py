@@ -7,9 +7,11 @@ Shared by the proxy (``--auth-token jwt,...``) and, later, the store; it imports
   tokens carry none (a kid derived from a secret would only help guess it; the set is small).
 * ``pub-key`` names one PEM public key or certificate (as in etcd), a directory of them, or a
   JWKS file (parsed by PyJWT's ``PyJWK``; a JWKS key keeps its own ``kid`` and ``alg``).
-* Files are re-read when they change (Kubernetes swaps a Secret volume by symlink: a new inode),
-  looked at no more than once per poll interval. A new file that cannot be used (unparseable, a
-  private key that does not match its public key) keeps the old keys and is reported once.
+  :func:`jwks_keys` is the one JWKS parser: workload identity's issuer keys go through it too.
+* Files are re-read when they change (Kubernetes swaps a Secret volume by symlink: a new inode;
+  raftgate/file_watch.py tells), looked at no more than once per poll interval. A new file that
+  cannot be used (unparseable, a private key that does not match its public key) keeps the old
+  keys and is reported once.
 * A key that leaves the files (a rotated ``priv-key``) keeps verifying for ``retain_seconds``
   (the token TTL), counted from when the change is seen: every token it signed has expired by
   then. After that, nothing it signed verifies, whatever the token's ``exp``.

@@ -9,11 +9,14 @@ that recognizes the token; kinds: simple tokens (the store holds them, authstore
 etcd JWTs (here: a public key, the algorithm pinned), workload tokens (Kubernetes OIDC, wired in
 the same way by ``raftgate/workload_identity.py``).
 
-``JwtKeys`` is raftgate/jwt_keys.py's ``KeyRing`` (the proxy's implementation: the store's keys
-rotate as the proxy's do, ``kid`` headers, several verification keys). It also signs, when it was
-given the private key: a sidecar's Authenticate is decided by
-the store (it checks the password), so in JWT mode the store, not the sidecar, holds the key that
-mints. Claims are exactly etcd's ``{username, revision, exp}``, as the proxy's tokens have.
+``JwtKeys`` is the one etcd-JWT engine of both programs (the proxy's ``JwtProvider`` wraps it):
+a raftgate/jwt_keys.py ``KeyRing`` (keys that rotate with their files, ``kid`` headers, several
+verification keys, each pinned to its algorithm), etcd's claims ``{username, revision, exp}``
+checked by :func:`etcd_claims`, the cache of verified tokens, and the signer. In the store it
+signs when given the private key: a sidecar's Authenticate is decided by the store (it checks the
+password), so in JWT mode the store, not the sidecar, holds the key that mints. The token
+fingerprint logs name tokens by, and the unverified read of claims used only to route a token or
+end something sooner, are here too.
 """
 
 from __future__ import annotations
