@@ -77,8 +77,10 @@ MAX_TOKEN_BYTES = 16 * 1024
 POLL_INTERVAL_SECONDS = 1.0
 JWKS_REFRESH_SECONDS = 60.0
 JWKS_MIN_INTERVAL_SECONDS = 1.0
+#: A fetch of keys (a jwks-url, a workload issuer's discovery document or JWKS) ends within this.
 JWKS_TIMEOUT_SECONDS = 5.0
-#: Keys fetched from a JWKS URL and not refreshed successfully for this long stop verifying.
+#: Keys fetched over HTTP (a jwks-url, a workload issuer) and not refreshed successfully for this
+#: long stop verifying.
 JWKS_MAX_STALE_SECONDS = 3600.0
 
 #: Reload outcomes reported to ``on_reload(source, result)``: source ``files`` or ``jwks_url``.

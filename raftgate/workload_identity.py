@@ -21,7 +21,7 @@ bounded sizes and timeouts, by whichever thread verifies (callers on an event lo
 loop). A token whose ``kid`` is unknown makes the key set fetched again, at most once per
 ``refetch_interval``. A JWKS file that is deleted or no longer parses leaves no keys (fail
 closed); keys fetched over HTTP survive failed refreshes (an issuer outage) for at most
-``KEYS_MAX_STALE_SECONDS`` (an hour) after the last good fetch, then stop verifying. Either
+``JWKS_MAX_STALE_SECONDS`` (an hour, as for a ``jwks-url``) after the last good fetch, then stop verifying. Either
 failure is logged once, until a fetch succeeds again.
 
 Results are cached (raftgate/trust_cache.py) by the token's sha256, bounded, never past ``exp``,
@@ -52,7 +52,16 @@ import jwt as pyjwt
 
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, missing
-from raftgate.jwt_keys import MAX_TOKEN_BYTES, KeyLoadError, VerifyKey, fetch, jwks_keys, unverified_header
+from raftgate.jwt_keys import (
+    JWKS_MAX_STALE_SECONDS,
+    JWKS_TIMEOUT_SECONDS,
+    MAX_TOKEN_BYTES,
+    KeyLoadError,
+    VerifyKey,
+    fetch,
+    jwks_keys,
+    unverified_header,
+)
 from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
@@ -63,11 +72,8 @@ NBF_LEEWAY_SECONDS = 30
 #: A discovery document, a JWKS, a user map: bigger is refused.
 MAX_DOCUMENT_BYTES = 256 * 1024
 MAX_RULES = 1024
-FETCH_TIMEOUT_SECONDS = 5.0
 #: Keys fetched over HTTP are fetched again after this long (a rotation needs no unknown kid).
 KEYS_MAX_AGE_SECONDS = 300.0
-#: Keys fetched over HTTP and not refreshed successfully for this long stop verifying.
-KEYS_MAX_STALE_SECONDS = 3600.0
 #: An unknown ``kid`` fetches the keys again at most this often (a flood of made-up kids costs one).
 REFETCH_INTERVAL_SECONDS = 30.0
 CACHE_SIZE = 4096
@@ -260,7 +266,7 @@ class Fetcher:
     trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
     shuts the connection at the deadline."""
 
-    def __init__(self, ca_file: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> None:
+    def __init__(self, ca_file: str | None = None, timeout: float = JWKS_TIMEOUT_SECONDS) -> None:
         self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
         self.timeout = timeout
 
@@ -300,7 +306,7 @@ class DiscoverySource:
 
     max_age = KEYS_MAX_AGE_SECONDS
     refetch_interval = REFETCH_INTERVAL_SECONDS
-    max_stale = KEYS_MAX_STALE_SECONDS
+    max_stale = JWKS_MAX_STALE_SECONDS
 
     def __init__(self, issuer: str, fetcher: Fetcher) -> None:
         check_url(issuer, "--oidc-issuer")
@@ -353,7 +359,7 @@ class KeySet:
         self.max_age = source.max_age if max_age is None else max_age
         self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
         if max_stale is None:  # a source that names no bound gets the HTTP one
-            max_stale = getattr(source, "max_stale", KEYS_MAX_STALE_SECONDS)
+            max_stale = getattr(source, "max_stale", JWKS_MAX_STALE_SECONDS)
         self.max_stale = max_stale
         self._clock = clock
         self._lock = threading.Condition()
