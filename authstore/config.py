@@ -24,9 +24,10 @@ from raftgate.auth_token import JWT, NOP, SIMPLE, AuthOptionError, AuthTokenSpec
 from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
 from raftgate.crl import CRLError, RevocationList
 from raftgate.go_duration import parse_go_duration
+from raftgate.jwt_keys import KeyLoadError
 from raftgate.observe import ObserveConfig, add_observe_flags, observe_config
 from raftgate.password_file import PasswordFileError, read_password_file
-from raftgate.token_verifier import JwtKeys, TokenKeyError
+from raftgate.token_verifier import JwtKeys
 
 __all__ = ["ConfigError", "StoreConfig", "parse", "parse_initial_cluster"]
 
@@ -415,7 +416,7 @@ def _auth_token(f: Flags) -> dict[str, object]:
     try:
         keys = JwtKeys.from_files(spec.jwt.sign_method, spec.jwt.priv_key, spec.jwt.pub_key,
                                   ttl_seconds=spec.jwt.ttl_seconds)
-    except TokenKeyError as e:
+    except KeyLoadError as e:
         raise f.error("auth_token", str(e)) from None
     return {"auth_token": spec, "jwt": keys}
 

@@ -46,9 +46,10 @@ from google.protobuf.message_factory import GetMessageClass
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
-from proxy.tokens.extract import extract_token, fingerprint
+from proxy.tokens.extract import extract_token
 from raftgate.errors import Err
 from raftgate.methods import METHODS, Kind, Method, Perm
+from raftgate.token_verifier import fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,11 @@ from protos.etcdserverpb import rpc_pb2
 from protos.internal import AUTH_STATUS_FIELD
 from proxy import metrics
 from proxy.store_client import StoreClient
-from proxy.tokens.extract import fingerprint
 from proxy.tokens.jwt import JwtProvider
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import Err, EtcdError
 from raftgate.simple_token import looks_like_simple_token
-from raftgate.token_verifier import unverified_expiry
+from raftgate.token_verifier import fingerprint, unverified_expiry
 from raftgate.trust_cache import TrustCache
 from raftgate.workload_identity import WorkloadIdentity, WorkloadRefused, WorkloadVerifier
 

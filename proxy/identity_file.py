@@ -24,7 +24,6 @@ moved, and keeps the last good content when a read fails halfway through a swap.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from proxy import metrics
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.file_watch import FileWatch, missing
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +117,6 @@ def read_credential(kind: str, path: Path) -> Credential:
     return PasswordCredential(username, password)
 
 
-def _signature(files: list[Path]) -> tuple[tuple[int, int, int, int], ...] | None:
-    """What changes when a file is replaced (symlink swap: inode) or rewritten (mtime, size)."""
-    out = []
-    for f in files:
-        try:
-            st = os.stat(f)  # follows the symlinks to the file's current content
-        except OSError:
-            return None
-        out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
 class IdentityFiles:
     """The current credential, re-read when its files change (checked at most once per interval)."""
 
@@ -145,26 +133,24 @@ class IdentityFiles:
             raise ValueError(f"unknown identity kind {kind!r}")
         self.kind = kind
         self.path = Path(path)
-        self.poll_interval = poll_interval
-        self._clock = clock
-        self._signature = _signature(_files(kind, self.path))
+        self._files = FileWatch(_files(kind, self.path), poll_interval=poll_interval, clock=clock)
         self.current: Credential = read_credential(kind, self.path)
         #: Bumped whenever ``current`` changes.
         self.version = 0
-        self._checked_at = clock()
+
+    @property
+    def poll_interval(self) -> float:
+        return self._files.poll_interval
 
     def poll(self, *, force: bool = False) -> bool:
         """Re-reads the files if they changed; True when the credential changed.
 
         Without ``force``, files are looked at no more than once per poll interval.
         """
-        now = self._clock()
-        if not force and now - self._checked_at < self.poll_interval:
+        if not self._files.due(force=force):
             return False
-        self._checked_at = now
-        files = _files(self.kind, self.path)
-        signature = _signature(files)
-        if signature is None or signature == self._signature:
+        signature = self._files.changed(_files(self.kind, self.path))
+        if signature is None or missing(signature):
             return False
         try:
             credential = read_credential(self.kind, self.path)
@@ -173,7 +159,7 @@ class IdentityFiles:
             log.warning("identity file changed but cannot be used yet: %s", e)
             metrics.IDENTITY_RELOADS.labels("error").inc()
             return False
-        self._signature = signature
+        self._files.took(signature)
         metrics.IDENTITY_RELOADS.labels("ok").inc()
         if credential == self.current:
             return False

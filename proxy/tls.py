@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import ssl
 import threading
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.crl import RevocationList
+from raftgate.file_watch import FileWatch, Stamp, stamps
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,7 @@ class _Loaded:
     cert: bytes
     key: bytes
     ca: bytes | None
-    stamp: tuple[tuple[int, int, int, int], ...]
-
-
-def _stamp(path: str) -> tuple[int, int, int, int]:
-    """What changes when a file is replaced (a symlink swap changes the target's inode)."""
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    stamp: tuple[Stamp, ...]
 
 
 def _read(source: str, path: str) -> bytes:
@@ -94,7 +88,7 @@ def load(spec: ClientTLS) -> _Loaded:
     cert_src, key_src, ca_src = spec.sources
     paths = [spec.cert_file, spec.key_file] + ([spec.ca_file] if spec.ca_file else [])
     try:
-        stamp = tuple(_stamp(p) for p in paths)
+        stamp = stamps(paths, strict=True)
     except OSError as e:
         which = {spec.cert_file: cert_src, spec.key_file: key_src, spec.ca_file: ca_src}.get(e.filename, cert_src)
         raise TLSFileError(f"{which}: cannot read {e.filename!r}: {e.strerror}") from None
@@ -126,9 +120,10 @@ class ServerTLS:
         self._loader = loader
         self._current = loader(spec)  # start-up: a bad file stops the program
         self._lock = threading.Lock()
-        #: the files' identity (or the error, when one cannot be found) the last time they failed
-        #: to load: not tried or logged again until that changes
-        self._failed: object = None
+        #: the files in force and the files that last failed to load (not tried or logged again
+        #: until they change)
+        paths = [spec.cert_file, spec.key_file] + ([spec.ca_file] if spec.ca_file else [])
+        self._files = FileWatch(paths, in_force=self._current.stamp)
         #: rotations taken (for tests and logs)
         self.reloads = 0
 
@@ -145,21 +140,17 @@ class ServerTLS:
         """Called by grpc-core before a handshake (on its own thread): a new configuration when
         the files changed and load, else None (keep the current one)."""
         with self._lock:
-            stamp: object = None
+            stamp = self._files.changed()
+            if stamp is None:
+                return None  # unchanged, or still the files that failed (tried once, not per handshake)
             try:
-                paths = [self.spec.cert_file, self.spec.key_file] + ([self.spec.ca_file] if self.spec.ca_file else [])
-                stamp = tuple(_stamp(p) for p in paths)
-                if stamp == self._current.stamp or stamp == self._failed:
-                    return None  # unchanged, or still the files that failed (tried once, not per handshake)
                 loaded = self._loader(self.spec)
             except (OSError, TLSFileError) as e:
                 # mid-rotation (one file swapped, not the other yet) or a broken file: keep serving
-                failed = stamp if stamp is not None else ("error", str(e))
-                if failed != self._failed:
+                if self._files.failed(stamp):
                     log.warning("client TLS files changed but cannot be used yet (%s); keeping the current ones", e)
-                self._failed = failed
                 return None
-            self._failed = None
+            self._files.took(loaded.stamp)
             if (loaded.cert, loaded.key, loaded.ca) == (self._current.cert, self._current.key, self._current.ca):
                 self._current = loaded
                 return None

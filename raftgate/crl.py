@@ -28,7 +28,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.file_watch import FileWatch, Stamp, stamps
 
 log = logging.getLogger("raftgate.crl")
 
@@ -69,15 +69,7 @@ class _Revoked:
     #: issuer -> the serials its CRL lists
     entries: dict[x509.Name, frozenset[int]]
     #: the files' identity when read
-    stamp: tuple[tuple[int, int, int, int], ...]
-
-
-def _stamp(paths: Sequence[str]) -> tuple[tuple[int, int, int, int], ...]:
-    out = []
-    for path in paths:
-        st = os.stat(path)
-        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
+    stamp: tuple[Stamp, ...]
 
 
 def _read(source: str, path: str, limit: int) -> bytes:
@@ -137,7 +129,7 @@ def load(crl_path: str, ca_paths: Sequence[str], *, source: str = "--client-crl-
          ca_source: str = "--trusted-ca-file") -> _Revoked:
     """Reads the CRL, checks each is signed by a CA of ``ca_paths``; raises CRLError."""
     try:
-        stamp = _stamp([crl_path, *ca_paths])
+        stamp = stamps([crl_path, *ca_paths], strict=True)
     except OSError as e:
         which = source if e.filename == crl_path else ca_source
         raise CRLError(f"{which}: cannot read {e.filename!r}: {e.strerror}") from None
@@ -177,8 +169,8 @@ class RevocationList:
         self.ca_paths = tuple(ca_paths)
         self.source, self.ca_source = source, ca_source
         self._current = self._load()  # start-up: a bad file stops the program (CRLError)
-        #: the files' identity (or the error) the last time they failed: not read or logged again until it changes
-        self._failed: object = None
+        #: the files in force and the files that last failed (not read or logged again until they change)
+        self._files = FileWatch([self.path, *self.ca_paths], in_force=self._current.stamp)
         self._verdicts: OrderedDict[bytes, int | None] = OrderedDict()
         #: new lists taken (for tests and logs)
         self.reloads = 0
@@ -188,19 +180,16 @@ class RevocationList:
 
     def refresh(self) -> None:
         """Takes the file anew when it (or a CA file) changed and loads; else keeps the current list."""
-        stamp: object = None
+        stamp = self._files.changed()
+        if stamp is None:
+            return
         try:
-            stamp = _stamp([self.path, *self.ca_paths])
-            if stamp == self._current.stamp or stamp == self._failed:
-                return
             loaded = self._load()
         except (OSError, CRLError) as e:
-            failed = stamp if stamp is not None else ("error", str(e))
-            if failed != self._failed:
+            if self._files.failed(stamp):
                 log.warning("%s changed but cannot be used (%s); keeping the last good list", self.source, e)
-            self._failed = failed
             return
-        self._failed = None
+        self._files.took(loaded.stamp)
         changed = loaded.entries != self._current.entries
         self._current = loaded
         if changed:

@@ -7,9 +7,11 @@ Shared by the proxy (``--auth-token jwt,...``) and, later, the store; it imports
   tokens carry none (a kid derived from a secret would only help guess it; the set is small).
 * ``pub-key`` names one PEM public key or certificate (as in etcd), a directory of them, or a
   JWKS file (parsed by PyJWT's ``PyJWK``; a JWKS key keeps its own ``kid`` and ``alg``).
-* Files are re-read when they change (Kubernetes swaps a Secret volume by symlink: a new inode),
-  looked at no more than once per poll interval. A new file that cannot be used (unparseable, a
-  private key that does not match its public key) keeps the old keys and is reported once.
+  :func:`jwks_keys` is the one JWKS parser: workload identity's issuer keys go through it too.
+* Files are re-read when they change (Kubernetes swaps a Secret volume by symlink: a new inode;
+  raftgate/file_watch.py tells), looked at no more than once per poll interval. A new file that
+  cannot be used (unparseable, a private key that does not match its public key) keeps the old
+  keys and is reported once.
 * A key that leaves the files (a rotated ``priv-key``) keeps verifying for ``retain_seconds``
   (the token TTL), counted from when the change is seen: every token it signed has expired by
   then. After that, nothing it signed verifies, whatever the token's ``exp``.
@@ -38,7 +40,6 @@ import logging
 import math
 import os
 import ssl
-import stat
 import threading
 import time
 import urllib.parse
@@ -55,6 +56,7 @@ from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorith
 
 from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.file_watch import FileWatch, stamps
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,10 @@ MAX_TOKEN_BYTES = 16 * 1024
 POLL_INTERVAL_SECONDS = 1.0
 JWKS_REFRESH_SECONDS = 60.0
 JWKS_MIN_INTERVAL_SECONDS = 1.0
+#: A fetch of keys (a jwks-url, a workload issuer's discovery document or JWKS) ends within this.
 JWKS_TIMEOUT_SECONDS = 5.0
-#: Keys fetched from a JWKS URL and not refreshed successfully for this long stop verifying.
+#: Keys fetched over HTTP (a jwks-url, a workload issuer) and not refreshed successfully for this
+#: long stop verifying.
 JWKS_MAX_STALE_SECONDS = 3600.0
 
 #: Reload outcomes reported to ``on_reload(source, result)``: source ``files`` or ``jwks_url``.
@@ -92,6 +96,17 @@ class KeyLoadError(ValueError):
     def __init__(self, message: str, reason: str = INVALID) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def unverified_header(token: str) -> dict[str, Any] | None:
+    """A JWT's header, unverified (None: too large or malformed): it only picks the key, whose own
+    pinned algorithm then decides."""
+    if len(token) > MAX_TOKEN_BYTES:
+        return None
+    try:
+        return pyjwt.get_unverified_header(token)
+    except (pyjwt.PyJWTError, ValueError, TypeError):
+        return None
 
 
 class _RawHMAC(HMACAlgorithm):
@@ -249,11 +264,27 @@ def pem_key(alg: str, key: Any) -> VerifyKey:
 
 
 def load_jwks(default_alg: str, data: bytes, where: str, *, publish: bool = True) -> tuple[VerifyKey, ...]:
-    """The usable signature keys of a JWKS document (PyJWT's PyJWK parses each).
+    """The usable signature keys of a ``pub-key`` or ``jwks-url`` JWKS document (see
+    :func:`jwks_keys`); more than ``MAX_JWKS_KEYS`` keys is an error, skipped keys are logged."""
+    found, skipped = jwks_keys(data, where, default_alg=default_alg, name_unnamed=True)
+    if skipped:
+        log.warning("%s: %d key(s) skipped (symmetric, not for signatures, or not usable for JWT here)",
+                    where, skipped)
+    return tuple(key if publish else VerifyKey(key.kid, key.alg, key.key) for _, key in found)
+
+
+def jwks_keys(data: bytes, where: str, *, default_alg: str | None = None, name_unnamed: bool = True,
+              truncate: bool = False) -> tuple[list[tuple[str | None, VerifyKey]], int]:
+    """The usable signature keys of a JWKS document, each with the ``kid`` the document gave it
+    (None: none), and how many were skipped; the one JWKS parser (raftgate's JWT keys and workload
+    identity's issuer keys alike). PyJWT's ``PyJWK`` parses each key.
 
     A key's ``alg`` pins it; without one, ``default_alg`` if the key is of its family, else what
     PyJWT infers from the key type. Symmetric (``oct``) keys, encryption keys and algorithms etcd
-    does not have are skipped: a shared secret never comes from a key set.
+    does not have are skipped: a shared secret never comes from a key set. A key without a ``kid``
+    is named by its RFC 7638 thumbprint when ``name_unnamed``. More than ``MAX_JWKS_KEYS`` keys is
+    an error, or with ``truncate`` only the first ones are looked at. Raises KeyLoadError when no
+    key is usable.
     """
     try:
         doc = json.loads(data)
@@ -263,28 +294,27 @@ def load_jwks(default_alg: str, data: bytes, where: str, *, publish: bool = True
     if not isinstance(raw_keys, list):
         raise KeyLoadError(f"{where} is not a JWKS document (no \"keys\" list)")
     if len(raw_keys) > MAX_JWKS_KEYS:
-        raise KeyLoadError(f"{where} holds more than {MAX_JWKS_KEYS} keys")
-    out: list[VerifyKey] = []
+        if not truncate:
+            raise KeyLoadError(f"{where} holds more than {MAX_JWKS_KEYS} keys")
+        raw_keys = raw_keys[:MAX_JWKS_KEYS]
+    out: list[tuple[str | None, VerifyKey]] = []
     skipped = 0
     for raw in raw_keys:
-        key = _jwks_key(default_alg, raw)
+        key = _jwks_key(default_alg, raw, name_unnamed)
         if key is None:
             skipped += 1
         else:
-            out.append(key if publish else VerifyKey(key.kid, key.alg, key.key))
-    if skipped:
-        log.warning("%s: %d key(s) skipped (symmetric, not for signatures, or not usable for JWT here)",
-                    where, skipped)
+            out.append(key)
     if not out:
         raise KeyLoadError(f"{where} holds no usable signature key")
-    return tuple(out)
+    return out, skipped
 
 
-def _jwks_key(default_alg: str, raw: Any) -> VerifyKey | None:
+def _jwks_key(default_alg: str | None, raw: Any, name_unnamed: bool) -> tuple[str | None, VerifyKey] | None:
     if not isinstance(raw, dict) or raw.get("kty") == "oct" or raw.get("use", "sig") != "sig":
         return None
     alg = raw.get("alg")
-    if alg is None and default_alg in ASYMMETRIC_ALGORITHMS:
+    if alg is None and default_alg is not None and default_alg in ASYMMETRIC_ALGORITHMS:
         family = "RSA" if default_alg in RSA_ALGORITHMS else "EC" if default_alg in EC_CURVES else "OKP"
         alg = default_alg if raw.get("kty") == family else None
     if alg is not None and alg not in ASYMMETRIC_ALGORITHMS:
@@ -298,8 +328,10 @@ def _jwks_key(default_alg: str, raw: Any) -> VerifyKey | None:
         key = key.public_key()  # a private JWK by mistake: only its public half is used
     if jwk.algorithm_name not in ASYMMETRIC_ALGORITHMS or not fits(jwk.algorithm_name, key):
         return None
-    kid = jwk.key_id if isinstance(jwk.key_id, str) and jwk.key_id else jwk_thumbprint(public_jwk(key))
-    return VerifyKey(kid, jwk.algorithm_name, key, _published(jwk.algorithm_name, key, kid))
+    given = jwk.key_id if isinstance(jwk.key_id, str) and jwk.key_id else None
+    kid = given if given is not None or not name_unnamed else jwk_thumbprint(public_jwk(key))
+    published = _published(jwk.algorithm_name, key, kid) if kid is not None else None
+    return given, VerifyKey(kid, jwk.algorithm_name, key, published)
 
 
 def _keys_from(alg: str, data: bytes, where: str) -> tuple[VerifyKey, ...]:
@@ -402,31 +434,6 @@ def material_from_files(alg: str, priv_path: str | None, pub_path: str | None) -
     return _asymmetric(alg, priv, _keys_from(alg, data, "pub-key"), single_pub=not data.lstrip().startswith(b"{"))
 
 
-def files_signature(paths: list[Path]) -> tuple[Any, ...]:
-    """What changes when a key file is replaced (symlink swap: inode) or rewritten (mtime, size),
-    or a directory gains or loses an entry."""
-    out: list[Any] = []
-    for p in paths:
-        try:
-            st = os.stat(p)  # follows symlinks to the current content
-        except OSError:
-            out.append((str(p), None))
-            continue
-        out.append((str(p), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                names = sorted(n for n in os.listdir(p) if not n.startswith("."))[: MAX_DIR_ENTRIES + 1]
-            except OSError:
-                names = []
-            for name in names:
-                try:
-                    e = os.stat(p / name)
-                    out.append((name, e.st_dev, e.st_ino, e.st_mtime_ns, e.st_size))
-                except OSError:
-                    out.append((name, None))
-    return tuple(out)
-
-
 # -------------------------------------------------------------------------------------------------
 # the key ring
 
@@ -496,15 +503,13 @@ class KeyRing:
         self.retain_seconds = retain_seconds
         self.poll_interval = poll_interval
         self._load = load
-        self._watch = watch or []
+        self._files = FileWatch(watch or [], poll_interval=poll_interval, dir_entries=MAX_DIR_ENTRIES,
+                                clock=monotonic)
         self._clock = clock
         self._monotonic = monotonic
         self._on_reload = on_reload or (lambda source, result: None)
         self._lock = threading.Lock()
         self._jws = new_jws()
-        self._good = files_signature(self._watch) if self._watch else None
-        self._bad: tuple[Any, ...] | None = None
-        self._checked_at = monotonic()
         self._snap = _snapshot(material.signing, material.verify, (), (), 0)
         #: fetched keys verify until then (monotonic), unless fetched again; None: no bound
         self._remote_until: float | None = None
@@ -514,14 +519,14 @@ class KeyRing:
                    **kw: Any) -> KeyRing:
         """Reads the files now (a bad file is a start-up error) and re-reads them when they change."""
         watch = [Path(p) for p in (priv_path, pub_path if algorithm not in HMAC_ALGORITHMS else None) if p]
-        # Take the signature before reading: a change during the read is seen at the next poll.
-        signature = files_signature(watch)
+        # Take the stamps before reading: a change during the read is seen at the next poll.
+        signature = stamps(watch, dir_entries=MAX_DIR_ENTRIES)
 
         def load() -> KeyMaterial:
             return material_from_files(algorithm, priv_path, pub_path)
 
         ring = cls(algorithm, load(), retain_seconds=retain_seconds, load=load, watch=watch, **kw)
-        ring._good = signature
+        ring._files.took(signature)
         return ring
 
     # -- what is in force
@@ -580,23 +585,20 @@ class KeyRing:
     def poll(self, *, force: bool = False) -> bool:
         """Re-reads the files if they changed (looked at no more than once per poll interval); True
         when new keys are in force. A bad new file keeps the old keys and is reported once."""
-        if self._load is None:
-            return False
-        if not force and self._monotonic() - self._checked_at < self.poll_interval:
+        if self._load is None or not self._files.due(force=force):
             return False
         with self._lock:
-            self._checked_at = self._monotonic()
-            signature = files_signature(self._watch)
-            if signature == self._good or signature == self._bad:
+            signature = self._files.changed()
+            if signature is None:
                 return False
             try:
                 material = self._load()
             except KeyLoadError as e:
-                self._bad = signature
+                self._files.failed(signature)
                 log.warning("JWT key files changed but cannot be used; keeping the keys in force: %s", e)
                 self._on_reload("files", ERROR)
                 return False
-            self._good, self._bad = signature, None
+            self._files.took(signature)
             changed = self._install(material)
         self._on_reload("files", OK)
         if changed:
@@ -643,9 +645,8 @@ class KeyRing:
         if len(token) > MAX_TOKEN_BYTES:
             return None
         self.poll()
-        try:
-            header = self._jws.get_unverified_header(token)
-        except (pyjwt.PyJWTError, ValueError, TypeError):
+        header = unverified_header(token)
+        if header is None:
             return None
         alg, kid = header.get("alg"), header.get("kid")
         found = self._current().by_kid.get(kid) if isinstance(kid, str) else None
@@ -672,12 +673,8 @@ class KeyRing:
     @staticmethod
     def kid_of(token: str) -> str | None:
         """The ``kid`` header of a token, unverified (None if it has none or is malformed)."""
-        if len(token) > MAX_TOKEN_BYTES:
-            return None
-        try:
-            kid = pyjwt.get_unverified_header(token).get("kid")
-        except (pyjwt.PyJWTError, ValueError, TypeError):
-            return None
+        header = unverified_header(token)
+        kid = header.get("kid") if header is not None else None
         return kid if isinstance(kid, str) else None
 
 

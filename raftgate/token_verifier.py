@@ -9,28 +9,35 @@ that recognizes the token; kinds: simple tokens (the store holds them, authstore
 etcd JWTs (here: a public key, the algorithm pinned), workload tokens (Kubernetes OIDC, wired in
 the same way by ``raftgate/workload_identity.py``).
 
-``JwtKeys`` is raftgate/jwt_keys.py's ``KeyRing`` (the proxy's implementation: the store's keys
-rotate as the proxy's do, ``kid`` headers, several verification keys). It also signs, when it was
-given the private key: a sidecar's Authenticate is decided by
-the store (it checks the password), so in JWT mode the store, not the sidecar, holds the key that
-mints. Claims are exactly etcd's ``{username, revision, exp}``, as the proxy's tokens have.
+``JwtKeys`` is the one etcd-JWT engine of both programs (the proxy's ``JwtProvider`` wraps it):
+a raftgate/jwt_keys.py ``KeyRing`` (keys that rotate with their files, ``kid`` headers, several
+verification keys, each pinned to its algorithm), etcd's claims ``{username, revision, exp}``
+checked by :func:`etcd_claims`, the cache of verified tokens, and the signer. In the store it
+signs when given the private key: a sidecar's Authenticate is decided by the store (it checks the
+password), so in JWT mode the store, not the sidecar, holds the key that mints. The token
+fingerprint logs name tokens by, and the unverified read of claims used only to route a token or
+end something sooner, are here too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jwt as pyjwt
 
-from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, SUPPORTED_ALGORITHMS, KeyLoadError, KeyRing
+from raftgate.jwt_keys import MAX_TOKEN_BYTES, POLL_INTERVAL_SECONDS, KeyLoadError, KeyRing
 from raftgate.trust_cache import TrustCache
 
 CACHE_SIZE = 4096
+
+#: How a verification was decided (the proxy counts them by this label).
+Outcome = Literal["cache_hit", "valid", "expired", "invalid"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,22 @@ def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and len(token) <= MAX_TOKEN_BYTES
 
 
-class TokenKeyError(ValueError):
-    """A key file that cannot serve the configured algorithm."""
+def fingerprint(token: str) -> str:
+    """The only form in which a token may be logged (etcd's redactToken: sha256, 12 hex chars);
+    distinct strings keep distinct fingerprints (lone surrogates are hashed as they are)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def unverified_claims(token: str) -> dict[str, Any] | None:
+    """A JWT's claims read WITHOUT checking its signature (None: not a JWT's shape, or malformed):
+    only to route a token to its verifier or to end something sooner, never to grant anything."""
+    if not looks_like_jwt(token):
+        return None
+    try:
+        claims = pyjwt.decode(token, options={"verify_signature": False})
+    except (pyjwt.PyJWTError, ValueError, TypeError):
+        return None
+    return claims if isinstance(claims, dict) else None
 
 
 class JwtKeys:
@@ -84,14 +105,10 @@ class JwtKeys:
     @classmethod
     def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, ttl_seconds: float = 300.0,
                    clock: Callable[[], float] = time.time, poll_interval: float = POLL_INTERVAL_SECONDS) -> JwtKeys:
-        """``priv-key``/``pub-key`` as the proxy reads them (a PEM, a directory of PEMs, a JWKS)."""
-        if algorithm not in SUPPORTED_ALGORITHMS:
-            raise TokenKeyError(f"unsupported sign-method {algorithm!r}")
-        try:
-            ring = KeyRing.from_files(algorithm, priv_path, pub_path, retain_seconds=ttl_seconds, clock=clock,
-                                      poll_interval=poll_interval)
-        except KeyLoadError as e:
-            raise TokenKeyError(str(e)) from None
+        """``priv-key``/``pub-key`` as the proxy reads them (a PEM, a directory of PEMs, a JWKS);
+        raises KeyLoadError (naming the files, never key material)."""
+        ring = KeyRing.from_files(algorithm, priv_path, pub_path, retain_seconds=ttl_seconds, clock=clock,
+                                  poll_interval=poll_interval)
         return cls(ring, ttl_seconds=ttl_seconds, clock=clock)
 
     @property
@@ -105,31 +122,47 @@ class JwtKeys:
         return self.verify_now(token)
 
     def verify_now(self, token: str) -> Verified | None:
+        return self.check(token)[0]
+
+    def cached(self, token: str) -> Verified | None:
+        """A token verified before, under the key set in force (no signature check)."""
+        return self._cache.get(token, self.ring.generation())
+
+    def check(self, token: str) -> tuple[Verified | None, Outcome]:
+        """The identity in a valid token (or None), and how it was decided: ``cache_hit``, ``valid``,
+        ``expired`` (a good signature, an ``exp`` passed) or ``invalid`` (anything else).
+
+        A cached token is answered until its ``exp`` and only while the key set is the one it was
+        verified under: once its key has left the ring (rotated out, then its retirement over), the
+        token is checked again and refused, whatever its ``exp``."""
         if len(token) > MAX_TOKEN_BYTES:
-            return None
+            return None, "invalid"
         basis = self.ring.generation()  # files re-read if due (a stat per poll interval); read first
         hit = self._cache.get(token, basis)
         if hit is not None:
-            return hit
+            return hit, "cache_hit"
         now = self._clock()
         payload = self.ring.verify(token)
         if payload is None:
-            return None
+            return None, "invalid"
         try:
             claims = json.loads(payload)
         except (ValueError, TypeError):
-            return None
+            return None, "invalid"
         if not isinstance(claims, dict):
-            return None
-        found = _claims(claims, now)
-        if found is not None:
-            self._cache.put(token, found, basis=basis, until=found.expires_at)
-        return found
+            return None, "invalid"
+        found = etcd_claims(claims, now)
+        if found is None:
+            exp = claims.get("exp")
+            return None, "expired" if _number(exp) and not now < exp else "invalid"
+        self._cache.put(token, found, basis=basis, until=found.expires_at)
+        return found, "valid"
 
     def sign(self, username: str, revision: int) -> str:
-        """A token with etcd's claims; ``exp`` is now + ttl in whole seconds."""
+        """A token with etcd's claims (``exp`` is now + ttl in whole seconds), and a ``kid`` header
+        when the signing key is asymmetric."""
         if not self.can_sign:
-            raise TokenKeyError("no priv-key: this store only verifies JWTs")
+            raise KeyLoadError("no priv-key: only verifies JWTs", KeyLoadError.MISSING)
         exp = int(self._clock() + self.ttl_seconds)
         payload = json.dumps({"exp": exp, "revision": revision, "username": username}, separators=(",", ":"))
         return self.ring.sign(payload.encode())
@@ -139,8 +172,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _claims(claims: dict[str, Any], now: float) -> Verified | None:
-    """etcd's claims, checked as the proxy checks them (proxy/tokens/jwt.py)."""
+def etcd_claims(claims: dict[str, Any], now: float) -> Verified | None:
+    """etcd's claims: ``exp``/``nbf`` validated when present (an externally minted token without
+    ``exp`` never expires, as in etcd), ``username`` a string, ``revision`` a JSON number that fits
+    a uint64 (no auth revision is larger, and the stamped header holds a uint64)."""
     exp, nbf = claims.get("exp"), claims.get("nbf")
     if exp is not None and (not _number(exp) or not now < exp):
         return None
@@ -158,11 +193,6 @@ def unverified_expiry(token: str) -> float | None:
     """A JWT's ``exp`` read WITHOUT checking its signature: only for a sidecar proxy to end a
     watch stream's watches when the token dies (the store verified the token; this can only make
     a stream end sooner, never grant anything)."""
-    if not looks_like_jwt(token):
-        return None
-    try:
-        claims = pyjwt.decode(token, options={"verify_signature": False})
-    except (pyjwt.PyJWTError, ValueError, TypeError):
-        return None
-    exp = claims.get("exp") if isinstance(claims, dict) else None
+    claims = unverified_claims(token)
+    exp = claims.get("exp") if claims is not None else None
     return float(exp) if _number(exp) else None

@@ -21,7 +21,7 @@ bounded sizes and timeouts, by whichever thread verifies (callers on an event lo
 loop). A token whose ``kid`` is unknown makes the key set fetched again, at most once per
 ``refetch_interval``. A JWKS file that is deleted or no longer parses leaves no keys (fail
 closed); keys fetched over HTTP survive failed refreshes (an issuer outage) for at most
-``KEYS_MAX_STALE_SECONDS`` (an hour) after the last good fetch, then stop verifying. Either
+``JWKS_MAX_STALE_SECONDS`` (an hour, as for a ``jwks-url``) after the last good fetch, then stop verifying. Either
 failure is logged once, until a fetch succeeds again.
 
 Results are cached (raftgate/trust_cache.py) by the token's sha256, bounded, never past ``exp``,
@@ -50,10 +50,19 @@ from urllib.parse import urlsplit
 
 import jwt as pyjwt
 
-from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
-from raftgate.jwt_keys import MAX_TOKEN_BYTES
-from raftgate.token_verifier import Verified
+from raftgate.file_watch import FileWatch, missing
+from raftgate.jwt_keys import (
+    JWKS_MAX_STALE_SECONDS,
+    JWKS_TIMEOUT_SECONDS,
+    MAX_TOKEN_BYTES,
+    KeyLoadError,
+    VerifyKey,
+    fetch,
+    jwks_keys,
+    unverified_header,
+)
+from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger(__name__)
@@ -62,21 +71,14 @@ log = logging.getLogger(__name__)
 NBF_LEEWAY_SECONDS = 30
 #: A discovery document, a JWKS, a user map: bigger is refused.
 MAX_DOCUMENT_BYTES = 256 * 1024
-MAX_KEYS = 64
 MAX_RULES = 1024
-FETCH_TIMEOUT_SECONDS = 5.0
 #: Keys fetched over HTTP are fetched again after this long (a rotation needs no unknown kid).
 KEYS_MAX_AGE_SECONDS = 300.0
-#: Keys fetched over HTTP and not refreshed successfully for this long stop verifying.
-KEYS_MAX_STALE_SECONDS = 3600.0
 #: An unknown ``kid`` fetches the keys again at most this often (a flood of made-up kids costs one).
 REFETCH_INTERVAL_SECONDS = 30.0
 CACHE_SIZE = 4096
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 
-#: Asymmetric algorithms only: an HMAC "key" from a JWKS is a public value, never a secret.
-ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
-_SYMMETRIC_KTY = frozenset({"oct"})
 
 
 class WorkloadRefused(Exception):
@@ -93,11 +95,6 @@ class WorkloadIdentity:
     subject: str
     #: the token's ``exp`` (unix seconds)
     expires_at: float
-
-
-def fingerprint(token: str) -> str:
-    """A short hash naming a token in logs (the token itself never is)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 # --- claim mapping ------------------------------------------------------------------------------
@@ -162,15 +159,6 @@ class UserMap:
         return None
 
 
-def _signature(path: str) -> tuple[int, int, int, int] | None:
-    """What changes when a file is replaced (a ConfigMap volume swaps a symlink) or rewritten."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 class UserMapFile:
     """A user map file, re-read when it changes (looked at no more than once per ``poll_interval``).
 
@@ -181,29 +169,31 @@ class UserMapFile:
 
     def __init__(self, path: str, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self.poll_interval = poll_interval
-        self._clock = clock
-        self._signature = _signature(path)
+        self._file = FileWatch([path], poll_interval=poll_interval, clock=clock)
         self.current = UserMap.from_file(path)
         #: why the file in place cannot be used (None: it can)
         self.error: str | None = None
         self.generation = 0
-        self._checked_at = clock()
         self._lock = threading.Lock()
+
+    @property
+    def poll_interval(self) -> float:
+        return self._file.poll_interval
+
+    @poll_interval.setter
+    def poll_interval(self, seconds: float) -> None:
+        self._file.poll_interval = seconds
 
     def poll(self) -> bool:
         """True when the rules in force changed (an unusable file: to none)."""
         with self._lock:
-            now = self._clock()
-            if now - self._checked_at < self.poll_interval:
+            signature = self._file.look()
+            if signature is None:
                 return False
-            self._checked_at = now
-            signature = _signature(self.path)
-            if signature is not None and signature == self._signature:
-                return False
-            self._signature = signature
+            # taken whether it parses or not: a broken map maps nobody until the file changes again
+            self._file.took(signature)
             try:
-                if signature is None:
+                if missing(signature):
                     raise WorkloadConfigError(f"user map {self.path!r} is missing")
                 rules = UserMap.from_file(self.path)
             except WorkloadConfigError as e:
@@ -234,27 +224,17 @@ def _read_bounded(path: str) -> bytes:
         raise WorkloadConfigError(str(e)) from None
 
 
-def parse_jwks(data: bytes, where: str) -> dict[str | None, pyjwt.PyJWK]:
-    """kid -> key, asymmetric keys for signing only; raises WorkloadConfigError when none is usable."""
+def parse_jwks(data: bytes, where: str) -> dict[str | None, VerifyKey]:
+    """kid -> key (the first of a kid; None: keys without one), asymmetric keys for signing only,
+    the first ``MAX_JWKS_KEYS`` looked at (raftgate/jwt_keys.py parses); raises WorkloadConfigError when
+    none is usable."""
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise WorkloadConfigError(f"{where}: not JSON ({e})") from None
-    raw = doc.get("keys") if isinstance(doc, dict) else None
-    if not isinstance(raw, list):
-        raise WorkloadConfigError(f'{where}: not a JWKS (no "keys" list)')
-    usable = [k for k in raw[:MAX_KEYS] if isinstance(k, dict) and k.get("kty") not in _SYMMETRIC_KTY
-              and k.get("use", "sig") == "sig"]
-    try:
-        keyset = pyjwt.PyJWKSet.from_dict({"keys": usable})
-    except (pyjwt.PyJWTError, ValueError, TypeError, KeyError) as e:
+        found, _ = jwks_keys(data, where, name_unnamed=False, truncate=True)
+    except KeyLoadError as e:
         raise WorkloadConfigError(f"{where}: no usable signing key ({e})") from None
-    keys: dict[str | None, pyjwt.PyJWK] = {}
-    for key in keyset.keys:
-        if key.algorithm_name in ALGORITHMS:
-            keys.setdefault(key.key_id, key)
-    if not keys:
-        raise WorkloadConfigError(f"{where}: no usable signing key (asymmetric keys only)")
+    keys: dict[str | None, VerifyKey] = {}
+    for kid, key in found:
+        keys.setdefault(kid, key)
     return keys
 
 
@@ -286,18 +266,18 @@ class Fetcher:
     trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
     shuts the connection at the deadline."""
 
-    def __init__(self, ca_file: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> None:
+    def __init__(self, ca_file: str | None = None, timeout: float = JWKS_TIMEOUT_SECONDS) -> None:
         self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
         self.timeout = timeout
 
     def get(self, url: str) -> bytes:
+        """The document (raftgate/jwt_keys.py fetches, as for a ``jwks-url``); raises OSError. Any
+        status but 200 is refused, a redirect too: keys come from the URL named, nowhere else."""
         check_url(url, "URL")
-        status, data = bounded_get.get(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
-        if status != 200:  # a redirect too: keys come from the URL named, nowhere else
-            raise OSError(f"GET {url}: HTTP {status}")
-        if len(data) > MAX_DOCUMENT_BYTES:
-            raise OSError(f"GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes")
-        return data
+        try:
+            return fetch(url, self._context, timeout=self.timeout, max_bytes=MAX_DOCUMENT_BYTES)
+        except KeyLoadError as e:
+            raise OSError(str(e)) from None
 
 
 class FileSource:
@@ -326,7 +306,7 @@ class DiscoverySource:
 
     max_age = KEYS_MAX_AGE_SECONDS
     refetch_interval = REFETCH_INTERVAL_SECONDS
-    max_stale = KEYS_MAX_STALE_SECONDS
+    max_stale = JWKS_MAX_STALE_SECONDS
 
     def __init__(self, issuer: str, fetcher: Fetcher) -> None:
         check_url(issuer, "--oidc-issuer")
@@ -379,11 +359,11 @@ class KeySet:
         self.max_age = source.max_age if max_age is None else max_age
         self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
         if max_stale is None:  # a source that names no bound gets the HTTP one
-            max_stale = getattr(source, "max_stale", KEYS_MAX_STALE_SECONDS)
+            max_stale = getattr(source, "max_stale", JWKS_MAX_STALE_SECONDS)
         self.max_stale = max_stale
         self._clock = clock
         self._lock = threading.Condition()
-        self._keys: dict[str | None, pyjwt.PyJWK] = {}
+        self._keys: dict[str | None, VerifyKey] = {}
         self._digest: bytes | None = None  # of the document the keys came from
         self._generation = 0
         self._fetched_at: float | None = None  # last successful fetch
@@ -427,7 +407,7 @@ class KeySet:
         """Fetches now if the keys are due (and no fetch is under way); may block on I/O."""
         self._refresh(self._stale, wait=False)
 
-    def key_for(self, kid: str | None) -> pyjwt.PyJWK | None:
+    def key_for(self, kid: str | None) -> VerifyKey | None:
         def may_refetch(now: float) -> bool:
             return self._tried_at is None or now - self._tried_at >= self.refetch_interval
 
@@ -441,7 +421,7 @@ class KeySet:
                 key = self._find(kid)
         return key
 
-    def _find(self, kid: str | None) -> pyjwt.PyJWK | None:
+    def _find(self, kid: str | None) -> VerifyKey | None:
         self._drop_if_stale(self._clock())
         if kid is None:
             return next(iter(self._keys.values())) if len(self._keys) == 1 else None
@@ -460,7 +440,7 @@ class KeySet:
             self._fetching = True
             self._tried_at = self._clock()
             self.fetches += 1
-        keys: dict[str | None, pyjwt.PyJWK] | None = None
+        keys: dict[str | None, VerifyKey] | None = None
         digest: bytes | None = None
         error: str | None = None
         try:
@@ -522,13 +502,8 @@ class WorkloadVerifier:
     def is_workload_token(self, token: str) -> bool:
         """Whether ``token`` claims to come from this issuer (unverified: it only routes the
         token here, where it must then pass every check or be refused)."""
-        if len(token) > MAX_TOKEN_BYTES or token.count(".") != 2:
-            return False
-        try:
-            claims = pyjwt.decode(token, options={"verify_signature": False})
-        except (pyjwt.PyJWTError, ValueError, TypeError):
-            return False
-        return isinstance(claims, dict) and claims.get("iss") == self.issuer
+        claims = unverified_claims(token)
+        return claims is not None and claims.get("iss") == self.issuer
 
     def _rules(self) -> UserMap:
         """The current rules (a map file is looked at again if due); an unusable map refuses."""
@@ -571,17 +546,16 @@ class WorkloadVerifier:
     def _verify(self, token: str) -> WorkloadIdentity:
         if len(token) > MAX_TOKEN_BYTES:
             raise WorkloadRefused("token too large")
-        try:
-            header = pyjwt.get_unverified_header(token)
-        except pyjwt.PyJWTError:
-            raise WorkloadRefused("malformed token") from None
+        header = unverified_header(token)
+        if header is None:
+            raise WorkloadRefused("malformed token")
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise WorkloadRefused("malformed kid")
         key = self.keys.key_for(kid)
         if key is None:
             raise WorkloadRefused("unknown key id" if kid is not None else "no kid and not exactly one key")
-        algorithm = key.algorithm_name  # pinned to the key, never taken from the header
+        algorithm = key.alg  # pinned to the key, never taken from the header
         if header.get("alg") != algorithm:
             raise WorkloadRefused(f"algorithm {str(header.get('alg'))[:16]!r} is not the key's ({algorithm})")
         try:

@@ -6,7 +6,6 @@ of the chosen key is used, and a leading ``Bearer `` is stripped (etcd >= 3.6.13
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,8 +31,3 @@ def extract_token(metadata: Iterable[Any] | None) -> str | None:
     if token is None:
         return None
     return token.removeprefix(BEARER_PREFIX)
-
-
-def fingerprint(token: str) -> str:
-    """The only form in which a token may be logged (etcd's redactToken: sha256, 12 hex chars)."""
-    return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()[:12]

@@ -5,24 +5,21 @@ The keys (``raftgate/jwt_keys.py``) are re-read when their files change, several
 each is pinned to its algorithm (no ``none``, no algorithm confusion). Verification validates
 ``exp``/``nbf`` when present (an externally minted token without ``exp`` never expires, as in
 etcd), and requires ``username`` to be a string and ``revision`` a JSON number that fits a uint64.
-Successful verifications are cached (raftgate/trust_cache.py) until they expire or the key set
-they were verified under changes (a key rotated out, its retirement over, fetched keys too stale),
-so steady traffic costs a hash and a dict lookup instead of a signature check, and no cached
-token outlives its key.
+Signing, the claim checks and the cache of verified tokens are the store's own
+(raftgate/token_verifier.py ``JwtKeys``): one set of rules for both programs. Successful
+verifications are cached (raftgate/trust_cache.py) until they expire or the key set they were
+verified under changes (a key rotated out, its retirement over, fetched keys too stale), so steady
+traffic costs a hash and a dict lookup instead of a signature check, and no cached token outlives
+its key.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from proxy import metrics
-from proxy.tokens.extract import fingerprint
 from raftgate import jwt_keys
 from raftgate.auth_token import (
     DEFAULT_TTL_NS,
@@ -35,11 +32,9 @@ from raftgate.auth_token import (
 )
 from raftgate.errors import Err, EtcdError
 from raftgate.jwt_keys import SUPPORTED_ALGORITHMS, JwksFollower, KeyLoadError, KeyRing
-from raftgate.trust_cache import TrustCache
+from raftgate.token_verifier import JwtKeys, Verified, fingerprint
 
 log = logging.getLogger(__name__)
-
-CACHE_SIZE = 4096
 
 _ETCD_TEXT = {
     KeyLoadError.INVALID: ERR_INVALID_AUTH_OPTS,
@@ -53,13 +48,6 @@ def _option_error(e: KeyLoadError) -> AuthOptionError:
     carries no detail, as in etcd)."""
     text = _ETCD_TEXT[e.reason]
     return AuthOptionError(text) if e.reason == KeyLoadError.MISMATCH else AuthOptionError(text, str(e))
-
-
-@dataclass(frozen=True)
-class JwtIdentity:
-    username: str
-    revision: int
-    expires_at: float | None
 
 
 def _key_reloaded(source: str, result: str) -> None:
@@ -88,7 +76,6 @@ class JwtProvider:
             raise AuthOptionError(ERR_INVALID_AUTH_OPTS, "ttl must be positive")
         self.algorithm = sign_method
         self.ttl_seconds = ttl_ns / 1e9
-        self._clock = clock
         if keys is None:
             try:
                 material = jwt_keys.material_from_bytes(sign_method, private_key, public_key)
@@ -98,8 +85,8 @@ class JwtProvider:
         self.keys = keys
         self.follower = follower
         self.verify_only = keys.signing is None
-        #: token -> identity, under the key set's generation, until the token's exp
-        self._cache: TrustCache[JwtIdentity] = TrustCache(CACHE_SIZE, clock=clock)
+        #: signs, checks etcd's claims and caches verified tokens, as the store does
+        self._tokens = JwtKeys(keys, ttl_seconds=self.ttl_seconds, clock=clock)
 
     @classmethod
     def from_options(cls, options: JwtOptions, *, clock: Callable[[], float] = time.time) -> JwtProvider:
@@ -126,13 +113,11 @@ class JwtProvider:
         """A token with etcd's claims (``exp`` is now + ttl in whole seconds), and a ``kid`` header."""
         if self.verify_only:
             raise EtcdError(Err.VERIFY_ONLY)
-        exp = int(self._clock() + self.ttl_seconds)
-        payload = json.dumps({"exp": exp, "revision": revision, "username": username}, separators=(",", ":"))
-        return self.keys.sign(payload.encode())
+        return self._tokens.sign(username, revision)
 
     def unknown_kid(self, token: str) -> str | None:
         """With a JWKS URL: the token's ``kid`` if no key has it yet (worth a fetch), else None."""
-        if self.follower is None or self._cache.get(token, self.keys.generation()) is not None:
+        if self.follower is None or self._tokens.cached(token) is not None:
             return None
         kid = KeyRing.kid_of(token)
         return kid if kid is not None and not self.keys.knows(kid) else None
@@ -146,62 +131,16 @@ class JwtProvider:
         """The public keys as a JWKS (``/.well-known/jwks.json``); None for HMAC."""
         return self.keys.jwks_document()
 
-    def verify(self, token: str) -> JwtIdentity | None:
+    def verify(self, token: str) -> Verified | None:
         """The identity in a valid token, or None (bad signature, wrong alg, expired, bad claims).
 
         A cached token is answered until its ``exp`` and only while the key set is the one it was
         verified under: once its key has left the ring (rotated out, then its retirement over), the
         token is checked again and refused, whatever its ``exp``."""
-        basis = self.keys.generation()  # read before verifying: a change meanwhile voids the entry
-        hit = self._cache.get(token, basis)
-        if hit is not None:
-            metrics.token_validation("jwt", "cache_hit")
-            return hit
-        found, result = self._verify_with_result(token)
+        found, result = self._tokens.check(token)
         metrics.token_validation("jwt", result)
-        if found is not None:
-            self._cache.put(token, found, basis=basis, until=found.expires_at)
-        return found
-
-    def _verify_with_result(self, token: str) -> tuple[JwtIdentity | None, metrics.TokenResult]:
-        """The identity, and the result label a validation counts as (``expired`` vs ``invalid``)."""
-        payload = self.keys.verify(token)
-        if payload is None:
+        if result == "invalid":
             log.info("invalid JWT %s", fingerprint(token))
-            return None, "invalid"
-        try:
-            claims = json.loads(payload)
-        except (ValueError, TypeError):
-            return None, "invalid"
-        if not isinstance(claims, dict):
-            return None, "invalid"
-        identity = self._check_claims(claims, token)
-        if identity is not None:
-            return identity, "valid"
-        exp = claims.get("exp")
-        expired = _is_number(exp) and not self._clock() < exp
-        return None, "expired" if expired else "invalid"
-
-    def _check_claims(self, claims: dict[str, Any], token: str) -> JwtIdentity | None:
-        now = self._clock()
-        exp = claims.get("exp")
-        if exp is not None and (not _is_number(exp) or not now < exp):
-            log.info("JWT %s expired or has a bad exp", fingerprint(token))
-            return None
-        nbf = claims.get("nbf")
-        if nbf is not None and (not _is_number(nbf) or now < nbf):
-            return None
-        username = claims.get("username")
-        revision = claims.get("revision")
-        if not isinstance(username, str) or not _is_number(revision) or revision < 0:
-            log.info("JWT %s lacks a string username or numeric revision", fingerprint(token))
-            return None
-        if isinstance(revision, float) and not revision.is_integer():
-            return None
-        if revision >= 2**64:  # no auth revision is that large, and the stamped header holds a uint64
-            return None
-        return JwtIdentity(username, int(revision), float(exp) if exp is not None else None)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        elif result == "expired":
+            log.info("JWT %s expired", fingerprint(token))
+        return found

@@ -21,10 +21,10 @@ from proxy.audit import AUTH_METHODS, MAX_RECORD_BYTES, MAX_TXN_OPS, AuditLog
 from proxy.config import ConfigError, load
 from proxy.gateway import Abort, GatewayContext
 from proxy.local import check_children, parse
-from proxy.tokens.extract import fingerprint
 from proxy.watch import _State, track
 from raftgate.errors import Err
 from raftgate.methods import METHODS
+from raftgate.token_verifier import fingerprint
 from tests.support.processes import wait_for
 
 BY_NAME = {m.name: m for m in METHODS}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.tokens.extract import extract_token, fingerprint
+from proxy.tokens.extract import extract_token
+from raftgate.token_verifier import fingerprint
 
 
 def test_token_key_first_value() -> None:
