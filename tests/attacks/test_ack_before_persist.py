@@ -21,7 +21,7 @@ from typing import Any
 
 from authstore.node.driver import RaftNode
 from authstore.raft import Config, Entry, HardState, Message, MessageType, RawNode, StateType
-from tests.raft.helpers import storage_with
+from tests.support.raft_helpers import storage_with
 
 M = MessageType
 PROMISES = frozenset({M.MsgAppResp, M.MsgVoteResp})

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.faults.cluster import Client, program_cluster
+from tests.support.cluster import Client, program_cluster
 from tests.support.processes import wait_for
 
 #: kill -9 rounds (each restarts the node: seconds); more with RAFTGATE_KILL_ROUNDS=N

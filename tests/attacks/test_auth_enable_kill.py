@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.cluster import Client, program_cluster, retry_ok
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow

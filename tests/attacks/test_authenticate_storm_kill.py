@@ -16,7 +16,7 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
-from tests.faults.cluster import (
+from tests.support.cluster import (
     ETCD_FAILOVER_ERRORS,
     Client,
     assert_only_etcd_errors,

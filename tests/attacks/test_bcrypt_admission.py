@@ -29,8 +29,8 @@ from proxy import config as proxy_config
 from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
+from tests.support.fake_store import SECRET, FakeStore, fake_store_server, login, md
 from tests.support.processes import wait_for
-from tests.unit.test_proxy_pipeline import SECRET, FakeStore, fake_store_server, login, md
 
 FLOOD = 24
 

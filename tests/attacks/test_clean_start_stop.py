@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import local_cluster
+from tests.support.cluster import local_cluster
 from tests.support.processes import REPO_ROOT, RaftgateLocal, wait_for
 
 EXIT_LINE = re.compile(r"^raftgate local: (.+) exited with code (-?\d+)$", re.M)

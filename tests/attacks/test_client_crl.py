@@ -397,7 +397,7 @@ def test_etcdctl_sees_a_revoked_certificate_refused_as_etcd_refuses_it(tmp_path:
     """Side by side with etcd 3.5.1 and the same files: the certificate works, the CRL listing it
     is written, etcdctl's next command with it fails (etcd: at the handshake; raftgate: the call,
     UNAVAILABLE), and another certificate of the CA goes on working."""
-    from tests.conformance.test_client_cert_auth import TLSEtcd, TLSRaftgate
+    from tests.support.tls_servers import TLSEtcd, TLSRaftgate
 
     skip_unless_available(backend)
     pki = write_test_pki(tmp_path / "pki", ["root", "alice"])

@@ -58,7 +58,7 @@ def test_two_members_with_the_same_peer_urls_are_refused(secret: Path, tmp_path:
     with pytest.raises(ConfigError, match=r"^--initial-cluster: member exists with identical ID"):
         _parse(secret, "--name", "a", "--initial-advertise-peer-urls", PEER,
                "--initial-cluster", f"a={PEER},b={PEER}")
-    from tests.attacks.test_snapshot_file_attacks import make_snapshot, raftgate
+    from tests.support.snapshots import make_snapshot, raftgate
 
     snap = make_snapshot(tmp_path / "snap", keys=1)
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(tmp_path / "target"), "--name", "a",

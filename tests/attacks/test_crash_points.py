@@ -25,7 +25,7 @@ import pytest
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Cluster, Node, Program, Recorder, Workload, program_cluster, verify_after_faults
+from tests.support.cluster import Cluster, Node, Program, Recorder, Workload, program_cluster, verify_after_faults
 from tests.support.processes import wait_for
 
 #: the log is compacted within seconds of load; a restarted node catches up by snapshot

@@ -26,7 +26,7 @@ from authstore.state.auth.authorize import request_kind
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
-from tests.faults.cluster import Cluster, program_cluster
+from tests.support.cluster import Cluster, program_cluster
 from tests.support.processes import REPO_ROOT
 
 PASSWORD = "initial-Root-pa55word"

@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from raftgate.secret_proof import proving_channel
-from tests.attacks.test_ports import _store_args
 from tests.support.processes import SECRET, Program, free_port
+from tests.support.store_args import _store_args
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from proxy.server import ProxyServer
 from raftgate.errors import Err
-from tests.unit.test_proxy_pipeline import FakeStore, _ec_key_files, md, run
+from tests.support.fake_store import FakeStore, _ec_key_files, md, run
 
 
 @pytest.mark.parametrize("revision", [2**64, 2**64 + 7, 10**30])

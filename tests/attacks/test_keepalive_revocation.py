@@ -18,7 +18,7 @@ import pytest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
-from tests.attacks.test_token_revocation import ROOT_PW, _as_root, _token, cluster  # noqa: F401 - fixture
+from tests.support.revocation import ROOT_PW, _as_root, _token, cluster  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import Cluster, Recorder, Workload, program_cluster, verify_after_faults
+from tests.support.cluster import Cluster, Recorder, Workload, program_cluster, verify_after_faults
 from tests.support.processes import wait_for
 
 #: two rounds of each of the three patterns; more with RAFTGATE_KILL_ROUNDS=N

@@ -16,7 +16,7 @@ import pytest
 
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.cluster import Client, program_cluster, retry_ok
 
 QUOTA_FLAGS = ["--quota-backend-bytes", str(1 << 20)]
 NOSPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")

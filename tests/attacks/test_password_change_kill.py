@@ -18,7 +18,7 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
-from tests.faults.cluster import Client, program_cluster, retry_ok, setup_auth
+from tests.support.cluster import Client, program_cluster, retry_ok, setup_auth
 
 pytestmark = pytest.mark.slow
 ROUNDS = 5

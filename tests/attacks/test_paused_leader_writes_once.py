@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, describe, prefix_end, program_cluster, retry_ok
+from tests.support.cluster import Client, describe, prefix_end, program_cluster, retry_ok
 
 pytestmark = pytest.mark.slow
 

@@ -22,15 +22,7 @@ import pytest
 
 from proxy import local
 from tests.support.processes import REPO_ROOT, SECRET, Program, free_port
-
-
-def _store_args(tmp_path: Path, *, internal: int, peer: int, extra: tuple[str, ...] = ()) -> list[str]:
-    secret = tmp_path / "secret"
-    secret.write_text(SECRET)
-    return ["store", "--name", "s1", "--data-dir", str(tmp_path / "data"),
-            "--listen-internal-urls", f"http://127.0.0.1:{internal}", "--internal-secret-file", str(secret),
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{peer}", "--peer-secret-file", str(secret), *extra]
+from tests.support.store_args import _store_args
 
 
 def _program(tmp_path: Path, which: str, port: int) -> Program:

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.attacks.test_ports import _store_args
 from tests.support.processes import Program, free_port
+from tests.support.store_args import _store_args
 
 #: concurrent callers, each sending one message just under the store's 64 MiB limit
 CALLERS = 8

@@ -19,8 +19,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from tests.attacks.test_ports import _store_args
 from tests.support.processes import Program, free_port
+from tests.support.store_args import _store_args
 
 pytestmark = pytest.mark.slow
 

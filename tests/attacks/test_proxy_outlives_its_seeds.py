@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import Client, Node, program_cluster, retry_ok, store_argv
+from tests.support.cluster import Client, Node, program_cluster, retry_ok, store_argv
 from tests.support.processes import etcdctl, free_port, wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.attacks.test_snapshot_file_attacks import make_snapshot, raftgate
-from tests.faults.cluster import Client, Node, program_cluster, retry_ok, store_argv, wait_for
+from tests.support.cluster import Client, Node, program_cluster, retry_ok, store_argv, wait_for
 from tests.support.processes import Program, free_port
+from tests.support.snapshots import make_snapshot, raftgate
 
 pytestmark = pytest.mark.slow
 

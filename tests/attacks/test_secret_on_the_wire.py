@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from raftgate.secret_proof import is_stale
-from tests.faults.cluster import store_argv
+from tests.support.cluster import store_argv
 from tests.support.processes import SECRET, Program, etcdctl, free_port, proxy_program, store_program, wait_for
 
 SIDECAR_SECRET = "sidecar-s3cret-for-tests-0123456789"

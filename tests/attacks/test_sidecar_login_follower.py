@@ -27,7 +27,7 @@ from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err
 from raftgate.secret_proof import proving_channel
-from tests.faults.cluster import Cluster, Node, program_cluster
+from tests.support.cluster import Cluster, Node, program_cluster
 from tests.support.processes import Program, free_port, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow

@@ -17,51 +17,9 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from raftgate.errors import Err
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.revocation import ROOT_PW, _as_root, _token, cluster  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow
-ROOT_PW = "root-pw"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """One store node and two proxies (simple tokens); yields the proxies' host:port."""
-    workdir = tmp_path_factory.mktemp("revocation")
-    store, internal = store_program(workdir)
-    started: list[Program] = [store]
-    store.start()
-    try:
-        targets = []
-        for name in ("p1", "p2"):
-            port = free_port()
-            proxy = proxy_program(workdir, internal, f"http://127.0.0.1:{port}", "--auth-token-ttl", "300",
-                                  name=name)
-            proxy.start()
-            started.append(proxy)
-            targets.append(f"127.0.0.1:{port}")
-        wait_serving("http://" + targets[0])
-        with grpc.insecure_channel(targets[0]) as ch:
-            auth = rpc_pb2_grpc.AuthStub(ch)
-            auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password=ROOT_PW), timeout=30)
-            auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"), timeout=30)
-            auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=30)
-        yield targets
-    finally:
-        for program in reversed(started):
-            program.stop()
-
-
-def _token(target: str, name: str, password: str) -> str:
-    with grpc.insecure_channel(target) as ch:
-        resp = rpc_pb2_grpc.AuthStub(ch).Authenticate(rpc_pb2.AuthenticateRequest(name=name, password=password),
-                                                      timeout=30)
-    return resp.token
-
-
-def _as_root(target: str, method: str, request: object) -> None:
-    token = _token(target, "root", ROOT_PW)
-    with grpc.insecure_channel(target) as ch:
-        getattr(rpc_pb2_grpc.AuthStub(ch), method)(request, metadata=(("token", token),), timeout=30)
 
 
 def _lease_grant(target: str, token: str) -> None:
@@ -94,21 +52,21 @@ def _user_with_token(targets: list[str], name: str, *, root: bool) -> str:
     return token
 
 
-def test_deleted_users_token_fails_at_once_on_every_proxy(cluster: list[str]) -> None:
+def test_deleted_users_token_fails_at_once_on_every_proxy(cluster: list[str]) -> None:  # noqa: F811
     token = _user_with_token(cluster, "alice", root=False)
     _as_root(cluster[1], "UserDelete", rpc_pb2.AuthUserDeleteRequest(name="alice"))
     for target in cluster:
         _refused_as_invalid_token(_lease_grant, target, token)
 
 
-def test_deleted_admins_token_fails_at_once_on_every_proxy(cluster: list[str]) -> None:
+def test_deleted_admins_token_fails_at_once_on_every_proxy(cluster: list[str]) -> None:  # noqa: F811
     token = _user_with_token(cluster, "carol", root=True)
     _as_root(cluster[1], "UserDelete", rpc_pb2.AuthUserDeleteRequest(name="carol"))
     for target in cluster:
         _refused_as_invalid_token(_user_list, target, token)
 
 
-def test_changed_password_revokes_an_admins_token_at_once(cluster: list[str]) -> None:
+def test_changed_password_revokes_an_admins_token_at_once(cluster: list[str]) -> None:  # noqa: F811
     token = _user_with_token(cluster, "bob", root=True)
     _as_root(cluster[0], "UserChangePassword", rpc_pb2.AuthUserChangePasswordRequest(name="bob", password="new"))
     for target in cluster:
@@ -116,7 +74,7 @@ def test_changed_password_revokes_an_admins_token_at_once(cluster: list[str]) ->
         _refused_as_invalid_token(_lease_grant, target, token)
 
 
-def test_a_revoked_token_creates_no_watch_on_a_stream_opened_before(cluster: list[str]) -> None:
+def test_a_revoked_token_creates_no_watch_on_a_stream_opened_before(cluster: list[str]) -> None:  # noqa: F811
     """A watch create on a stream opened earlier is judged by the token's validity now."""
     token = _user_with_token(cluster, "dave", root=True)
     channels = [grpc.insecure_channel(target) for target in cluster]
@@ -145,7 +103,7 @@ def test_a_revoked_token_creates_no_watch_on_a_stream_opened_before(cluster: lis
             ch.close()
 
 
-def test_an_unrelated_auth_change_costs_a_valid_token_nothing(cluster: list[str]) -> None:
+def test_an_unrelated_auth_change_costs_a_valid_token_nothing(cluster: list[str]) -> None:  # noqa: F811
     """The other side of the coin: after an auth change, a still-valid cached token is resolved
     again transparently, for every kind of request (a snapshot stream included)."""
     token = _token(cluster[0], "root", ROOT_PW)

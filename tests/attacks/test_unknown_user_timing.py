@@ -25,8 +25,8 @@ from proxy import passwords
 from proxy.server import ProxyServer
 from raftgate.errors import Err
 from raftgate.secret_proof import proving_channel
+from tests.support.fake_store import FakeStore, login, run
 from tests.support.processes import SECRET, free_port, proxy_program, store_program, wait_serving
-from tests.unit.test_proxy_pipeline import FakeStore, login, run
 
 
 def _cost(hashed: bytes) -> int:

@@ -25,7 +25,7 @@ from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.processes import RaftgateLocal
-from tests.watch.wclient import WatchStream, login, md
+from tests.support.wclient import WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

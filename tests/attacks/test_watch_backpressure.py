@@ -14,7 +14,7 @@ import pytest
 from authstore.api.watch.hub import Stream
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from tests.attacks.test_watch_scale import World
+from tests.support.watch_world import World
 
 LIMIT = 3000
 

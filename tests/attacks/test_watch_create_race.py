@@ -16,9 +16,9 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from tests.attacks.test_watch_token_death import ROOT_PW, _end, put, reader, run, simple  # noqa: F401 - fixture
 from tests.support.processes import RaftgateLocal
-from tests.watch.wclient import INVALID_TOKEN, WatchStream, login, md
+from tests.support.watch_auth import ROOT_PW, _end, put, reader, run, simple  # noqa: F401 - fixture
+from tests.support.wclient import INVALID_TOKEN, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 CREATES = 60

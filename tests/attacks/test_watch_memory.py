@@ -19,28 +19,16 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from tests.support.memory import memory_kib, value
 from tests.support.processes import free_port, proxy_program, store_program, wait_serving
 
 pytestmark = pytest.mark.slow
 
 PUTS = 600
-VALUE = 100 * 1024
 #: Growth allowed over the idle baseline: the stream's byte bound and gRPC's flow-control windows,
 #: with room to spare; unbounded buffering grows by the ~120 MiB the puts carry.
 PROXY_MARGIN_MIB = 40
 STORE_MARGIN_MIB = 40
-
-
-def memory_kib(pid: int, field: str) -> int:
-    """A /proc/<pid>/status field in KiB (VmRSS; RssAnon leaves out LMDB's file-backed map)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"{field} not in /proc/{pid}/status")
-
-
-def value(i: int) -> bytes:
-    return b"%08d" % i + b"x" * (VALUE - 8)
 
 
 def test_a_watcher_that_never_reads_grows_nothing_and_misses_nothing(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from tests.attacks.test_watch_memory import memory_kib
+from tests.support.memory import memory_kib
 from tests.support.processes import free_port, proxy_program, store_program, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow

@@ -27,9 +27,9 @@ from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
 from raftgate.secret_proof import INTERNAL, Prover
-from tests.faults.cluster import program_cluster
+from tests.support.cluster import program_cluster
 from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
-from tests.watch.wclient import WatchStream
+from tests.support.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
 

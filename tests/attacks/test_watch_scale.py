@@ -9,7 +9,6 @@ on the stream goes on.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,58 +17,12 @@ from typing import Any
 import pytest
 
 from authstore.api.watch import hub as hubmod
-from authstore.api.watch.hub import Stream, Watcher, WatchHub
-from authstore.raft.types import Entry
-from authstore.state.apply import Applier
-from authstore.state.backend import Backend
-from protos.etcdserverpb import raft_internal_pb2 as ipb
+from authstore.api.watch.hub import Stream, Watcher
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.storepb import store_pb2 as spb
+from tests.support.watch_world import World
 
 PER_STREAM = "rpc error: code = ResourceExhausted desc = etcdserver: too many watches on this stream"
 PER_USER = "rpc error: code = ResourceExhausted desc = etcdserver: too many watches for this user"
-
-
-class _Node:
-    is_leader = True
-
-    async def between_batches(self, fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
-
-class World:
-    def __init__(self, path: Path, **hub_kw: Any) -> None:
-        self.applier = Applier(Backend(path), member_id=1)
-        self.hub = WatchHub(self.applier, _Node(), progress_interval=0, **hub_kw)
-        self.applier.subscribe_entries(self.hub.tap)
-        self.index = itertools.count(1)
-
-    def put(self, *keys: bytes, value: bytes = b"v") -> None:
-        self.apply(*(ipb.InternalRaftRequest(put=pb.PutRequest(key=key, value=value)) for key in keys))
-
-    def apply(self, *reqs: ipb.InternalRaftRequest) -> None:
-        """One batch, then the event loop's drain."""
-        entries = []
-        for req in reqs:
-            req.ID = next(self.index)
-            entries.append(Entry(term=1, index=req.ID, data=req.SerializeToString()))
-        self.applier.apply_batch(entries)
-        self.hub.applied()
-
-    async def create(self, stream: Stream, key: bytes, end: bytes = b"", *, user: str = "",
-                     resume: bool = False, watch_id: int = 0) -> pb.WatchResponse | None:
-        """Creates through the hub's own path; the `created` answer (None for a resume)."""
-        await self.hub._create(stream, spb.WatchStreamRequest(
-            header=ipb.RequestHeader(username=user), current_revision=True, resume=resume,
-            request=pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key, range_end=end,
-                                                                         watch_id=watch_id))))
-        if resume:
-            return None
-        return pb.WatchResponse.FromString(stream.queue.get_nowait())
-
-    def close(self) -> None:
-        self.hub.close()
-        self.applier.env.close()
 
 
 @pytest.fixture

@@ -11,76 +11,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
 
-from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from tests.faults.cluster import local_cluster
+from tests.support.cluster import local_cluster
 from tests.support.processes import RaftgateLocal, etcdctl, pem_rsa_keypair
-from tests.watch.wclient import INVALID_TOKEN, WatchStream, login, md
+from tests.support.watch_auth import ROOT_PW, _end, _setup, put, reader, run, simple  # noqa: F401 - fixture
+from tests.support.wclient import INVALID_TOKEN, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
-
-ROOT_PW = "rootpw"
-PERM = auth_pb2.Permission
-
-
-def _setup(srv: RaftgateLocal) -> None:
-    for args in [("user", "add", f"root:{ROOT_PW}"), ("role", "add", "root"), ("user", "grant-role", "root", "root"),
-                 ("auth", "enable")]:
-        rc, out, err = srv.ctl(*args)
-        assert rc == 0 or "already exists" in err, (args, out, err)
-
-
-@pytest.fixture(scope="module")
-def simple(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftgateLocal]:
-    srv = RaftgateLocal(tmp_path_factory.mktemp("simple"), extra_args=["--nodes", "1"])
-    srv.start()
-    try:
-        _setup(srv)
-        yield srv
-    finally:
-        srv.stop()
-
-
-def run(srv: RaftgateLocal, scenario) -> None:  # type: ignore[no-untyped-def]
-    async def main() -> None:
-        async with grpc.aio.insecure_channel(srv.target) as ch:
-            await scenario(ch)
-
-    asyncio.run(main())
-
-
-async def reader(ch: grpc.aio.Channel, name: str, prefix: bytes) -> None:
-    """Adds user ``name`` (password ``pw``) with READ on ``prefix``*, and a value there (history).
-
-    A fresh root token for each change: a JWT's revision is old after any auth change (etcd)."""
-    auth = pbg.AuthStub(ch)
-
-    async def root() -> tuple[tuple[str, str], ...] | None:
-        return md(await login(ch, "root", ROOT_PW))
-
-    await auth.UserAdd(pb.AuthUserAddRequest(name=name, password="pw"), metadata=await root())
-    await auth.RoleAdd(pb.AuthRoleAddRequest(name=f"r-{name}"), metadata=await root())
-    await auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(
-        name=f"r-{name}", perm=PERM(permType=PERM.READ, key=prefix, range_end=_end(prefix))), metadata=await root())
-    await auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user=name, role=f"r-{name}"), metadata=await root())
-    await put(ch, prefix + b"history", b"secret")
-
-
-def _end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
-async def put(ch: grpc.aio.Channel, key: bytes, value: bytes) -> int:
-    root = await login(ch, "root", ROOT_PW)
-    return (await pbg.KVStub(ch).Put(pb.PutRequest(key=key, value=value), metadata=md(root))).header.revision
 
 
 async def next_cancel(ws: WatchStream, timeout: float = 30.0) -> pb.WatchResponse:
@@ -117,7 +61,7 @@ async def killed_by(ch: grpc.aio.Channel, name: str, kill) -> None:  # type: ign
         ws.close()
 
 
-def test_password_change(simple: RaftgateLocal) -> None:
+def test_password_change(simple: RaftgateLocal) -> None:  # noqa: F811
     async def scenario(ch: grpc.aio.Channel) -> None:
         async def kill() -> None:
             root = await login(ch, "root", ROOT_PW)
@@ -129,7 +73,7 @@ def test_password_change(simple: RaftgateLocal) -> None:
     run(simple, scenario)
 
 
-def test_password_change_without_open_watches(simple: RaftgateLocal) -> None:
+def test_password_change_without_open_watches(simple: RaftgateLocal) -> None:  # noqa: F811
     """The create path on its own: no open watch on the stream whose cancel could give it away."""
     async def scenario(ch: grpc.aio.Channel) -> None:
         prefix = b"pwbare/"
@@ -146,7 +90,7 @@ def test_password_change_without_open_watches(simple: RaftgateLocal) -> None:
     run(simple, scenario)
 
 
-def test_user_delete(simple: RaftgateLocal) -> None:
+def test_user_delete(simple: RaftgateLocal) -> None:  # noqa: F811
     async def scenario(ch: grpc.aio.Channel) -> None:
         async def kill() -> None:
             root = await login(ch, "root", ROOT_PW)
@@ -157,7 +101,7 @@ def test_user_delete(simple: RaftgateLocal) -> None:
     run(simple, scenario)
 
 
-def test_auth_disable_then_enable(simple: RaftgateLocal) -> None:
+def test_auth_disable_then_enable(simple: RaftgateLocal) -> None:  # noqa: F811
     async def scenario(ch: grpc.aio.Channel) -> None:
         async def kill() -> None:
             root = await login(ch, "root", ROOT_PW)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import Cluster, Node, program_cluster, store_argv
+from tests.support.cluster import Cluster, Node, program_cluster, store_argv
 from tests.support.processes import etcdctl, free_port, wait_for
 
 pytestmark = pytest.mark.slow
