@@ -1,6 +1,6 @@
 """What a caller without credentials can make a secret-mode store hold by keeping streams open.
 
-The pre-authentication bound (tests/attacks/test_preauth_bounds.py) is per message; a call that
+The pre-authentication bound (tests/internal/test_preauth_bounds.py) is per message; a call that
 stays open is another way to hold memory. The internal port's ``Health/Watch`` was open to every
 caller and never ends: each stream is a gRPC call and a coroutine in the store (about 18 KB), so
 anyone who can reach the port opens tens of thousands and the store's memory grows without bound
