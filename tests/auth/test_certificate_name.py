@@ -1,7 +1,11 @@
 """The user a client certificate names (``--client-cert-auth``) must be the one etcd takes from the
 same certificate, or a CA whose policy checks one CN and a server that reads another disagree on
 who the caller is. Go's x509 (etcd's AuthInfoFromTLS) takes the subject's *last* CN; grpc-core's
-``x509_common_name`` is the first one."""
+``x509_common_name`` is the first one.
+
+Finding: with several CNs the proxy took the first (grpc-core) where etcd takes the last (failed
+before the fix).
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ urllib's timeout bounds each socket read, not the whole answer: a discovery endp
 trickles its document (a byte just inside the timeout, again and again) would keep the fetching
 thread - and, before the fetch moved out of the key set's lock, every verification - waiting for
 as long as it likes. ``Fetcher.timeout`` must bound the whole GET.
+
+Finding: an issuer trickling a byte at a time held the key fetch past its timeout (failed before the
+fix).
 """
 
 from __future__ import annotations

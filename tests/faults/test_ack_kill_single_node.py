@@ -5,6 +5,9 @@ Since the leader acknowledges its own entries only once the Ready carrying them 
 and answers an entry only after its WAL fsync. In each round several writers put unique keys
 through the proxy; as soon as the round has its first acknowledgements the store is killed, then
 restarted; every Put acknowledged so far, in any round, must be there, with its value.
+
+Finding: an acknowledged Put lost to a kill -9 right after the answer (the single-node case of the
+kill -9 loops, test_kill_loop_three_nodes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """Writes in flight when the leader is paused (SIGSTOP) are applied at most once, whatever the
 proxy answered (etcd's `request timed out…` leaves the outcome to the client: the proxy must
 not send the write again), and after the old leader resumes (SIGCONT) every node holds the same
-key space and reads through the proxy see every acknowledged write."""
+key space and reads through the proxy see every acknowledged write.
+
+Finding: a write applied twice because the proxy sent it again past a paused leader (an attack that
+held when written).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """The proxy keeps serving after every seed (--store-endpoints) has left the cluster: the nodes
 it learned from the member list carry it. Three new voters join and the three seeds are removed
 one by one (their processes stop); writes through the proxy succeed all along and after, and
-the proxy's node list ends with the new members (the removed seeds are still asked, as seeds)."""
+the proxy's node list ends with the new members (the removed seeds are still asked, as seeds).
+
+Finding: a proxy that stops serving once its seed endpoints have left the cluster (an attack that
+held when written).
+"""
 
 from __future__ import annotations
 

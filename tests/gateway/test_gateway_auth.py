@@ -1,6 +1,9 @@
 """The gateway shares the gRPC pipeline's authorization: a sidecar identity is never lent to an
 HTTP client (even on loopback), and a watch stream opened over HTTP keeps no right its token lost
 (a deleted user, a revoked role): no event after the loss, the watch canceled as on gRPC.
+
+Finding: a sidecar identity lent to HTTP clients on loopback, and gateway watches that outlive their
+rights (attacks that held when written).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """kill -9 of the store (the leader: one node) under the gateway: an open watch stream stays open
 and resumes when the store is back (no event lost), a put while it is down gets etcd's error JSON
 (never a dropped connection or a 500), and the proxy stays up throughout.
+
+Finding: a store crash under the gateway dropping connections, answering 500 or losing watch events
+(an attack that held when written).
 """
 
 from __future__ import annotations

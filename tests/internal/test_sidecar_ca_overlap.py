@@ -5,6 +5,9 @@ sidecar CA is one of those (the same file named twice, the same issuer in the ch
 ``sidecarIssuerRef``, or a bundle that holds both CAs), every sidecar certificate verifies with a
 central CA: the store would silently give each application pod root's powers. The store must
 refuse such a configuration.
+
+Finding: a sidecar CA that is also a central CA was accepted, making every sidecar root (failed
+before the fix).
 """
 
 from __future__ import annotations

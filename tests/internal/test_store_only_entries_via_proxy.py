@@ -6,6 +6,9 @@ Through the proxy's client port, with root's token (a caller every check would l
 no method of any service and no store-internal method is served under their names, and their
 bytes sent as the body of the calls the proxy does forward (Put, LeaseKeepAlive, Txn) stay inside
 that call's own request: the lease they name is neither expired nor revoked, no alarm is raised.
+
+Finding: a client making the store apply a store-only entry, which authorize never checks, by name
+or as a forwarded body (an attack that held when written).
 """
 
 from __future__ import annotations

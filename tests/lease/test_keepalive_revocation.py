@@ -5,6 +5,9 @@ etcd checks every keep-alive (``checkLeaseRenew``) with the stream's token. One 
 the token is then revoked through the other proxy (user deleted, password changed) or the user
 loses WRITE on the lease's key (role revoked); the next keep-alive on each open stream ends it
 with etcd's error, never with a renewal.
+
+Finding: a keep-alive stream that outlives its token's revocation (an attack that held when
+written).
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 must not take part in the old cluster's Raft: the old leader keeps sending to the address it knows
 for its member, and the node there now has another ID. etcd refuses such messages (the
 receiver's ID and the cluster ID are checked on every peer request); a node that took them would
-follow the old cluster's leader (its term, a leader that is no member of its own cluster)."""
+follow the old cluster's leader (its term, a leader that is no member of its own cluster).
+
+Finding: a member restored into a new cluster on an old member's address followed the old cluster's
+leader (failed before the fix).
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ a crash, and nothing left behind that looks like a data dir.
 LMDB maps the file and trusts its meta pages: a file cut short (a copy interrupted, a download
 that stopped) names pages past its end, and reading them kills the process with SIGBUS unless
 the tool checks the file's extent first.
+
+Finding: a truncated snapshot file killed `raftgate snapshot status|restore` with SIGBUS (failed
+before the fix).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Paths the system refuses (a name too long, a parent that is a file): a message naming the
-flag and a non-zero exit, not a Python traceback."""
+flag and a non-zero exit, not a Python traceback.
+
+Finding: a path the system refuses ended `raftgate local` and `raftgate proxy` with a traceback
+(failed before the fix).
+"""
 
 from __future__ import annotations
 

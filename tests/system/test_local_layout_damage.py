@@ -1,5 +1,8 @@
 """`raftgate local` with a damaged layout.json (a crash while writing it, a hand edit): a message
-naming the file and a non-zero exit, never a Python traceback, and no node started."""
+naming the file and a non-zero exit, never a Python traceback, and no node started.
+
+Finding: a damaged layout.json ended `raftgate local` with a traceback (failed before the fix).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """`raftgate local` starts several proxies (the client proxy and one member proxy per node): a
 RAFTGATE_PROXY_* variable that sets a listen address would give all of them the same port, so
 every proxy but one fails. local refuses it before starting anything, naming the variable, as it
-does for RAFTGATE_STORE_METRICS_ADDR."""
+does for RAFTGATE_STORE_METRICS_ADDR.
+
+Finding: a RAFTGATE_PROXY_* listen address gave every proxy of `raftgate local` the same port
+(failed before the fix).
+"""
 
 from __future__ import annotations
 

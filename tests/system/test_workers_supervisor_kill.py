@@ -1,7 +1,11 @@
 """``raftgate proxy --workers N``: when the supervisor dies by SIGKILL (the OOM killer, a crash),
 its workers must not live on as orphans that keep the client port (a restarted proxy would then
 fail with "port in use", and the orphans serve with nobody supervising them or serving their
-metrics): each worker stops when its supervisor is gone."""
+metrics): each worker stops when its supervisor is gone.
+
+Finding: workers orphaned by a SIGKILLed supervisor kept serving the client port (failed before the
+fix).
+"""
 
 from __future__ import annotations
 

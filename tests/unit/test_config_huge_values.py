@@ -1,6 +1,10 @@
 """Huge numbers in `raftgate store`'s flags and environment: a config error naming the flag or
 the variable (exit code 2), as etcd refuses them, not a store that starts and never elects, nor
-a traceback from LMDB at start-up."""
+a traceback from LMDB at start-up.
+
+Finding: an election timeout over 50 s or a quota LMDB cannot map started a store that never elects,
+or failed in LMDB (failed before the fix).
+"""
 
 from __future__ import annotations
 

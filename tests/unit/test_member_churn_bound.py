@@ -1,6 +1,10 @@
 """The proxy's store connections stay bounded however the member list it is told moves: nodes
 that left are closed after a while, and never more than MAX_MEMBERS of them wait to be closed
-(a list that changes at every discovery would otherwise open channels faster than they close)."""
+(a list that changes at every discovery would otherwise open channels faster than they close).
+
+Finding: a member list that changes at every discovery opened store channels faster than they closed
+(failed before the fix).
+"""
 
 from __future__ import annotations
 
