@@ -20,7 +20,7 @@ Caller classes (authstore/api/callers.py tells them apart by credential):
   handshake refuses such a caller before any method).
 
 tests/unit/test_internal_access_table.py holds the rows against the proto descriptors and the
-store's handlers; tests/attacks/test_internal_access.py calls every cell against a running store.
+store's handlers; tests/internal/test_internal_access.py calls every cell against a running store.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.ctl_steps import AUTH_FAILED, DENIED, INVALID_MGMT, ROOT, TU, USER_EMPTY, Ctl, setup_auth
+from tests.support.ctl_steps import AUTH_FAILED, DENIED, INVALID_MGMT, ROOT, TU, USER_EMPTY, Ctl, setup_auth
 from tests.support.processes import (
     BACKENDS,
     EtcdServer,
@@ -561,7 +561,7 @@ def test_jwt_mode_and_staleness_retry(backend: str, start_server: Callable[..., 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    from tests.conformance.ctl_steps import strip_client_logs
+    from tests.support.ctl_steps import strip_client_logs
 
     err = strip_client_logs(err)
     # etcdctl 3.5.1's client knows neither error string, so it does not re-authenticate: what we can

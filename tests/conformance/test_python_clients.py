@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.ctl_steps import ROOT, Ctl, setup_auth
+from tests.support.ctl_steps import ROOT, Ctl, setup_auth
 from tests.support.processes import (
     BACKENDS,
     EtcdServer,

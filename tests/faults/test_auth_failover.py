@@ -21,7 +21,7 @@ import pytest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, describe, local_cluster, retry_ok, root_header, setup_auth
+from tests.support.cluster import Client, describe, local_cluster, retry_ok, root_header, setup_auth
 from tests.support.processes import wait_for
 
 GRANT = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"/app/", range_end=b"/app0")

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.faults.cluster import (
+from tests.support.cluster import (
     ETCD_FAILOVER_ERRORS,
     Client,
     Recorder,

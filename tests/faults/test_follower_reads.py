@@ -16,7 +16,7 @@ import pytest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import (
+from tests.support.cluster import (
     Client,
     Cluster,
     Node,

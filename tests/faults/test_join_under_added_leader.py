@@ -4,7 +4,7 @@ A joining node learns where its peers are. It took their IDs from --initial-clus
 member had been there from the start (an ID computed from the peer URLs and the token), but a
 member added with `member add` has an ID of its own: the joiner could hear such a leader's
 heartbeats and never answer them, so it never caught up nor published its name. Found by
-tests/attacks/test_proxy_outlives_its_seeds.py in the runs where an added member won the election.
+tests/faults/test_proxy_outlives_its_seeds.py in the runs where an added member won the election.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import Cluster, Node, program_cluster, store_argv
+from tests.support.cluster import Cluster, Node, program_cluster, store_argv
 from tests.support.processes import etcdctl, free_port, wait_for
 
 pytestmark = pytest.mark.slow

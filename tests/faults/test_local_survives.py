@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import (
+from tests.support.cluster import (
     Recorder,
     Workload,
     distribution,

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.faults.cluster import Client, Node, describe, program_cluster, store_argv
+from tests.support.cluster import Client, Node, describe, program_cluster, store_argv
 from tests.support.processes import etcdctl, free_port, wait_for
 
 #: how long one write may keep failing before the writer gives up on it (etcd clients retry

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.faults.cluster import Client, describe, program_cluster, retry_ok
+from tests.support.cluster import Client, describe, program_cluster, retry_ok
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from authstore.node.transport import PeerSecurity, Transport
 from authstore.raft.types import Message, MessageType
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, Cluster, Node, distribution, program_cluster, retry_ok
+from tests.support.cluster import Client, Cluster, Node, distribution, program_cluster, retry_ok
 from tests.support.processes import free_port, wait_for
 
 #: These print measured rejoin times and assert none (the back-off's bound is asserted in

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.cluster import Client, program_cluster, retry_ok
 from tests.support.processes import wait_for
 
 SNAPSHOT_FLAGS = ["--snapshot-count", "50", "--snapshot-catchup-entries", "10"]

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, Node, program_cluster, retry_ok
+from tests.support.cluster import Client, Node, program_cluster, retry_ok
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import Client, program_cluster, retry_ok
+from tests.support.cluster import Client, program_cluster, retry_ok
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow

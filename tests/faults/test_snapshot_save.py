@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, program_cluster
+from tests.support.cluster import Client, program_cluster
 from tests.support.processes import BACKENDS, ETCDCTL, etcdctl, new_server, wait_for
 
 pytestmark = pytest.mark.slow

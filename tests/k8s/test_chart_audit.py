@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from proxy.config import load
-from tests.k8s.chart_support import CHART_DIR, all_containers, render, validate
+from tests.support.chart_support import CHART_DIR, all_containers, render, validate
 
 AUDIT_FILE = "/var/log/raftgate/audit.log"
 

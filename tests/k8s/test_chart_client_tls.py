@@ -11,7 +11,7 @@ import helm_python as helm
 import pytest
 
 from proxy import config as proxy_config
-from tests.k8s.chart_support import Rendered, all_containers, flags, lint, render, validate
+from tests.support.chart_support import Rendered, all_containers, flags, lint, render, validate
 
 FULLNAME = "rg-raftgate"
 CLIENT_TLS = "/etc/raftgate/tls/client"

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 import authstore.metrics  # noqa: F401  (registers the store's metrics)
 import proxy.metrics  # noqa: F401  (registers the proxy's metrics)
-from tests.k8s.chart_support import NAMESPACE, lint, render, validate
+from tests.support.chart_support import NAMESPACE, lint, render, validate
 
 FULLNAME = "rg-raftgate"
 HERE = Path(__file__).resolve().parent

@@ -20,7 +20,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.k8s.chart_support import Rendered, render, validate
+from tests.support.chart_support import Rendered, render, validate
 
 FULLNAME = "rg-raftgate"
 #: value name → the trust domain its issuer signs

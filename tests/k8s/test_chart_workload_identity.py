@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.chart_support import all_containers, flags, render, validate
-from tests.k8s.test_helm_chart import make_app_chart
+from tests.support.app_chart import make_app_chart
+from tests.support.chart_support import all_containers, flags, render, validate
 
 RULES = [{"match": "system:serviceaccount:shop:*", "user": "shop"}]
 ON = {"enabled": True, "userMap": RULES}

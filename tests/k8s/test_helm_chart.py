@@ -7,18 +7,17 @@ flag, ports, probes, selectors, NetworkPolicy and the sidecar helper an applicat
 from __future__ import annotations
 
 import base64
-import shutil
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.k8s.chart_support import (
+from tests.support.app_chart import make_app_chart
+from tests.support.chart_support import (
     CHART_DIR,
     NAMESPACE,
     Rendered,
@@ -731,58 +730,6 @@ def test_image_reference() -> None:
 # The sidecar helper, included by an application chart
 
 
-APP_DEPLOYMENT = """\
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {{ .Release.Name }}-app
-spec:
-  selector:
-    matchLabels:
-      app: demo
-  template:
-    metadata:
-      labels:
-        app: demo
-        {{- include "raftgate.proxySidecarPodLabels" (dict "values" .Values.raftgate "context" $) | nindent 8 }}
-    spec:
-      securityContext:
-        runAsNonRoot: true
-        seccompProfile:
-          type: RuntimeDefault
-      automountServiceAccountToken: false
-      initContainers:
-        {{- include "raftgate.proxySidecar" (dict "values" .Values.raftgate "context" $) | nindent 8 }}
-      containers:
-        - name: app
-          image: demo:1
-          env:
-            - name: ETCDCTL_ENDPOINTS
-              value: 127.0.0.1:2379
-      volumes:
-        {{- include "raftgate.proxySidecarVolumes" (dict "values" .Values.raftgate "context" $) | nindent 8 }}
-"""
-
-
-def make_app_chart(tmp_path: Path) -> Path:
-    app = tmp_path / "app"
-    (app / "templates").mkdir(parents=True)
-    (app / "Chart.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v2",
-                "name": "app",
-                "version": "1.0.0",
-                "dependencies": [{"name": "raftgate", "version": "0.1.0"}],
-            }
-        )  # fmt: skip
-    )
-    (app / "values.yaml").write_text("raftgate:\n  deploy: false\n")
-    (app / "templates" / "deployment.yaml").write_text(APP_DEPLOYMENT)
-    shutil.copytree(CHART_DIR, app / "charts" / "raftgate")
-    return app
-
-
 def test_sidecar_helper_in_an_application_chart(tmp_path: Path) -> None:
     app = make_app_chart(tmp_path)
     values = {
@@ -879,7 +826,7 @@ def _program_flags(command: str) -> set[str]:
     import subprocess
     import sys
 
-    from tests.k8s.chart_support import REPO_ROOT
+    from tests.support.chart_support import REPO_ROOT
 
     done = subprocess.run(
         [sys.executable, "-m", "raftgate.cli", command, "--help"],

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.ctl_steps import DENIED, ROOT, USER_EMPTY, Ctl
+from tests.support.ctl_steps import DENIED, ROOT, USER_EMPTY, Ctl
+from tests.support.lease_steps import grant, present
 from tests.support.processes import (
     BACKENDS,
     ETCDCTL,
@@ -35,22 +36,8 @@ from tests.support.processes import (
 pytestmark = pytest.mark.slow
 
 Server = EtcdServer | RaftgateLocal
-LEASE_ID = re.compile(r"^lease ([0-9a-f]{16}) granted with TTL\((\d+)s\)\n$")
 NOT_FOUND = "Error: etcdserver: requested lease not found\n"
 ALICE, BOB, CAROL = "alice:pw", "bob:pw", "carol:pw"
-
-
-def grant(ctl: Ctl, ttl: int, user: str | None = None) -> str:
-    _, out, _ = ctl("lease", "grant", str(ttl), user=user, out=None)
-    m = LEASE_ID.match(out)
-    assert m, out
-    return m.group(1)
-
-
-def present(ctl: Ctl, key: str, user: str | None = None) -> bool:
-    rc, out, _ = ctl.raw("get", key, "--print-value-only", user=user)
-    assert rc == 0
-    return out != ""
 
 
 def revision(ctl: Ctl, user: str | None = None) -> int:

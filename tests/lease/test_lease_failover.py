@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from tests.conformance.ctl_steps import Ctl
-from tests.lease.test_lease_etcdctl import grant, present
+from tests.support.ctl_steps import Ctl
+from tests.support.lease_steps import grant, present
 from tests.support.processes import ETCDCTL, RaftgateLocal, pem_rsa_keypair, wait_for
 
 pytestmark = pytest.mark.slow

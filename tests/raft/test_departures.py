@@ -8,8 +8,7 @@ import pytest
 from authstore.raft import Message
 from authstore.raft.log import RaftLogError
 from authstore.raft.progress import PROBE
-
-from .helpers import M, Network, log_of, new_raft
+from tests.support.raft_helpers import M, Network, log_of, new_raft
 
 
 def test_departures_are_on_by_default() -> None:

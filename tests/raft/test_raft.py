@@ -19,8 +19,7 @@ from authstore.raft import (
 )
 from authstore.raft.codec import encode_conf_change
 from authstore.raft.progress import PROBE, REPLICATE
-
-from .helpers import M, Network, log_of, new_raft, persisted, storage_with
+from tests.support.raft_helpers import M, Network, log_of, new_raft, persisted, storage_with
 
 F, C, L, PC = StateType.FOLLOWER, StateType.CANDIDATE, StateType.LEADER, StateType.PRE_CANDIDATE
 

@@ -31,8 +31,7 @@ from authstore.raft import (
 )
 from authstore.raft.log import RaftLog, RaftLogError
 from protos.raftpb import raft_pb2 as pb
-
-from .helpers import storage_with
+from tests.support.raft_helpers import storage_with
 
 
 def single_node() -> tuple[RawNode, MemoryStorage]:

@@ -13,7 +13,7 @@ import pytest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
 from tests.support.processes import BACKENDS, EtcdServer, RaftgateLocal, new_server, skip_unless_available
-from tests.system.rawgrpc import Stubs, outcome
+from tests.support.rawgrpc import Stubs, outcome
 
 Server = EtcdServer | RaftgateLocal
 MiB = 1024 * 1024

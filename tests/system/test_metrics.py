@@ -30,7 +30,7 @@ from tests.support.processes import (
     wait_for,
     wait_serving,
 )
-from tests.watch.wclient import WatchStream
+from tests.support.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
 

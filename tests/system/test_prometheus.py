@@ -24,7 +24,7 @@ import pytest
 
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.cluster import Client, Cluster, Node, retry_ok, setup_auth, store_argv
+from tests.support.cluster import Client, Cluster, Node, retry_ok, setup_auth, store_argv
 from tests.support.probes import sample, scrape
 from tests.support.processes import Process, Program, free_port, wait_for
 

@@ -19,7 +19,7 @@ import pytest
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2
 from tests.support.processes import EtcdServer, RaftgateLocal
-from tests.system.rawgrpc import OLD_REVISION, Stubs, outcome
+from tests.support.rawgrpc import OLD_REVISION, Stubs, outcome
 
 Server = EtcdServer | RaftgateLocal
 ROUNDS = 12

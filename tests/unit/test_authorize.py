@@ -7,105 +7,18 @@ v3_server.go / v3rpc maintenance.go (reference §3).
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
-
-import lmdb
 import pytest
 from google.protobuf.message import Message
 
 from authstore.state.auth.authorize import authorize
-from authstore.state.auth.store import AuthStore
-from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err, EtcdError
-
-READ, WRITE, READWRITE = auth_pb2.Permission.READ, auth_pb2.Permission.WRITE, auth_pb2.Permission.READWRITE
-HASH = base64.b64encode(b"$2b$04$abcdefghijklmnopqrstuu5Jm0bq2b3DNHYXjJSOJ5WbWbYHJ8bTa").decode()
-
-LEASES: dict[int, list[bytes]] = {
-    1: [b"w1", b"w2"],  # alice may write both
-    2: [b"w1", b"zz"],  # alice may not write zz
-    3: [],  # no keys
-    4: [b"a1", b"k"],  # alice may read a1 but not k (k is write-only)
-}
-
-
-def lease_keys(lease_id: int) -> list[bytes]:
-    if lease_id not in LEASES:
-        raise EtcdError(Err.LEASE_NOT_FOUND)
-    return LEASES[lease_id]
-
-
-class World:
-    """Auth enabled; root; alice holds role r: READ [a,c), READWRITE prefix w, WRITE key k."""
-
-    def __init__(self, path: Path) -> None:
-        self.env = lmdb.open(str(path), max_dbs=32, map_size=1 << 30)
-        self.auth = AuthStore(self.env)
-        calls: list[tuple[str, Message]] = [
-            ("user_add", pb.AuthUserAddRequest(name="root", hashedPassword=HASH)),
-            ("user_grant_role", pb.AuthUserGrantRoleRequest(user="root", role="root")),
-            ("user_add", pb.AuthUserAddRequest(name="alice", hashedPassword=HASH)),
-            ("user_add", pb.AuthUserAddRequest(name="bob", hashedPassword=HASH)),
-            ("role_add", pb.AuthRoleAddRequest(name="r")),
-            ("role_add", pb.AuthRoleAddRequest(name="other")),
-            ("user_grant_role", pb.AuthUserGrantRoleRequest(user="alice", role="r")),
-        ]
-        for t, k, e in [(READ, b"a", b"c"), (READWRITE, b"w", b"x"), (WRITE, b"k", b"")]:
-            perm = auth_pb2.Permission(permType=t, key=k, range_end=e)
-            calls.append(("role_grant_permission", pb.AuthRoleGrantPermissionRequest(name="r", perm=perm)))
-        calls.append(("enable", pb.AuthEnableRequest()))
-        with self.env.begin(write=True) as txn:
-            for method, req in calls:
-                getattr(self.auth, method)(txn, req)
-            self.rev = self.auth.revision(txn)
-
-    def check(
-        self,
-        kind: str,
-        body: Message,
-        user: str = "alice",
-        *,
-        rev: int | None = None,
-        read: bool = False,
-        all_leases: Callable[[], list[int]] | None = lambda: sorted(LEASES),
-    ) -> Err | None:
-        req = ipb.InternalRaftRequest()
-        getattr(req, kind).CopyFrom(body)
-        header = ipb.RequestHeader(username=user, auth_revision=self.rev if rev is None else rev)
-        if not user and rev is None:
-            header.auth_revision = 0
-        req.header.CopyFrom(header)
-        with self.env.begin() as txn:
-            try:
-                authorize(self.auth, txn, req.header, req, lease_keys, read=read, all_leases=all_leases)
-            except EtcdError as exc:
-                return exc.err
-        return None
-
-    def mutate(self, method: str, req: Message) -> None:
-        with self.env.begin(write=True) as txn:
-            getattr(self.auth, method)(txn, req)
-            self.rev = self.auth.revision(txn)
-
-
-@pytest.fixture
-def w(tmp_path: Path) -> Iterator[World]:
-    world = World(tmp_path)
-    yield world
-    world.env.close()
+from tests.support.authorize_world import World, lease_keys, put, w  # noqa: F401 - w is the fixture
 
 
 def rng(key: bytes, end: bytes = b"") -> pb.RangeRequest:
     return pb.RangeRequest(key=key, range_end=end)
-
-
-def put(key: bytes, **kw: Any) -> pb.PutRequest:
-    return pb.PutRequest(key=key, value=b"v", **kw)
 
 
 def op(msg: Message) -> pb.RequestOp:
@@ -121,7 +34,7 @@ def op(msg: Message) -> pb.RequestOp:
 # ---- disabled / open ----
 
 
-def test_everything_is_allowed_while_auth_is_disabled(w: World) -> None:
+def test_everything_is_allowed_while_auth_is_disabled(w: World) -> None:  # noqa: F811
     w.mutate("disable", pb.AuthDisableRequest())
     assert w.check("put", put(b"zz"), "") is None
     assert w.check("auth_user_add", pb.AuthUserAddRequest(name="x"), "") is None
@@ -130,18 +43,18 @@ def test_everything_is_allowed_while_auth_is_disabled(w: World) -> None:
 
 
 @pytest.mark.parametrize("user", ["", "nobody", "alice"])
-def test_authenticate_and_auth_status_are_open(w: World, user: str) -> None:
+def test_authenticate_and_auth_status_are_open(w: World, user: str) -> None:  # noqa: F811
     assert w.check("authenticate", ipb.InternalAuthenticateRequest(name="x"), user) is None
     assert w.check("auth_status", pb.AuthStatusRequest(), user) is None
 
 
 @pytest.mark.parametrize("user", ["", "nobody", "alice"])
-def test_store_internal_entries_carry_no_identity_and_are_not_checked(w: World, user: str) -> None:
+def test_store_internal_entries_carry_no_identity_and_are_not_checked(w: World, user: str) -> None:  # noqa: F811
     assert w.check("expire_tokens", ipb.ExpireTokensRequest(token_digests=[b"x" * 32]), user) is None
     assert w.check("lease_checkpoint", pb.LeaseCheckpointRequest(), user) is None
 
 
-def test_malformed_request_is_not_capable(w: World) -> None:
+def test_malformed_request_is_not_capable(w: World) -> None:  # noqa: F811
     req = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=w.rev))
     with w.env.begin() as txn, pytest.raises(EtcdError) as info:
         authorize(w.auth, txn, req.header, req, lease_keys, read=False)
@@ -151,7 +64,7 @@ def test_malformed_request_is_not_capable(w: World) -> None:
 # ---- key checks: etcd's isOpPermitted order ----
 
 
-def test_key_check_order(w: World) -> None:
+def test_key_check_order(w: World) -> None:  # noqa: F811
     assert w.check("range", rng(b"a"), "") is Err.USER_EMPTY
     assert w.check("range", rng(b"a"), "alice", rev=0) is Err.USER_EMPTY
     assert w.check("range", rng(b"zz"), "nobody", rev=w.rev - 1) is Err.AUTH_OLD_REVISION
@@ -162,7 +75,7 @@ def test_key_check_order(w: World) -> None:
     assert w.check("range", rng(b"a"), "alice") is None
 
 
-def test_range_needs_read_over_the_whole_interval(w: World) -> None:
+def test_range_needs_read_over_the_whole_interval(w: World) -> None:  # noqa: F811
     assert w.check("range", rng(b"a", b"c")) is None
     assert w.check("range", rng(b"b", b"bzz")) is None
     assert w.check("range", rng(b"a", b"d")) is Err.PERMISSION_DENIED
@@ -172,7 +85,7 @@ def test_range_needs_read_over_the_whole_interval(w: World) -> None:
     assert w.check("range", rng(b"\x00", b"\x00"), "root") is None
 
 
-def test_read_path_refuses_any_other_revision_after_the_key_check(w: World) -> None:
+def test_read_path_refuses_any_other_revision_after_the_key_check(w: World) -> None:  # noqa: F811
     ahead = w.rev + 1
     assert w.check("range", rng(b"a"), rev=ahead, read=False) is None  # apply: only "older" is old
     assert w.check("range", rng(b"a"), rev=ahead, read=True) is Err.AUTH_OLD_REVISION
@@ -184,7 +97,7 @@ def test_read_path_refuses_any_other_revision_after_the_key_check(w: World) -> N
     assert w.check("range", rng(b"a"), read=True) is None
 
 
-def test_revocation_is_effective_immediately_for_the_next_request(w: World) -> None:
+def test_revocation_is_effective_immediately_for_the_next_request(w: World) -> None:  # noqa: F811
     assert w.check("range", rng(b"a")) is None
     w.mutate("role_revoke_permission", pb.AuthRoleRevokePermissionRequest(role="r", key=b"a", range_end=b"c"))
     assert w.check("range", rng(b"a")) is Err.PERMISSION_DENIED
@@ -195,7 +108,7 @@ def test_revocation_is_effective_immediately_for_the_next_request(w: World) -> N
 # ---- put / delete ----
 
 
-def test_put_needs_write_and_read_for_prev_kv(w: World) -> None:
+def test_put_needs_write_and_read_for_prev_kv(w: World) -> None:  # noqa: F811
     assert w.check("put", put(b"k")) is None
     assert w.check("put", put(b"a")) is Err.PERMISSION_DENIED
     assert w.check("put", put(b"k", prev_kv=True)) is Err.PERMISSION_DENIED
@@ -203,7 +116,7 @@ def test_put_needs_write_and_read_for_prev_kv(w: World) -> None:
     assert w.check("put", put(b"zz", prev_kv=True), "root") is None
 
 
-def test_put_with_lease_needs_write_on_keys_already_attached(w: World) -> None:
+def test_put_with_lease_needs_write_on_keys_already_attached(w: World) -> None:  # noqa: F811
     assert w.check("put", put(b"w3", lease=1)) is None
     assert w.check("put", put(b"w3", lease=2)) is Err.PERMISSION_DENIED
     assert w.check("put", put(b"w3", lease=3)) is None
@@ -211,7 +124,7 @@ def test_put_with_lease_needs_write_on_keys_already_attached(w: World) -> None:
     assert w.check("put", put(b"w3", lease=2), "root") is None
 
 
-def test_lease_lookup_errors_other_than_not_found_propagate(w: World) -> None:
+def test_lease_lookup_errors_other_than_not_found_propagate(w: World) -> None:  # noqa: F811
     def broken(_lease: int) -> list[bytes]:
         raise EtcdError(Err.CORRUPT)
 
@@ -223,7 +136,7 @@ def test_lease_lookup_errors_other_than_not_found_propagate(w: World) -> None:
     assert info.value.err is Err.CORRUPT
 
 
-def test_delete_range_needs_write_and_read_for_prev_kv(w: World) -> None:
+def test_delete_range_needs_write_and_read_for_prev_kv(w: World) -> None:  # noqa: F811
     assert w.check("delete_range", pb.DeleteRangeRequest(key=b"w", range_end=b"x")) is None
     assert w.check("delete_range", pb.DeleteRangeRequest(key=b"w", range_end=b"\x00")) is Err.PERMISSION_DENIED
     assert w.check("delete_range", pb.DeleteRangeRequest(key=b"k")) is None
@@ -267,14 +180,14 @@ TXN_CASES: list[tuple[str, pb.TxnRequest, Err | None]] = [
 
 
 @pytest.mark.parametrize(("name", "txn", "err"), TXN_CASES, ids=[c[0] for c in TXN_CASES])
-def test_txn_checks_every_compare_and_both_branches(w: World, name: str, txn: pb.TxnRequest, err: Err | None) -> None:
+def test_txn_checks_every_compare_and_both_branches(w: World, name: str, txn: pb.TxnRequest, err: Err | None) -> None:  # noqa: F811
     assert w.check("txn", txn) is err
     assert w.check("txn", txn, "root") is None
     if name != "empty op":  # an op with no request checks nothing, as in etcd
         assert w.check("txn", txn, "") is Err.USER_EMPTY
 
 
-def test_empty_txn_needs_no_permission(w: World) -> None:
+def test_empty_txn_needs_no_permission(w: World) -> None:  # noqa: F811
     """etcd: a Txn with no compare and no op triggers no key check, so even anonymous passes."""
     assert w.check("txn", pb.TxnRequest(), "") is None
 
@@ -314,7 +227,7 @@ ADMIN: list[tuple[str, Message]] = [
 
 
 @pytest.mark.parametrize(("kind", "body"), ADMIN, ids=[f"{k}-{i}" for i, (k, _) in enumerate(ADMIN)])
-def test_admin_only_requests(w: World, kind: str, body: Message) -> None:
+def test_admin_only_requests(w: World, kind: str, body: Message) -> None:  # noqa: F811
     assert w.check(kind, body, "") is Err.USER_EMPTY
     assert w.check(kind, body, "nobody") is Err.USER_NOT_FOUND
     assert w.check(kind, body, "alice") is Err.PERMISSION_DENIED
@@ -322,7 +235,7 @@ def test_admin_only_requests(w: World, kind: str, body: Message) -> None:
     assert w.check(kind, body, "root", rev=1) is None  # IsAdminPermitted has no revision check
 
 
-def test_any_role_root_holder_is_admin(w: World) -> None:
+def test_any_role_root_holder_is_admin(w: World) -> None:  # noqa: F811
     w.mutate("user_grant_role", pb.AuthUserGrantRoleRequest(user="bob", role="root"))
     assert w.check("auth_user_list", pb.AuthUserListRequest(), "bob") is None
     assert w.check("put", put(b"anything", prev_kv=True, lease=2), "bob") is None
@@ -340,7 +253,7 @@ AUTHENTICATED: list[tuple[str, Message]] = [
 
 
 @pytest.mark.parametrize(("kind", "body"), AUTHENTICATED, ids=[k for k, _ in AUTHENTICATED])
-def test_requests_open_to_any_authenticated_user(w: World, kind: str, body: Message) -> None:
+def test_requests_open_to_any_authenticated_user(w: World, kind: str, body: Message) -> None:  # noqa: F811
     assert w.check(kind, body, "") is Err.USER_EMPTY
     for user in ("nobody", "alice", "root"):
         assert w.check(kind, body, user) is None
@@ -350,7 +263,7 @@ def test_requests_open_to_any_authenticated_user(w: World, kind: str, body: Mess
 # ---- self-service reads ----
 
 
-def test_user_get_of_self_and_role_get_of_held_role(w: World) -> None:
+def test_user_get_of_self_and_role_get_of_held_role(w: World) -> None:  # noqa: F811
     assert w.check("auth_user_get", pb.AuthUserGetRequest(name="alice"), "alice") is None
     assert w.check("auth_user_get", pb.AuthUserGetRequest(name="bob"), "alice") is Err.PERMISSION_DENIED
     assert w.check("auth_user_get", pb.AuthUserGetRequest(name="bob"), "nobody") is Err.USER_NOT_FOUND
@@ -366,7 +279,7 @@ def test_user_get_of_self_and_role_get_of_held_role(w: World) -> None:
 
 
 @pytest.mark.parametrize("kind", ["lease_revoke", "lease_keep_alive"])
-def test_revoke_and_keep_alive_need_write_on_every_attached_key(w: World, kind: str) -> None:
+def test_revoke_and_keep_alive_need_write_on_every_attached_key(w: World, kind: str) -> None:  # noqa: F811
     body = pb.LeaseRevokeRequest if kind == "lease_revoke" else pb.LeaseKeepAliveRequest
     assert w.check(kind, body(ID=1), "") is Err.USER_EMPTY
     assert w.check(kind, body(ID=99), "") is Err.USER_EMPTY
@@ -379,7 +292,7 @@ def test_revoke_and_keep_alive_need_write_on_every_attached_key(w: World, kind: 
     assert w.check(kind, body(ID=1), rev=w.rev - 1) is Err.AUTH_OLD_REVISION
 
 
-def test_time_to_live_with_keys_needs_read_on_every_attached_key(w: World) -> None:
+def test_time_to_live_with_keys_needs_read_on_every_attached_key(w: World) -> None:  # noqa: F811
     ttl = pb.LeaseTimeToLiveRequest
     assert w.check("lease_time_to_live", ttl(ID=4, keys=True), "") is Err.USER_EMPTY
     assert w.check("lease_time_to_live", ttl(ID=4, keys=True)) is Err.PERMISSION_DENIED
@@ -388,7 +301,7 @@ def test_time_to_live_with_keys_needs_read_on_every_attached_key(w: World) -> No
     assert w.check("lease_time_to_live", ttl(ID=99, keys=True)) is None
 
 
-def test_lease_leases_needs_read_on_every_key_of_every_lease(w: World) -> None:
+def test_lease_leases_needs_read_on_every_key_of_every_lease(w: World) -> None:  # noqa: F811
     req = pb.LeaseLeasesRequest()
     assert w.check("lease_leases", req, "") is Err.USER_EMPTY
     assert w.check("lease_leases", req) is Err.PERMISSION_DENIED  # lease 2 holds zz

@@ -4,7 +4,7 @@ Why: the store refuses whatever has no row, and allows exactly what a row says. 
 DoStream call method or InternalRaftRequest field added without its row would be refused (or,
 worse, allowed by a rule written for something else); here the lists come from the proto
 descriptors and the store's own handlers, so such an addition fails until its cells are declared.
-tests/attacks/test_internal_access.py then calls every cell against a running store.
+tests/internal/test_internal_access.py then calls every cell against a running store.
 """
 
 from __future__ import annotations

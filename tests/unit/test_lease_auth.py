@@ -14,7 +14,7 @@ from __future__ import annotations
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.errors import Err
-from tests.unit.test_authorize import World, put, w  # noqa: F401 - w is the fixture
+from tests.support.authorize_world import World, put, w  # noqa: F401 - w is the fixture
 
 
 def test_root_with_a_stale_revision_passes_lease_key_checks_as_in_3_7_1(w: World) -> None:  # noqa: F811

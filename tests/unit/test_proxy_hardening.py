@@ -21,7 +21,7 @@ from proxy.passwords import PasswordHasher
 from proxy.server import ProxyServer
 from proxy.tokens.simple import SimpleTokenCache
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError
-from tests.unit.test_proxy_pipeline import FakeStore, login, md, run
+from tests.support.fake_store import FakeStore, login, md, run
 
 LONG = "x" * 73  # one byte over bcrypt's limit
 

@@ -12,8 +12,8 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from tests.faults.cluster import local_cluster
-from tests.watch.wclient import WatchStream
+from tests.support.cluster import local_cluster
+from tests.support.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
 

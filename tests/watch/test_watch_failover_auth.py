@@ -13,9 +13,9 @@ import pytest
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
-from tests.faults.cluster import local_cluster
+from tests.support.cluster import local_cluster
 from tests.support.processes import etcdctl
-from tests.watch.wclient import PERMISSION_DENIED, WatchStream, login, md
+from tests.support.wclient import PERMISSION_DENIED, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@
   start_revision and prev_kv, compaction, a denied and an anonymous watch, and a permission revoked
   while a watch is open. Expected values are etcd 3.7.1's; where 3.5.1 differs the etcd run carries
   an override, so every other key is asserted identical on both servers.
-* periodic progress_notify (raw gRPC, tests/watch/wclient.py): raftgate's store reads
+* periodic progress_notify (raw gRPC, tests/support/wclient.py): raftgate's store reads
   RAFTGATE_WATCH_PROGRESS_NOTIFY_INTERVAL, etcd takes --experimental-watch-progress-notify-interval.
 """
 
@@ -35,7 +35,7 @@ from tests.support.processes import (
     new_server,
     skip_unless_available,
 )
-from tests.watch.wclient import WatchStream, login, md
+from tests.support.wclient import WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.processes import RaftgateLocal
-from tests.watch.wclient import INVALID_TOKEN, PERMISSION_DENIED, USER_EMPTY, WatchStream, login, md
+from tests.support.wclient import INVALID_TOKEN, PERMISSION_DENIED, USER_EMPTY, WatchStream, login, md
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,170 @@
+"""Two servers on one port never happen silently (Trust item 14).
+
+gRPC-Python sets SO_REUSEPORT by default, so a second server on a port in use would share it
+instead of failing. Every raftgate server turns that off, and a port in use stops start-up with
+a clear message; ``raftgate local`` chooses distinct ports and refuses a layout with duplicates;
+the test helpers never hand out a port twice, nor one the kernel may hand out to another socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy import local
+from tests.support.processes import REPO_ROOT, SECRET, Program, free_port
+from tests.support.store_args import _store_args
+
+
+def _program(tmp_path: Path, which: str, port: int) -> Program:
+    """The program whose `which` listener is asked to use `port`."""
+    if which == "proxy client":
+        secret = tmp_path / "secret"
+        secret.write_text(SECRET)
+        return Program(tmp_path / "p", ["proxy", "--listen-client-urls", f"http://127.0.0.1:{port}",
+                                         "--store-endpoints", f"127.0.0.1:{free_port()}",
+                                         "--internal-secret-file", str(secret)], "raftgate proxy:")
+    internal = port if which == "store internal" else free_port()
+    peer = port if which == "store peer" else free_port()
+    extra = ("--health-addr", f"127.0.0.1:{port}") if which == "store health" else ()
+    return Program(tmp_path / "s", _store_args(tmp_path, internal=internal, peer=peer, extra=extra),
+                    "raftgate store:")
+
+
+@pytest.fixture(params=["plain", "reuseport"])
+def held_port(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A port another process listens on: a plain socket, or one that allows sharing as gRPC's do."""
+    with socket.socket() as s:
+        if request.param == "reuseport":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", free_port()))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("which", ["store internal", "store peer", "store health", "proxy client"])
+def test_a_port_in_use_stops_start_up_with_a_clear_message(tmp_path: Path, which: str, held_port: int) -> None:
+    program = _program(tmp_path, which, held_port)
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1 before ready"):
+            program.start(timeout=60)
+    finally:
+        program.stop()
+    out = program.output()
+    assert f"127.0.0.1:{held_port}" in out and "in use" in out, out
+    assert "Traceback" not in out, out
+
+
+class _ReusingKernel:
+    """A stand-in for socket.socket whose bind to port 0 gives the lowest port no open socket holds:
+    a port freed a moment ago comes straight back, as the kernel may do."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def __call__(self, *args: object, **kwargs: object) -> _ReusingKernel._Socket:
+        return _ReusingKernel._Socket(self)
+
+    class _Socket:
+        def __init__(self, kernel: _ReusingKernel) -> None:
+            self.kernel = kernel
+            self.port = 0
+
+        def setsockopt(self, *args: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            assert address[1] == 0
+            self.port = min(p for p in range(40000, 40100) if p not in self.kernel.held)
+            self.kernel.held.add(self.port)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+        def close(self) -> None:
+            self.kernel.held.discard(self.port)
+
+        def __enter__(self) -> _ReusingKernel._Socket:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.close()
+
+
+def test_raftgate_local_chooses_distinct_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local.socket, "socket", _ReusingKernel())
+    layout = local._layout(tmp_path, 5)
+    ports = [n[k] for n in layout for k in ("peer_port", "internal_port")]
+    assert len(set(ports)) == len(ports) == 10, ports
+
+
+def test_raftgate_local_keeps_new_ports_off_its_metrics_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ports of a new layout are kept for good: one that is also a --metrics-addr port would
+    make every later start with the same flags refuse (check_ports names the clash)."""
+    monkeypatch.setattr(local.socket, "socket", _ReusingKernel())  # hands out 40000, 40001, ...
+    config = local.parse(["--nodes", "3", "--metrics-addr", "127.0.0.1:40000"], {})
+    metrics = {addr.port for addr in config.metrics_addrs() if addr is not None}
+    layout = local._layout(tmp_path, config.nodes, config.client_port, config.gateway_port, reserved=metrics)
+    ports = {n[k] for n in layout for k in ("peer_port", "internal_port", "client_port")}
+    assert len(ports) == 9 and not ports & metrics, (sorted(ports), sorted(metrics))
+
+
+def _run_local(data_dir: Path, client_port: int) -> tuple[int, str]:
+    """`raftgate local` expected to refuse at once; its exit code and stderr (its group is always torn down)."""
+    proc = subprocess.Popen([sys.executable, "-m", "raftgate.cli", "local", "--data-dir", str(data_dir), "--nodes", "3",
+                             "--client-port", str(client_port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("clash", ["two nodes", "the client port"])
+def test_raftgate_local_refuses_a_layout_with_duplicate_ports(tmp_path: Path, clash: str) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    ports = [free_port() for _ in range(6)]
+    client = free_port()
+    if clash == "two nodes":
+        ports[3] = ports[0]  # node2's internal port is node1's peer port
+        dup = ports[0]
+    else:
+        client = dup = ports[5]
+    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[2 * i],
+               "internal_port": ports[2 * i + 1]} for i in range(3)]
+    (data_dir / "layout.json").write_text(json.dumps(layout))
+    code, err = _run_local(data_dir, client)
+    assert code != 0
+    assert "layout.json" in err and str(dup) in err, err
+    assert not (data_dir / "node1").exists()  # refused before any node started
+
+
+def test_test_ports_come_from_outside_the_kernels_ephemeral_range() -> None:
+    """The kernel hands ephemeral ports to `raftgate local`'s own choices and to outgoing connections:
+    a port the helpers give a test must not be one of them."""
+    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)
+    assert all(not low <= p <= high for p in ports), ports
+
+
+def test_two_test_processes_never_get_the_same_port() -> None:
+    mine = {free_port() for _ in range(30)}
+    code = "from tests.support.processes import free_port; " \
+           "print(' '.join(str(free_port()) for _ in range(30)))"
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=REPO_ROOT, check=True).stdout.split()
+    assert len(theirs) == 30 and not mine & {int(p) for p in theirs}
