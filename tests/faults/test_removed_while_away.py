@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.cluster import program_cluster
+from tests.support.cluster import program_cluster
 from tests.support.processes import etcdctl, wait_for
 
 pytestmark = pytest.mark.slow
