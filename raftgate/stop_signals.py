@@ -1,10 +1,11 @@
 """Graceful stop on SIGTERM/SIGINT, for every long-running program (proxy, store, raftgate local).
 
-The first SIGTERM or SIGINT sets the program's stop event; later ones are ignored while it winds
-down (Ctrl-C reaches the whole process group, and `raftgate local` passes SIGTERM on at the same
-moment). The handlers are replaced by one that does nothing, never removed, while the loop runs:
-asyncio restores a signal's default action when its handler is removed, and a SIGTERM arriving in
-that moment killed the process with -15 (tests/unit/test_stop_signals.py).
+The first SIGTERM or SIGINT sets the program's stop event; every later one is ignored for the rest
+of the process's life (Ctrl-C reaches the whole process group while `raftgate local` passes SIGTERM
+on; a `--workers` worker also gets SIGTERM when its supervisor goes). A stop signal must never meet
+its default action meanwhile: asyncio restores it whenever it removes a handler, and when its loop
+closes, and a SIGTERM arriving then killed the process with -15 (tests/unit/test_stop_signals.py).
+So the signals are ignored first, and then asyncio is made to forget its handlers.
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
-    """Sets ``stop`` on the first SIGTERM or SIGINT; ignores the ones after it."""
+    """Sets ``stop`` on the first SIGTERM or SIGINT; ignores the ones after it, also once the loop
+    has closed."""
     loop = asyncio.get_running_loop()
 
     def stopping() -> None:
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, _ignored)  # replaces the handler: no default action meanwhile
+            signal.signal(sig, signal.SIG_IGN)  # from now on the kernel drops them
+            _forget(loop, sig)
         stop.set()
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stopping)
 
 
-def _ignored() -> None:
-    """A stop signal after the first: the program is already stopping."""
+def _forget(loop: asyncio.AbstractEventLoop, sig: int) -> None:
+    """asyncio forgets its handler of ``sig`` without setting the default action (its public
+    ``remove_signal_handler`` sets it, for a moment here and for good when the loop closes)."""
+    handlers = getattr(loop, "_signal_handlers", None)
+    if isinstance(handlers, dict):
+        handlers.pop(sig, None)
+    else:  # another loop implementation: its own removal, then ignored again at once
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
