@@ -89,7 +89,7 @@ def test_proxy_checks_an_unknown_user_at_the_stored_cost(tmp_path: Path, monkeyp
         return real(raw, hashed)
 
     monkeypatch.setattr(passwords, "_checkpw", spy)
-    monkeypatch.setattr("tests.unit.test_proxy_pipeline.FakeStore", _DecoyStore)
+    monkeypatch.setattr("tests.support.fake_store.FakeStore", _DecoyStore)
 
     async def scenario(fake: FakeStore, ch: grpc.aio.Channel, _: ProxyServer) -> None:
         assert isinstance(fake, _DecoyStore)
