@@ -136,9 +136,9 @@ class _Stream:
                     batch = self._next_batch()
                     if batch:
                         metrics.LINK_CALLS_PER_MESSAGE.observe(len(batch))
-                        await call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
-                        if self.traces:
+                        if self.traces:  # before the write: the store may have it before the write returns
                             self._stamp_sent(batch)
+                        await call.write(store_pb2.DoBatch(calls=batch).SerializeToString())
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the call broke under the write; its reader has the status

@@ -118,7 +118,10 @@ class ProxyTrace:
             hist.labels("store_in").observe((store_in - self.start) / 1e9)
             for name, offset in zip(STORE_STAGES[1:], self.store, strict=False):
                 if offset:
-                    hist.labels(name).observe((store_in + offset - self.start) / 1e9)
+                    # never after the answer was here (a store slower than the round trip the
+                    # proxy saw: its send was stamped late, or the clocks' rates differ)
+                    at = min(store_in + offset, self.received)
+                    hist.labels(name).observe((at - self.start) / 1e9)
         hist.labels("proxy_out").observe((end - self.start) / 1e9)
 
 
