@@ -44,7 +44,7 @@ from authstore.api.watch.hub import (
 )
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
-from authstore.state.auth.authorize import request_kind
+from authstore.state.auth.authorize import kind_of, request_kind
 from authstore.state.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.state.auth.store import token_digest
 from protos import wire
@@ -284,7 +284,7 @@ class StoreService:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
             req = ipb.InternalRaftRequest.FromString(data)
-            kind = request_kind(req)
+            kind = kind_of(data, req)
         except DecodeError as exc:
             raise Refusal(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc)) from None
         except EtcdError:
@@ -340,9 +340,21 @@ class StoreService:
             data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
-        if trace is not None:
-            return await self.node.propose(data, trace)
-        return await self.node.propose(data)
+        # ``data`` parses to ``req`` (re-encoded above wherever ``req`` was changed): apply on
+        # this node takes ``req`` for the logged entry instead of parsing it again.
+        handed: list[bytes] = []
+
+        def prepared(payload: bytes, request_id: int, time_ms: int) -> None:
+            req.ID = request_id  # the fields the node appended; the last occurrence wins
+            req.time_unix_ms = time_ms
+            self.applier.remember(payload, req, kind)
+            handed.append(payload)
+
+        try:
+            return await self.node.propose(data, trace, prepared=prepared)
+        finally:
+            if handed:
+                self.applier.forget(handed[0])
 
     def _behind_auth(self, header: ipb.RequestHeader) -> bool:
         """A serializable read stamped with an auth revision this node has not applied yet (a

@@ -68,6 +68,64 @@ def request_kind(req: ipb.InternalRaftRequest) -> str:
     return kinds[0]
 
 
+#: InternalRaftRequest's request fields: field number -> kind (the header and scalars are none).
+KIND_OF_FIELD: dict[int, str] = {
+    f.number: f.name for f in ipb.InternalRaftRequest.DESCRIPTOR.fields
+    if f.message_type is not None and f.name != "header"}
+
+
+def kind_of(data: bytes, req: ipb.InternalRaftRequest) -> str:
+    """``request_kind(req)`` for ``req`` parsed from ``data``, read from the field numbers in
+    ``data``: a walk of the top-level tags costs a fraction of listing the parsed message's fields.
+
+    Anything but plain length-delimited, varint and fixed fields at the top level (which the
+    store's own requests never hold) is left to ``request_kind``, so both always agree."""
+    pos = 0
+    end = len(data)
+    kind: str | None = None
+    try:
+        while pos < end:
+            b = data[pos]
+            pos += 1
+            key = b & 0x7F
+            shift = 7
+            while b & 0x80:
+                b = data[pos]
+                pos += 1
+                key |= (b & 0x7F) << shift
+                shift += 7
+            wire_type = key & 7
+            if wire_type == 2 or wire_type == 0:
+                b = data[pos]
+                pos += 1
+                value = b & 0x7F
+                shift = 7
+                while b & 0x80:
+                    b = data[pos]
+                    pos += 1
+                    value |= (b & 0x7F) << shift
+                    shift += 7
+                if wire_type == 2:
+                    pos += value
+                    name = KIND_OF_FIELD.get(key >> 3)
+                    if name is not None:
+                        if kind is None:
+                            kind = name
+                        elif kind != name:
+                            return request_kind(req)  # two requests: refused as the message is
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            else:
+                return request_kind(req)
+    except IndexError:
+        return request_kind(req)
+    if kind is None or pos != end:
+        return request_kind(req)
+    return kind
+
+
 def authorize(
     auth: AuthStore,
     txn: lmdb.Transaction,
