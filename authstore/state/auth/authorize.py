@@ -199,7 +199,7 @@ class _Check:
     def user(self) -> auth_pb2.User | None:
         """The caller's record; nothing changes it while one request is being authorized."""
         if self._user is False:
-            self._user = self.auth.get_user(self.txn, self.username)
+            self._user = self.auth.checked_user(self.txn, self.username)
         assert not isinstance(self._user, bool)
         return self._user
 
