@@ -68,6 +68,8 @@ class Quota:
         self._raising: asyncio.Task[None] | None = None
         self._env: lmdb.Environment | None = None
         self._page_size = 0
+        #: (applied index, used_bytes_bound)
+        self._bound_at = (-1, 0)
 
     def available(self, req: ipb.InternalRaftRequest, size: int) -> bool:
         """etcd's Available: requests that add nothing always pass; others while the store and
@@ -75,12 +77,19 @@ class Quota:
         high-water mark (every page ever used, which they cannot exceed) does not already say so."""
         if not adds_data(req):
             return True
-        env = self.applier.env  # a snapshot restore replaces it
-        if env is not self._env:
-            self._env, self._page_size = env, int(env.stat()["psize"])
-        if used_bytes_bound(env, self._page_size) + size + OVERHEAD < self.quota_bytes:
+        if self._bound() + size + OVERHEAD < self.quota_bytes:
             return True
         return self._live_bytes() + size + OVERHEAD < self.quota_bytes
+
+    def _bound(self) -> int:
+        """``used_bytes_bound``, read again only when a batch was applied (as the live size)."""
+        index = self._applied()
+        if self._bound_at[0] != index:
+            env = self.applier.env  # a snapshot restore replaces it
+            if env is not self._env:
+                self._env, self._page_size = env, int(env.stat()["psize"])
+            self._bound_at = (index, used_bytes_bound(env, self._page_size))
+        return self._bound_at[1]
 
     def _live_bytes(self) -> int:
         index = self._applied()

@@ -158,11 +158,12 @@ def authorize(
     if kind in OPEN_KINDS or not auth.is_enabled(txn):
         return
     try:
-        if header.simple_token and header.username and header.auth_revision < auth.revision(txn):
+        check = _Check(auth, txn, header, lease_keys, all_leases, read)
+        if header.simple_token and header.username and header.auth_revision < check.current_revision():
             # The proxy resolved the token before an auth change that may have revoked it: it
             # resolves it again (the request had no effect) instead of relying on a stale cache.
             raise EtcdError(Err.AUTH_OLD_REVISION)
-        _Check(auth, txn, header, lease_keys, all_leases, read).request(kind, getattr(req, kind))
+        check.request(kind, getattr(req, kind))
     except EtcdError as exc:
         metrics.count_refusal(exc.err, kind, read=read)
         raise
@@ -187,7 +188,8 @@ class _Check:
         self.lease_keys = lease_keys
         self.all_leases = all_leases
         self.read = read
-        self._user: auth_pb2.User | None | bool = False  # False: not looked up yet
+        #: the caller's stored record and its parse (AuthStore.user_record); False: not looked up yet
+        self._record: tuple[bytes, auth_pb2.User] | None | bool = False
         self._perms: UserPermissions | None = None
         self._revision: int | None = None
 
@@ -198,10 +200,10 @@ class _Check:
 
     def user(self) -> auth_pb2.User | None:
         """The caller's record; nothing changes it while one request is being authorized."""
-        if self._user is False:
-            self._user = self.auth.checked_user(self.txn, self.username)
-        assert not isinstance(self._user, bool)
-        return self._user
+        if self._record is False:
+            self._record = self.auth.user_record(self.txn, self.username)
+        assert not isinstance(self._record, bool)
+        return None if self._record is None else self._record[1]
 
     # ---- the three kinds of check -------------------------------------------------------------
 
@@ -237,7 +239,8 @@ class _Check:
         if has_root_role(user):
             return
         if self._perms is None:
-            self._perms = self.auth.user_permissions(self.txn, self.username)
+            assert not isinstance(self._record, bool)  # user() looked it up
+            self._perms = self.auth.user_permissions(self.txn, self.username, self._record)
         perms = self._perms
         if perms is None or not perms.covers(key, range_end, write=write):
             raise EtcdError(Err.PERMISSION_DENIED)

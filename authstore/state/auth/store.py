@@ -112,7 +112,7 @@ class AuthStore:
         self.lockout = Lockout(env, self._key)
         # name -> (user record, its roles' records, permissions built from them); see user_permissions.
         self._perm_cache: dict[str, tuple[bytes, tuple[bytes | None, ...], UserPermissions]] = {}
-        # name -> (user record, the record parsed); see checked_user.
+        # name -> (user record, the record parsed); see user_record.
         self._user_cache: dict[str, tuple[bytes, auth_pb2.User]] = {}
 
     # ------------------------------------------------------------------ keys and records
@@ -205,9 +205,11 @@ class AuthStore:
         u = self.get_user(txn, user)
         return u is not None and role in u.roles
 
-    def _user_record(self, txn: lmdb.Transaction, name: str) -> tuple[bytes, auth_pb2.User] | None:
-        """`name`'s stored record and its parse, from a cache used only while the stored bytes are
-        those it was parsed from (right by construction, as ``user_permissions``' cache)."""
+    def user_record(self, txn: lmdb.Transaction, name: str) -> tuple[bytes, auth_pb2.User] | None:
+        """`name`'s stored record and its parse, for authorization: from a cache used only while the
+        stored bytes are those it was parsed from (right by construction, as ``user_permissions``'
+        cache). The parse is shared between checks and threads, so it must never be modified
+        (``get_user`` gives a copy to change)."""
         raw = txn.get(self._key(name), db=self._users) if name else None
         if raw is None:
             return None
@@ -220,21 +222,18 @@ class AuthStore:
         self._user_cache[name] = record
         return record
 
-    def checked_user(self, txn: lmdb.Transaction, name: str) -> auth_pb2.User | None:
-        """`name`'s record for authorization, parsed once while it does not change: shared
-        between checks and threads, so it must never be modified (``get_user`` gives a copy to change)."""
-        record = self._user_record(txn, name)
-        return None if record is None else record[1]
-
-    def user_permissions(self, txn: lmdb.Transaction, name: str) -> UserPermissions | None:
+    def user_permissions(self, txn: lmdb.Transaction, name: str,
+                         record: tuple[bytes, auth_pb2.User] | None = None) -> UserPermissions | None:
         """The merged key permissions of `name` (None if no such user), from a cache.
 
         A cache entry is used only while the stored user record and the records of its roles are
         byte-for-byte those it was built from. That is a few LMDB reads and memcmps per check, and
         it makes the cache right by construction: no entry can outlive an aborted transaction, a
         snapshot restore, or a revision number that was reused with different content.
+        ``record``: ``user_record(txn, name)`` when the caller has it already (same transaction).
         """
-        record = self._user_record(txn, name)
+        if record is None:
+            record = self.user_record(txn, name)
         if record is None:
             return None
         raw_user, user = record
