@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from authstore import failpoints, metrics
 from authstore.raft.codec import decode_conf_change
 from authstore.raft.types import Entry, EntryType
-from authstore.state.auth.authorize import authorize, kind_of, request_kind
+from authstore.state.auth.authorize import authorize, request_kind
 from authstore.state.auth.store import AuthStore, RevisionMoved
 from authstore.state.backend import Backend, set_member_id
 from authstore.state.lease.lessor import DEFAULT_MIN_TTL, Lessor
@@ -275,7 +275,7 @@ class Applier:
         txn = self.env.begin(write=True, parent=batch)
         try:
             if kind is None:
-                kind = kind_of(entry.data, req)
+                kind = request_kind(req)
             resp = self.execute(txn, req, index=entry.index, read=False, kind=kind)
         except (EtcdError, AuthRevisionMoved) as exc:
             txn.abort()

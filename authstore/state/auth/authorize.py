@@ -60,23 +60,32 @@ LeaseKeys = Callable[[int], list[bytes]]
 AllLeases = Callable[[], Iterable[int]]
 
 
-def request_kind(req: ipb.InternalRaftRequest) -> str:
-    """The one request message set besides the header (scalars such as ID are not requests)."""
-    kinds = [f.name for f, _ in req.ListFields() if f.message_type is not None and f.name != "header"]
-    if len(kinds) != 1:
-        raise EtcdError(Err.NOT_CAPABLE)
-    return kinds[0]
-
-
 #: InternalRaftRequest's request fields: field number -> kind (the header and scalars are none).
 KIND_OF_FIELD: dict[int, str] = {
     f.number: f.name for f in ipb.InternalRaftRequest.DESCRIPTOR.fields
     if f.message_type is not None and f.name != "header"}
 
 
+def request_kind(req: ipb.InternalRaftRequest) -> str:
+    """The one request message set besides the header (scalars such as ID are not requests),
+    named by its field number (``KIND_OF_FIELD``)."""
+    kind = None
+    for field, _ in req.ListFields():
+        name = KIND_OF_FIELD.get(field.number)
+        if name is not None:
+            if kind is not None:
+                raise EtcdError(Err.NOT_CAPABLE)
+            kind = name
+    if kind is None:
+        raise EtcdError(Err.NOT_CAPABLE)
+    return kind
+
+
 def kind_of(data: bytes, req: ipb.InternalRaftRequest) -> str:
     """``request_kind(req)`` for ``req`` parsed from ``data``, read from the field numbers in
-    ``data``: a walk of the top-level tags costs a fraction of listing the parsed message's fields.
+    ``data``: for a proxy's request (a header and the request, no scalars) a walk of the top-level
+    tags costs a fraction of listing the parsed message's fields; for an entry (with its ID and
+    time) it does not, and apply uses ``request_kind``.
 
     Anything but plain length-delimited, varint and fixed fields at the top level (which the
     store's own requests never hold) is left to ``request_kind``, so both always agree."""
