@@ -22,15 +22,32 @@ class WireError(ValueError):
     """The store's answer is not the message we expected (a bug or version skew, never client input)."""
 
 
+#: Every one-byte varint, encoded: tags of low field numbers and short lengths are most varints.
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+#: Tags already encoded (a handful of field numbers are used, on every request).
+_TAGS: dict[int, bytes] = {}
+
+
 def encode_varint(value: int) -> bytes:
-    if value < 0:
-        raise ValueError("varint must be non-negative")
+    if value < 0x80:
+        if value < 0:
+            raise ValueError("varint must be non-negative")
+        return _ONE_BYTE[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _tag(key: int) -> bytes:
+    tag = _TAGS.get(key)
+    if tag is None:
+        tag = _TAGS[key] = encode_varint(key)
+    return tag
 
 
 def decode_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -52,12 +69,12 @@ def decode_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 def length_delimited(field_number: int, payload: bytes) -> bytes:
     """One length-delimited field: tag, length, bytes (present even when empty)."""
-    return encode_varint((field_number << 3) | _WIRE_LEN) + encode_varint(len(payload)) + payload
+    return _tag((field_number << 3) | _WIRE_LEN) + encode_varint(len(payload)) + payload
 
 
 def varint_field(field_number: int, value: int) -> bytes:
     """One non-negative integer field (int64 / uint64)."""
-    return encode_varint((field_number << 3) | _WIRE_VARINT) + encode_varint(value)
+    return _tag((field_number << 3) | _WIRE_VARINT) + encode_varint(value)
 
 
 def encode_header(username: str, auth_revision: int, *, invalid_token: bool = False,

@@ -49,6 +49,12 @@ def live_bytes(env: lmdb.Environment) -> int:
     return int(pages * main["psize"])
 
 
+def used_bytes_bound(env: lmdb.Environment, page_size: int) -> int:
+    """At least ``live_bytes(env)``: the pages up to the last one LMDB has used (each page a tree
+    holds is one of them), read from the environment's info without a transaction."""
+    return (int(env.info()["last_pgno"]) + 1) * page_size
+
+
 class Quota:
     def __init__(self, applier: Applier, quota_bytes: int, member_id: int,
                  propose: Callable[[bytes], Awaitable[Any]], applied: Callable[[], int]) -> None:
@@ -60,13 +66,30 @@ class Quota:
         self.member_id = member_id
         self._propose = propose
         self._raising: asyncio.Task[None] | None = None
+        self._env: lmdb.Environment | None = None
+        self._page_size = 0
+        #: (applied index, used_bytes_bound)
+        self._bound_at = (-1, 0)
 
     def available(self, req: ipb.InternalRaftRequest, size: int) -> bool:
         """etcd's Available: requests that add nothing always pass; others while the store and
-        the request stay below the quota."""
+        the request stay below the quota. The live pages are counted only when the file's
+        high-water mark (every page ever used, which they cannot exceed) does not already say so."""
         if not adds_data(req):
             return True
+        if self._bound() + size + OVERHEAD < self.quota_bytes:
+            return True
         return self._live_bytes() + size + OVERHEAD < self.quota_bytes
+
+    def _bound(self) -> int:
+        """``used_bytes_bound``, read again only when a batch was applied (as the live size)."""
+        index = self._applied()
+        if self._bound_at[0] != index:
+            env = self.applier.env  # a snapshot restore replaces it
+            if env is not self._env:
+                self._env, self._page_size = env, int(env.stat()["psize"])
+            self._bound_at = (index, used_bytes_bound(env, self._page_size))
+        return self._bound_at[1]
 
     def _live_bytes(self) -> int:
         index = self._applied()

@@ -44,7 +44,7 @@ from authstore.api.watch.hub import (
 )
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
-from authstore.state.auth.authorize import request_kind
+from authstore.state.auth.authorize import kind_of, request_kind
 from authstore.state.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.state.auth.store import token_digest
 from protos import wire
@@ -101,6 +101,8 @@ FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
 # Answered from applied state, after authorization: nothing to put into the log (the method table's
 # READ route; a Txn without writes and an Alarm GET join them by their body, in _dispatch).
 READ_KINDS = requests(routes=(Route.READ,))
+#: Each DoStream call method's name in the access table (``stream_call``), by its number.
+_STREAM_CALLS = {number: stream_call(name) for name, number in spb.DoCall.Method.items()}
 #: The class of the caller whose call is being served: set by ``_Gate`` before any handler runs
 #: (a handler reached any other way finds none, and fails).
 CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("raftgate_internal_caller")
@@ -215,7 +217,7 @@ class StoreService:
             try:
                 if method != spb.DoCall.DO and method not in methods:
                     raise Refusal(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: no stream method {method}")
-                admit(stream_call(spb.DoCall.Method.Name(method)), caller)
+                admit(_STREAM_CALLS[method], caller)
                 if method == spb.DoCall.DO:
                     token = call.token if sidecar and call.HasField("token") else None
                     trace = stages.store_trace() if stages.ON and call.trace else None
@@ -284,7 +286,7 @@ class StoreService:
             raise Refusal(Err.STOPPED.code, Err.STOPPED.message)
         try:
             req = ipb.InternalRaftRequest.FromString(data)
-            kind = request_kind(req)
+            kind = kind_of(data, req)
         except DecodeError as exc:
             raise Refusal(grpc.StatusCode.INTERNAL, unmarshal_error(data, exc)) from None
         except EtcdError:
@@ -340,9 +342,21 @@ class StoreService:
             data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
-        if trace is not None:
-            return await self.node.propose(data, trace)
-        return await self.node.propose(data)
+        # ``data`` parses to ``req`` (re-encoded above wherever ``req`` was changed): apply on
+        # this node takes ``req`` for the logged entry instead of parsing it again.
+        handed: list[bytes] = []
+
+        def prepared(payload: bytes, request_id: int, time_ms: int) -> None:
+            req.ID = request_id  # the fields the node appended; the last occurrence wins
+            req.time_unix_ms = time_ms
+            self.applier.remember(payload, req, kind)
+            handed.append(payload)
+
+        try:
+            return await self.node.propose(data, trace, prepared=prepared)
+        finally:
+            if handed:
+                self.applier.forget(handed[0])
 
     def _behind_auth(self, header: ipb.RequestHeader) -> bool:
         """A serializable read stamped with an auth revision this node has not applied yet (a
@@ -574,10 +588,14 @@ class _Outbox:
     larger answers fill what room is left, one part at a time and in turn, so that a large answer
     never travels as one message (over the gRPC limit it would end the stream for every call) and
     holds the other calls back by one message at most.
+
+    Whole answers wait encoded (``_result_bytes``: protobuf's bytes for the DoResult, by hand), so
+    a batch is their framing joined, with no message objects built and copied per answer.
     """
 
     def __init__(self) -> None:
-        self.whole: collections.deque[spb.DoResult] = collections.deque()
+        #: (call id, the encoded DoResult, the bytes it counts: response + message)
+        self.whole: collections.deque[tuple[int, bytes, int]] = collections.deque()
         #: Large answers still being sent: the call id, the answer, how much of it is sent, and
         #: the verified user (a sidecar's call; sent with the first part).
         self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
@@ -601,43 +619,65 @@ class _Outbox:
         if len(response) > ANSWER_PART_BYTES:
             self.large.append((call_id, response, 0, user))
         else:
-            self.whole.append(spb.DoResult(id=call_id, response=response, user=user))
+            self.whole.append((call_id, _result_bytes(call_id, response, user), len(response)))
 
     def refuse(self, result: spb.DoResult) -> None:
-        self.bytes += len(result.response) + len(result.message)
-        self.whole.append(result)
+        n = len(result.response) + len(result.message)
+        self.bytes += n
+        self.whole.append((result.id, result.SerializeToString(), n))
 
     def take(self) -> bytes:
         """The next DoResultBatch message (at least one result; none left makes it empty)."""
-        out: list[spb.DoResult] = []
+        out: list[bytes] = []
+        ids: list[int] = []
         size = 0
         while self.whole:
-            result = self.whole[0]
-            n = len(result.response) + len(result.message)
+            call_id, encoded, n = self.whole[0]
             if out and size + n > STREAM_BATCH_BYTES:
                 break
-            out.append(self.whole.popleft())
+            self.whole.popleft()
+            out.append(encoded)
+            ids.append(call_id)
             size += n
             self.bytes -= n
         while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
             call_id, response, sent, user = self.large.popleft()
             part = response[sent : sent + ANSWER_PART_BYTES]
             if sent == 0:
-                out.append(spb.DoResult(id=call_id, response=part, size=len(response), user=user))
+                out.append(spb.DoResult(id=call_id, response=part, size=len(response), user=user).SerializeToString())
+                ids.append(call_id)
             else:
-                out.append(spb.DoResult(id=call_id, response=part, rest=True))
+                out.append(spb.DoResult(id=call_id, response=part, rest=True).SerializeToString())
+                ids.append(-1)  # a later part: never carries the trace
             sent += len(part)
             size += len(part)
             self.bytes -= len(part)
             if sent < len(response):
                 self.large.append((call_id, response, sent, user))  # its next part after the others'
         if self.traces:
-            for result in out:
-                trace = None if result.rest else self.traces.pop(result.id, None)
-                if trace is not None:
-                    result.stages.extend(stages.store_finish(trace))
+            for i, call_id in enumerate(ids):
+                trace = self.traces.pop(call_id, None) if call_id >= 0 else None
+                if trace is not None:  # the packed stages field, merged into the encoded result
+                    out[i] += spb.DoResult(stages=stages.store_finish(trace)).SerializeToString()
         metrics.LINK_ANSWERS_PER_MESSAGE.observe(len(out))
-        return spb.DoResultBatch(results=out).SerializeToString()
+        return b"".join([wire.length_delimited(_RESULTS_FIELD, encoded) for encoded in out])
+
+
+_RESULTS_FIELD = spb.DoResultBatch.DESCRIPTOR.fields_by_name["results"].number
+_ID_TAG = wire.encode_varint(spb.DoResult.DESCRIPTOR.fields_by_name["id"].number << 3)
+_RESPONSE_FIELD = spb.DoResult.DESCRIPTOR.fields_by_name["response"].number
+_USER_FIELD = spb.DoResult.DESCRIPTOR.fields_by_name["user"].number
+
+
+def _result_bytes(call_id: int, response: bytes, user: str) -> bytes:
+    """``DoResult(id=call_id, response=response, user=user).SerializeToString()``, by hand:
+    protobuf's bytes exactly (fields in number order, defaults left out)."""
+    out = _ID_TAG + wire.encode_varint(call_id) if call_id else b""
+    if response:
+        out += wire.length_delimited(_RESPONSE_FIELD, response)
+    if user:
+        out += wire.length_delimited(_USER_FIELD, user.encode())
+    return out
 
 
 def check_answer_size(body: bytes) -> bytes:

@@ -465,14 +465,19 @@ class RaftNode:
         log.info("snapshot at index %d; log compacted", index)
 
     # ---- the API the store service uses ----
-    async def propose(self, data: bytes, trace: list[int] | None = None) -> Any:
+    async def propose(self, data: bytes, trace: list[int] | None = None,
+                      prepared: Callable[[bytes, int, int], None] | None = None) -> Any:
         """Puts a request into the log; returns the apply stage's answer (or raises its error).
-        ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way."""
+        ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way.
+        ``prepared(payload, request ID, time)``: told the entry's bytes before they are logged."""
         await self._await_leader()
         if self.storage.hard_state.commit - self.applied_index > MAX_APPLY_LAG:
             raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
-        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, self.clock.wall_ms())
+        now = self.clock.wall_ms()
+        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now)
+        if prepared is not None:
+            prepared(payload, request_id, now)
         return await self._propose(request_id, lambda: self.rn.propose(payload), trace)
 
     async def propose_conf_change(self, cc: ConfChange, request_id: int) -> Any:

@@ -42,6 +42,10 @@ from raftgate.methods import Route, checked, requests
 
 log = logging.getLogger("raftgate.store.apply")
 
+#: Requests the leader parsed and handed to apply, not yet applied (``Applier.remember``); past
+#: this many (proposals that never reach the log are forgotten by their callers) all are dropped.
+PREPARED_MAX = 4096
+
 #: What the apply stage executes: the method table's LOG and READ routes.
 APPLIED_KINDS = requests(routes=(Route.LOG, Route.READ))
 
@@ -98,6 +102,8 @@ class Applier:
         self.max_txn_ops = max_txn_ops
         self.term = 1
         self._entry_subscribers: list[Callable[[lmdb.Transaction], None]] = []
+        #: entry bytes -> (the request they parse to, its kind): the leader's own parse (remember)
+        self._prepared: dict[bytes, tuple[ipb.InternalRaftRequest, str]] = {}
         self._decided_hooks: list[Callable[[int, list[tuple[int, Any]]], None]] = []
         #: whether a NOSPACE alarm is set, read once per batch (None: not read since the batch
         #: began or since an entry changed the alarms)
@@ -238,17 +244,39 @@ class Applier:
         self.stamp(batch, resp)
         return request_id, resp
 
+    def remember(self, payload: bytes, req: ipb.InternalRaftRequest, kind: str) -> None:
+        """The leader's parse of the entry it is about to log as ``payload``: ``req`` must be
+        what parsing ``payload`` gives (the store parsed the request and set the ID and time
+        the node appended), ``kind`` its kind. Apply takes it for the entry whose bytes are
+        ``payload`` instead of parsing them again; any other entry (a follower's, a replay's) is
+        parsed. Called on the event loop; the apply thread takes it (a dict is safe across them)."""
+        if len(self._prepared) >= PREPARED_MAX:
+            self._prepared.clear()
+        self._prepared[payload] = (req, kind)
+
+    def forget(self, payload: bytes) -> None:
+        """A remembered request that was not applied (its proposal failed or timed out)."""
+        self._prepared.pop(payload, None)
+
     def _apply_entry(self, batch: lmdb.Transaction, entry: Entry) -> tuple[int, Any]:
-        try:
-            req = ipb.InternalRaftRequest.FromString(entry.data)
-        except DecodeError:
-            log.error("entry %d does not decode; skipped", entry.index)
-            return 0, EtcdError(Err.NOT_CAPABLE)
+        prepared = self._prepared.pop(entry.data, None) if self._prepared else None
+        kind: str | None
+        if prepared is not None:
+            req, kind = prepared
+        else:
+            try:
+                req = ipb.InternalRaftRequest.FromString(entry.data)
+            except DecodeError:
+                log.error("entry %d does not decode; skipped", entry.index)
+                return 0, EtcdError(Err.NOT_CAPABLE)
+            kind = None
         if self._refused_for_space(batch, req):
             return req.ID, EtcdError(Err.NO_SPACE)
         txn = self.env.begin(write=True, parent=batch)
         try:
-            resp = self.execute(txn, req, index=entry.index, read=False)
+            if kind is None:
+                kind = request_kind(req)
+            resp = self.execute(txn, req, index=entry.index, read=False, kind=kind)
         except (EtcdError, AuthRevisionMoved) as exc:
             txn.abort()
             return req.ID, exc

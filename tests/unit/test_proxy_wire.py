@@ -74,3 +74,18 @@ def test_unwrap_skips_other_fields_and_rejects_missing() -> None:
         wire.unwrap_field(wire.length_delimited(3, b"abc")[:-1], 3)
     with pytest.raises(wire.WireError):
         wire.unwrap_field(b"\x80", 3)
+
+
+def test_varints_and_fields_are_protobuf_s_bytes() -> None:
+    """Every length class of varint, and the fields built from them, byte for byte as protobuf
+    encodes them (the hand-written encoder has fast paths for small values)."""
+    values = sorted({0, 1, 126, 127, 128, 255, 16383, 16384, 2**21 - 1, 2**21, 2**35, 2**56, 2**63 - 1, 2**64 - 1}
+                    | {2**k + d for k in range(64) for d in (-1, 0, 1) if 0 <= 2**k + d < 2**64})
+    for value in values:
+        req = raft_internal_pb2.InternalRaftRequest(ID=value)
+        assert wire.varint_field(1, value) == (req.SerializeToString() or b"\x08\x00")  # 0: protobuf omits it
+        assert wire.decode_varint(wire.encode_varint(value), 0) == (value, len(wire.encode_varint(value)))
+    for number in (1, 15, 16, 100, 2047, 2048, 3200):
+        assert wire.length_delimited(number, b"ab") == wire.encode_varint(number << 3 | 2) + b"\x02ab"
+    with pytest.raises(ValueError):
+        wire.encode_varint(-1)

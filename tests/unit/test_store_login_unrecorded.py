@@ -51,7 +51,7 @@ class _Node:
                 raise EtcdError(Err.NOT_LEADER)
             self.lead_for -= 1
 
-    async def propose(self, data: bytes) -> Any:
+    async def propose(self, data: bytes, *_args: Any, **_kw: Any) -> Any:
         self.proposed.append(ipb.InternalRaftRequest.FromString(data))
         if self.propose_error is not None:
             raise EtcdError(self.propose_error)

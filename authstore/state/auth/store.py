@@ -46,6 +46,8 @@ _REVISION = b"revision"
 _ENABLED_AT = b"enabled_at"
 _CREDENTIALS = b"cred/"
 _TOKEN_HEAD = struct.Struct(">qq")
+#: Users whose parsed record and permissions authorization keeps; past it they are all dropped.
+CHECK_CACHE_NAMES = 1024
 
 
 def _root_perm() -> auth_pb2.Permission:
@@ -110,6 +112,8 @@ class AuthStore:
         self.lockout = Lockout(env, self._key)
         # name -> (user record, its roles' records, permissions built from them); see user_permissions.
         self._perm_cache: dict[str, tuple[bytes, tuple[bytes | None, ...], UserPermissions]] = {}
+        # name -> (user record, the record parsed); see user_record.
+        self._user_cache: dict[str, tuple[bytes, auth_pb2.User]] = {}
 
     # ------------------------------------------------------------------ keys and records
 
@@ -201,18 +205,38 @@ class AuthStore:
         u = self.get_user(txn, user)
         return u is not None and role in u.roles
 
-    def user_permissions(self, txn: lmdb.Transaction, name: str) -> UserPermissions | None:
+    def user_record(self, txn: lmdb.Transaction, name: str) -> tuple[bytes, auth_pb2.User] | None:
+        """`name`'s stored record and its parse, for authorization: from a cache used only while the
+        stored bytes are those it was parsed from (right by construction, as ``user_permissions``'
+        cache). The parse is shared between checks and threads, so it must never be modified
+        (``get_user`` gives a copy to change)."""
+        raw = txn.get(self._key(name), db=self._users) if name else None
+        if raw is None:
+            return None
+        hit = self._user_cache.get(name)
+        if hit is not None and hit[0] == raw:
+            return hit
+        if len(self._user_cache) >= CHECK_CACHE_NAMES:
+            self._user_cache.clear()
+        record = (raw, auth_pb2.User.FromString(raw))
+        self._user_cache[name] = record
+        return record
+
+    def user_permissions(self, txn: lmdb.Transaction, name: str,
+                         record: tuple[bytes, auth_pb2.User] | None = None) -> UserPermissions | None:
         """The merged key permissions of `name` (None if no such user), from a cache.
 
         A cache entry is used only while the stored user record and the records of its roles are
         byte-for-byte those it was built from. That is a few LMDB reads and memcmps per check, and
         it makes the cache right by construction: no entry can outlive an aborted transaction, a
         snapshot restore, or a revision number that was reused with different content.
+        ``record``: ``user_record(txn, name)`` when the caller has it already (same transaction).
         """
-        raw_user = txn.get(self._key(name), db=self._users) if name else None
-        if raw_user is None:
+        if record is None:
+            record = self.user_record(txn, name)
+        if record is None:
             return None
-        user = auth_pb2.User.FromString(raw_user)
+        raw_user, user = record
         raw_roles = tuple(txn.get(self._key(r), db=self._roles) if r else None for r in user.roles)
         hit = self._perm_cache.get(name)
         if hit is not None and hit[0] == raw_user and hit[1] == raw_roles:
@@ -222,6 +246,8 @@ class AuthStore:
             if raw is not None:  # a granted role that does not exist grants nothing
                 perms.extend(auth_pb2.Role.FromString(raw).keyPermission)
         built = UserPermissions.from_permissions(perms)
+        if len(self._perm_cache) >= CHECK_CACHE_NAMES:
+            self._perm_cache.clear()
         self._perm_cache[name] = (raw_user, raw_roles, built)
         return built
 
