@@ -284,8 +284,10 @@ class Fetcher:
 
 
 class FileSource:
-    """A JWKS file (re-read when its content changes: a mounted ConfigMap or Secret). One that is
-    deleted or no longer parses leaves no keys (``max_stale`` 0): nothing is waiting to come back."""
+    """A JWKS file (a mounted ConfigMap or Secret), read again only when it changed (as every file
+    raftgate follows: raftgate/file_watch.py); looked at whenever its keys are due. One that is
+    deleted or no longer parses leaves no keys (``max_stale`` 0): nothing is waiting to come back.
+    Called by one fetch at a time (raftgate/key_source.py)."""
 
     max_age = 5.0
     refetch_interval = 1.0
@@ -293,12 +295,26 @@ class FileSource:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._file = FileWatch([path], in_force=())  # nothing read yet
+        #: what the file in force holds, or why the file that failed cannot be used
+        self._data = b""
+        self._error = ""
 
     def fetch(self) -> bytes:
+        signature = self._file.changed()
+        if signature is None:  # unchanged: what it held, or why it could not be used
+            if self._file.bad is not None:
+                raise OSError(self._error)
+            return self._data
         try:
-            return _read_bounded(self.path)
+            data = _read_bounded(self.path)
         except WorkloadConfigError as e:
-            raise OSError(str(e)) from None
+            self._file.failed(signature)
+            self._error = str(e)
+            raise OSError(self._error) from None
+        self._file.took(signature)
+        self._data = data
+        return data
 
     def __str__(self) -> str:
         return f"JWKS file {self.path!r}"
