@@ -688,7 +688,7 @@ def jwks_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
     if scheme == "http":
         return None
     try:
-        return ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        return bounded_get.tls_context(ca_file)
     except (OSError, ssl.SSLError) as e:
         raise KeyLoadError(f"jwks-ca {ca_file!r} cannot be used: {e}") from None
 

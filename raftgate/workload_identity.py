@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 import jwt as pyjwt
 
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.bounded_get import tls_context
 from raftgate.file_watch import FileWatch, missing
 from raftgate.jwt_keys import (
     JWKS_MAX_STALE_SECONDS,
@@ -265,12 +266,11 @@ def check_url(url: str, what: str) -> None:
 
 class Fetcher:
     """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env),
-    the whole answer within ``timeout``: a socket timeout bounds each read only, so an issuer that
-    trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
-    shuts the connection at the deadline."""
+    the whole answer within ``timeout`` however slowly the issuer trickles it: raftgate/bounded_get.py,
+    as for a ``jwks-url``."""
 
     def __init__(self, ca_file: str | None = None, timeout: float = JWKS_TIMEOUT_SECONDS) -> None:
-        self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        self._context = tls_context(ca_file)
         self.timeout = timeout
 
     def get(self, url: str) -> bytes:
