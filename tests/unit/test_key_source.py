@@ -1,5 +1,5 @@
-"""One fetch-and-freshness policy for fetched keys (issue 23, item 1), enumerated cell by cell
-against both of its users, so that the two can never drift apart:
+"""One fetch-and-freshness policy for fetched keys (raftgate/key_source.py; issue 23, item 1),
+enumerated cell by cell against both of its users, so that the two can never drift apart:
 
 * etcd's ``jwks-url`` follower (raftgate/jwt_keys.py ``JwksFollower`` feeding a ``KeyRing``), and
 * workload identity's issuer keys (raftgate/workload_identity.py ``KeySet``).
