@@ -20,6 +20,12 @@ class GetError(OSError):
     """The GET failed or took too long; the message names the URL, never a body."""
 
 
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """The TLS context key documents are fetched with: the system CAs, or only ``ca_file``'s;
+    raises OSError or ssl.SSLError for a CA file that cannot be used."""
+    return ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+
+
 def get(url: str, context: ssl.SSLContext | None, *, timeout: float, max_bytes: int,
         accept: str = "application/json") -> tuple[int, bytes]:
     """(status, body) of ``GET url`` within ``timeout`` seconds overall; the body of a 200 only,
@@ -29,7 +35,7 @@ def get(url: str, context: ssl.SSLContext | None, *, timeout: float, max_bytes: 
         if parts.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
                 parts.hostname or "", parts.port, timeout=timeout,
-                context=context if context is not None else ssl.create_default_context())
+                context=context if context is not None else tls_context())
         elif parts.scheme == "http":
             conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
         else:

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import inspect
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,7 @@ from cryptography.x509.oid import NameOID
 
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, Stamp, stamps
+from raftgate.trust_cache import TrustCache
 
 log = logging.getLogger("raftgate.crl")
 
@@ -171,7 +170,8 @@ class RevocationList:
         self._current = self._load()  # start-up: a bad file stops the program (CRLError)
         #: the files in force and the files that last failed (not read or logged again until they change)
         self._files = FileWatch([self.path, *self.ca_paths], in_force=self._current.stamp)
-        self._verdicts: OrderedDict[bytes, int | None] = OrderedDict()
+        #: chain -> (verdict,), under the list it was judged by (raftgate/trust_cache.py: by digest, bounded)
+        self._verdicts: TrustCache[tuple[int | None]] = TrustCache(CACHE_SIZE)
         #: new lists taken (for tests and logs)
         self.reloads = 0
 
@@ -193,8 +193,7 @@ class RevocationList:
         changed = loaded.entries != self._current.entries
         self._current = loaded
         if changed:
-            self._verdicts.clear()
-            self.reloads += 1
+            self.reloads += 1  # the basis of the cached verdicts: none made under the old list is answered
             log.info("%s: a new list (%d revoked certificates) applies from the next call", self.source,
                      sum(len(serials) for serials in loaded.entries.values()))
 
@@ -204,15 +203,14 @@ class RevocationList:
         self.refresh()
         if not self._current.entries:
             return None
-        # by digest: a client may present a chain of ~100 KB, and a thousand of those is no cache
-        key = hashlib.sha256(b"".join(pems)).digest()
-        if key in self._verdicts:
-            self._verdicts.move_to_end(key)
-            return self._verdicts[key]
+        # by digest (the cache keeps sha256 only): a client may present a chain of ~100 KB
+        chain = b"".join(pems)
+        basis = self.reloads
+        hit = self._verdicts.get(chain, basis)
+        if hit is not None:
+            return hit[0]
         verdict = self._judge(pems)
-        self._verdicts[key] = verdict
-        if len(self._verdicts) > CACHE_SIZE:
-            self._verdicts.popitem(last=False)
+        self._verdicts.put(chain, (verdict,), basis=basis)
         return verdict
 
     def _judge(self, pems: Sequence[bytes]) -> int | None:

@@ -23,10 +23,11 @@ Shared by the proxy (``--auth-token jwt,...``) and, later, the store; it imports
   unknown one with the keys in order, at most ``MAX_UNKEYED_TRIES`` of them.
 * :class:`JwksFollower` keeps a verify-only set in step with another proxy's published JWKS
   (``jwks-url``): fetched in a thread (raftgate/bounded_get.py), bounded in size and time, refreshed
-  periodically and (rate-limited) when a token names a kid nobody knows yet. Fetched keys that
-  could not be refreshed for ``JWKS_MAX_STALE_SECONDS`` (an hour) stop verifying: an outage of the
-  signer is survived, but a key it removed is not trusted forever by a follower cut off from it.
-  A failing refresh is logged once (then again only after a success).
+  periodically and (rate-limited) when a token names a kid nobody knows yet. How long fetched keys
+  are trusted is raftgate/key_source.py's policy, the same as for workload identity's issuer keys:
+  not refreshed for ``JWKS_MAX_STALE_SECONDS`` (an hour), they stop verifying (an outage of the
+  signer is survived, but a key it removed is not trusted forever by a follower cut off from it);
+  a failing refresh is logged once (then again only after a success).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorith
 from raftgate import bounded_get
 from raftgate.bounded_file import FileReadError, read_bounded
 from raftgate.file_watch import FileWatch, stamps
+from raftgate.key_source import FetchedKeys, Freshness
 
 log = logging.getLogger(__name__)
 
@@ -511,8 +513,8 @@ class KeyRing:
         self._lock = threading.Lock()
         self._jws = new_jws()
         self._snap = _snapshot(material.signing, material.verify, (), (), 0)
-        #: fetched keys verify until then (monotonic), unless fetched again; None: no bound
-        self._remote_until: float | None = None
+        #: keys fetched from a JWKS URL (raftgate/key_source.py decides how long they are trusted)
+        self._remote: FetchedKeys[tuple[VerifyKey, ...]] | None = None
 
     @classmethod
     def from_files(cls, algorithm: str, priv_path: str | None, pub_path: str | None, *, retain_seconds: float,
@@ -540,23 +542,24 @@ class KeyRing:
         self.poll()
         return self._current().generation
 
+    def _fetched(self) -> tuple[VerifyKey, ...]:
+        """The fetched keys in force (none past their staleness bound)."""
+        return (self._remote.keys() or ()) if self._remote is not None else ()
+
     def _current(self) -> _Snapshot:
-        """The snapshot, without the retired keys whose grace is over and without fetched keys
-        too stale to trust (each drop is a new generation)."""
+        """The snapshot, without the retired keys whose grace is over, with the fetched keys in
+        force (each drop, and each fetch of other keys, is a new generation)."""
         snap = self._snap
-        remote_gone = self._remote_until is not None and snap.remote and not self._monotonic() < self._remote_until
-        if not remote_gone and self._clock() < snap.retired_until:
+        remote = self._fetched()
+        if (remote is snap.remote or not (remote or snap.remote)) and self._clock() < snap.retired_until:
             return snap
         with self._lock:
             snap, now = self._snap, self._clock()
             retired = tuple((k, until) for k, until in snap.retired if now < until)
-            remote = snap.remote
-            if self._remote_until is not None and remote and not self._monotonic() < self._remote_until:
-                log.error("JWT keys fetched from the JWKS URL are too old (no successful fetch for too "
-                          "long): they no longer verify until a fetch succeeds")
-                remote = ()
-            if retired != snap.retired or remote != snap.remote:
-                self._snap = _snapshot(snap.signing, snap.current, retired, remote, snap.generation + 1)
+            remote = self._fetched()
+            if retired != snap.retired or remote is not snap.remote:
+                moved = retired != snap.retired or _material_ids(remote) != _material_ids(snap.remote)
+                self._snap = _snapshot(snap.signing, snap.current, retired, remote, snap.generation + moved)
             return self._snap
 
     def knows(self, kid: str) -> bool:
@@ -621,14 +624,9 @@ class KeyRing:
     def remote_keys(self) -> tuple[VerifyKey, ...]:
         return self._current().remote
 
-    def set_remote(self, keys: tuple[VerifyKey, ...], *, valid_for: float | None = None) -> None:
-        """The keys fetched from a JWKS URL, replacing the previous fetch's; they stop verifying
-        ``valid_for`` seconds from now unless set again (None: no bound)."""
-        with self._lock:
-            snap = self._snap
-            self._remote_until = None if valid_for is None else self._monotonic() + valid_for
-            if _material_ids(keys) != _material_ids(snap.remote):
-                self._snap = _snapshot(snap.signing, snap.current, snap.retired, keys, snap.generation + 1)
+    def follow(self, fetched: FetchedKeys[tuple[VerifyKey, ...]]) -> None:
+        """Verifies with the keys ``fetched`` holds too (a JWKS URL's), while it trusts them."""
+        self._remote = fetched
 
     # -- tokens
     def sign(self, payload: bytes) -> str:
@@ -690,7 +688,7 @@ def jwks_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
     if scheme == "http":
         return None
     try:
-        return ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        return bounded_get.tls_context(ca_file)
     except (OSError, ssl.SSLError) as e:
         raise KeyLoadError(f"jwks-ca {ca_file!r} cannot be used: {e}") from None
 
@@ -711,10 +709,16 @@ def fetch(url: str, context: ssl.SSLContext | None, *, timeout: float = JWKS_TIM
     return data
 
 
+def same_keys(a: tuple[VerifyKey, ...], b: tuple[VerifyKey, ...]) -> bool:
+    """Whether two fetches brought the same keys (kid, algorithm and the public key itself)."""
+    return _material_ids(a) == _material_ids(b)
+
+
 class JwksFollower:
-    """Keeps ``ring``'s fetched keys equal to the JWKS at ``url``: ``run()`` refreshes periodically;
-    ``refresh_for(kid)`` fetches now for a kid nobody knows, at most once per ``min_interval`` (the
-    callers waiting then share one fetch). Keys not refreshed for ``max_stale`` stop verifying."""
+    """Keeps ``ring``'s fetched keys equal to the JWKS at ``url``, as raftgate/key_source.py's policy
+    says: ``run()`` refreshes every ``refresh_seconds``; ``refresh_for(kid)`` fetches now for a kid
+    nobody knows, at most once per ``min_interval`` (the callers waiting then share one fetch, and
+    wait out the rate limit on the event loop). Keys not refreshed for ``max_stale`` stop verifying."""
 
     def __init__(self, ring: KeyRing, url: str, *, ca_file: str | None = None,
                  refresh_seconds: float = JWKS_REFRESH_SECONDS, min_interval: float = JWKS_MIN_INTERVAL_SECONDS,
@@ -723,26 +727,43 @@ class JwksFollower:
                  max_stale: float = JWKS_MAX_STALE_SECONDS) -> None:
         self.ring = ring
         self.url = url
-        self.max_stale = max_stale
-        self._failing = False  # a failure was logged; the next is not, until a fetch succeeds
-        self.refresh_seconds = refresh_seconds
-        self.min_interval = min_interval
         self.timeout = timeout
         self._context = jwks_context(url, ca_file)
         self._monotonic = monotonic
         self._on_reload = on_reload or (lambda source, result: None)
+        self.keys: FetchedKeys[tuple[VerifyKey, ...]] = FetchedKeys(
+            self.fetch_now, f"JWKS from {url}", Freshness(refresh_seconds, min_interval, max_stale),
+            same=same_keys, clock=monotonic, logger=log, on_fetch=self._fetched)
         self._lock: asyncio.Lock | None = None
-        self._last_start: float | None = None
+
+    def _fetched(self, ok: bool) -> None:
+        """The ring verifies with the keys of the follower that last fetched successfully (until
+        then, a follower that never could changes nothing)."""
+        if ok:
+            self.ring.follow(self.keys)
+        self._on_reload("jwks_url", OK if ok else ERROR)
+
+    @property
+    def refresh_seconds(self) -> float:
+        return self.keys.freshness.max_age
+
+    @property
+    def min_interval(self) -> float:
+        return self.keys.freshness.refetch_interval
+
+    @property
+    def max_stale(self) -> float:
+        return self.keys.freshness.max_stale
 
     def fetch_now(self) -> tuple[VerifyKey, ...]:
-        """One blocking fetch and parse (run in a thread)."""
+        """One blocking fetch and parse (run in a thread); raises KeyLoadError."""
         data = fetch(self.url, self._context, timeout=self.timeout)
         return load_jwks(self.ring.algorithm, data, self.url, publish=False)
 
     async def refresh(self) -> bool:
-        """Fetches now (one fetch at a time); True when the keys were replaced."""
+        """Fetches now (one fetch at a time); True when it succeeded."""
         async with self._get_lock():
-            return await self._fetch_locked()
+            return await asyncio.to_thread(self.keys.refresh_now) is None
 
     async def refresh_for(self, kid: str) -> None:
         """Fetches once more for an unknown ``kid`` unless a fetch started since the caller came,
@@ -753,13 +774,12 @@ class JwksFollower:
 
     async def _refresh_for(self, kid: str, arrived: float) -> None:
         async with self._get_lock():
-            if self.ring.knows(kid) or (self._last_start is not None and self._last_start >= arrived):
+            if self.ring.knows(kid) or self.keys.started_since(arrived):
                 return
-            if self._last_start is not None:
-                wait = self._last_start + self.min_interval - self._monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-            await self._fetch_locked()
+            wait = self.keys.refetch_wait(self._monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await asyncio.to_thread(self.keys.refresh_now)
 
     async def run(self) -> None:
         """Refreshes every ``refresh_seconds`` until cancelled."""
@@ -771,23 +791,3 @@ class JwksFollower:
         if self._lock is None:
             self._lock = asyncio.Lock()
         return self._lock
-
-    async def _fetch_locked(self) -> bool:
-        self._last_start = self._monotonic()
-        try:
-            keys = await asyncio.to_thread(self.fetch_now)
-        except KeyLoadError as e:
-            if not self._failing:
-                log.warning("JWKS not refreshed, keeping the keys fetched before for at most %.0f s "
-                            "(logged once until a fetch succeeds): %s", self.max_stale, e)
-                self._failing = True
-            self._on_reload("jwks_url", ERROR)
-            return False
-        if self._failing:
-            log.info("JWKS from %s refreshed again", self.url)
-            self._failing = False
-        if {k.kid for k in keys} != {k.kid for k in self.ring.remote_keys()}:
-            log.info("JWKS from %s: now %d key(s)", self.url, len(keys))
-        self.ring.set_remote(keys, valid_for=self.max_stale)
-        self._on_reload("jwks_url", OK)
-        return True

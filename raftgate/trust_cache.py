@@ -2,7 +2,7 @@
 
 Every verifier that caches (the proxy's JWTs, the store's sidecar JWTs, workload tokens in both,
 the proxy's simple-token resolutions and workload users, the store's classes of client
-certificates) keeps its results in a :class:`TrustCache`. An entry holds
+certificates, the CRL's verdicts on certificate chains) keeps its results in a :class:`TrustCache`. An entry holds
 
 * the verified value;
 * its **basis**: what the verification relied on, as the verifier read it *before* verifying - the

@@ -21,8 +21,9 @@ bounded sizes and timeouts, by whichever thread verifies (callers on an event lo
 loop). A token whose ``kid`` is unknown makes the key set fetched again, at most once per
 ``refetch_interval``. A JWKS file that is deleted or no longer parses leaves no keys (fail
 closed); keys fetched over HTTP survive failed refreshes (an issuer outage) for at most
-``JWKS_MAX_STALE_SECONDS`` (an hour, as for a ``jwks-url``) after the last good fetch, then stop verifying. Either
-failure is logged once, until a fetch succeeds again.
+``JWKS_MAX_STALE_SECONDS`` (an hour, as for a ``jwks-url``) after the last good fetch, then stop
+verifying. Either failure is logged once, until a fetch succeeds again. These rules are
+raftgate/key_source.py's, shared with etcd's ``jwks-url`` follower.
 
 Results are cached (raftgate/trust_cache.py) by the token's sha256, bounded, never past ``exp``,
 under the generations of the key set and of the user map they were made with: a key removed
@@ -34,8 +35,8 @@ the source's ``max_age`` even when every token is cached.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
-import hashlib
 import ipaddress
 import json
 import logging
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit
 import jwt as pyjwt
 
 from raftgate.bounded_file import FileReadError, read_bounded
+from raftgate.bounded_get import tls_context
 from raftgate.file_watch import FileWatch, missing
 from raftgate.jwt_keys import (
     JWKS_MAX_STALE_SECONDS,
@@ -60,8 +62,10 @@ from raftgate.jwt_keys import (
     VerifyKey,
     fetch,
     jwks_keys,
+    same_keys,
     unverified_header,
 )
+from raftgate.key_source import FetchedKeys, Freshness
 from raftgate.token_verifier import Verified, fingerprint, unverified_claims
 from raftgate.trust_cache import TrustCache
 
@@ -262,12 +266,11 @@ def check_url(url: str, what: str) -> None:
 
 class Fetcher:
     """GETs a bounded JSON document over https (the given CA, no redirects, no proxy from env),
-    the whole answer within ``timeout``: a socket timeout bounds each read only, so an issuer that
-    trickles its answer a byte at a time would hold the fetch as long as it likes; a watchdog
-    shuts the connection at the deadline."""
+    the whole answer within ``timeout`` however slowly the issuer trickles it: raftgate/bounded_get.py,
+    as for a ``jwks-url``."""
 
     def __init__(self, ca_file: str | None = None, timeout: float = JWKS_TIMEOUT_SECONDS) -> None:
-        self._context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        self._context = tls_context(ca_file)
         self.timeout = timeout
 
     def get(self, url: str) -> bytes:
@@ -281,8 +284,10 @@ class Fetcher:
 
 
 class FileSource:
-    """A JWKS file (re-read when its content changes: a mounted ConfigMap or Secret). One that is
-    deleted or no longer parses leaves no keys (``max_stale`` 0): nothing is waiting to come back."""
+    """A JWKS file (a mounted ConfigMap or Secret), read again only when it changed (as every file
+    raftgate follows: raftgate/file_watch.py); looked at whenever its keys are due. One that is
+    deleted or no longer parses leaves no keys (``max_stale`` 0): nothing is waiting to come back.
+    Called by one fetch at a time (raftgate/key_source.py)."""
 
     max_age = 5.0
     refetch_interval = 1.0
@@ -290,12 +295,26 @@ class FileSource:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._file = FileWatch([path], in_force=())  # nothing read yet
+        #: what the file in force holds, or why the file that failed cannot be used
+        self._data = b""
+        self._error = ""
 
     def fetch(self) -> bytes:
+        signature = self._file.changed()
+        if signature is None:  # unchanged: what it held, or why it could not be used
+            if self._file.bad is not None:
+                raise OSError(self._error)
+            return self._data
         try:
-            return _read_bounded(self.path)
+            data = _read_bounded(self.path)
         except WorkloadConfigError as e:
-            raise OSError(str(e)) from None
+            self._file.failed(signature)
+            self._error = str(e)
+            raise OSError(self._error) from None
+        self._file.took(signature)
+        self._data = data
+        return data
 
     def __str__(self) -> str:
         return f"JWKS file {self.path!r}"
@@ -342,12 +361,12 @@ class DiscoverySource:
 
 
 class KeySet:
-    """The issuer's current keys; thread-safe. Fetches lazily: when older than the source's
-    ``max_age``, or for an unknown ``kid`` at most once per ``refetch_interval``. A failed fetch
-    keeps the keys it had while the last good one is younger than ``max_stale`` (0: not at all),
-    then drops them; the failure is logged once, until a fetch succeeds. One fetch at a time,
-    made outside the lock: while it waits on a slow issuer, a token whose key is known is verified
-    at once (only callers that need the fetch's answer, an unknown kid or no keys yet, wait for it).
+    """The issuer's current keys; thread-safe. Fetched lazily, as raftgate/key_source.py's policy
+    says: when older than the source's ``max_age``, or for an unknown ``kid`` at most once per
+    ``refetch_interval`` (a token is refused meanwhile: no thread waits the interval out). A failed
+    fetch keeps the keys while the last good one is younger than ``max_stale`` (0: not at all);
+    the failure is logged once, until a fetch succeeds. Only callers that need a fetch's answer
+    (an unknown kid, no keys yet) wait for it.
 
     ``generation()`` moves whenever the keys in force change (fetched anew and different, or
     dropped): results cached under an older one are not answered."""
@@ -356,127 +375,81 @@ class KeySet:
                  max_age: float | None = None, refetch_interval: float | None = None,
                  max_stale: float | None = None) -> None:
         self.source = source
-        self.max_age = source.max_age if max_age is None else max_age
-        self.refetch_interval = source.refetch_interval if refetch_interval is None else refetch_interval
         if max_stale is None:  # a source that names no bound gets the HTTP one
             max_stale = getattr(source, "max_stale", JWKS_MAX_STALE_SECONDS)
-        self.max_stale = max_stale
+        freshness = Freshness(source.max_age if max_age is None else max_age,
+                              source.refetch_interval if refetch_interval is None else refetch_interval,
+                              max_stale)
+        self._keys: FetchedKeys[dict[str | None, VerifyKey]] = FetchedKeys(
+            self._fetch, f"workload identity: keys from {source}", freshness,
+            same=lambda a, b: same_keys(tuple(a.values()), tuple(b.values())) and list(a) == list(b),
+            clock=clock, logger=log)
         self._clock = clock
-        self._lock = threading.Condition()
-        self._keys: dict[str | None, VerifyKey] = {}
-        self._digest: bytes | None = None  # of the document the keys came from
-        self._generation = 0
-        self._fetched_at: float | None = None  # last successful fetch
-        self._tried_at: float | None = None  # last attempt
-        self._fetching = False
-        self._failing = False  # a failure was logged; the next is not, until a fetch succeeds
-        self.fetches = 0
+
+    @property
+    def max_age(self) -> float:
+        return self._keys.freshness.max_age
+
+    @max_age.setter
+    def max_age(self, seconds: float) -> None:
+        self._keys.freshness = dataclasses.replace(self._keys.freshness, max_age=seconds)
+
+    @property
+    def refetch_interval(self) -> float:
+        return self._keys.freshness.refetch_interval
+
+    @refetch_interval.setter
+    def refetch_interval(self, seconds: float) -> None:
+        self._keys.freshness = dataclasses.replace(self._keys.freshness, refetch_interval=seconds)
+
+    @property
+    def max_stale(self) -> float:
+        return self._keys.freshness.max_stale
+
+    @max_stale.setter
+    def max_stale(self, seconds: float) -> None:
+        self._keys.freshness = dataclasses.replace(self._keys.freshness, max_stale=seconds)
+
+    @property
+    def fetches(self) -> int:
+        return self._keys.fetches
+
+    def _fetch(self) -> dict[str | None, VerifyKey]:
+        return parse_jwks(self.source.fetch(), str(self.source))
 
     def load(self) -> None:
         """Fetches now; raises WorkloadConfigError if that fails (used at start-up for a file)."""
-        error = self._refresh(lambda now: True, wait=True)
+        error = self._keys.refresh_now()
         if error is not None:
             raise WorkloadConfigError(error)
 
     def generation(self) -> int:
         """The keys in force now; drops keys fetched longer than ``max_stale`` ago (no I/O)."""
-        with self._lock:
-            self._drop_if_stale(self._clock())
-            return self._generation
-
-    def _drop_if_stale(self, now: float) -> None:
-        """With the lock held: keys past ``max_stale`` since their fetch leave (a new generation)."""
-        if (self._keys and self.max_stale > 0 and self._fetched_at is not None
-                and now - self._fetched_at >= self.max_stale):
-            log.error("workload identity: keys from %s not refreshed for %.0f s: they no longer verify until "
-                      "a fetch succeeds", self.source, now - self._fetched_at)
-            self._keys, self._digest = {}, None
-            self._generation += 1
-
-    def _stale(self, now: float) -> bool:
-        return ((self._fetched_at is None or now - self._fetched_at >= self.max_age)
-                and (self._tried_at is None or now - self._tried_at >= min(self.refetch_interval, self.max_age)))
+        return self._keys.generation()
 
     def refresh_due(self) -> bool:
         """Whether the keys are due to be fetched again (then a cached result is not answered: the
         caller verifies, which fetches, so a rotation is seen even when every token is cached)."""
-        with self._lock:
-            return not self._fetching and self._stale(self._clock())
+        return self._keys.refresh_due()
 
     def refresh_if_due(self) -> None:
         """Fetches now if the keys are due (and no fetch is under way); may block on I/O."""
-        self._refresh(self._stale, wait=False)
+        self._keys.refresh_if_due()
 
     def key_for(self, kid: str | None) -> VerifyKey | None:
-        def may_refetch(now: float) -> bool:
-            return self._tried_at is None or now - self._tried_at >= self.refetch_interval
-
         # stale keys: whoever notices fetches; the others keep using the keys they have
-        self._refresh(self._stale, wait=False)
-        with self._lock:
-            key = self._find(kid)
+        self._keys.refresh_if_due()
+        key = self._find(kid)
         if key is None:
-            self._refresh(may_refetch, wait=True)
-            with self._lock:
-                key = self._find(kid)
+            self._keys.refresh(self._keys.may_refetch, wait=True)
+            key = self._find(kid)
         return key
 
     def _find(self, kid: str | None) -> VerifyKey | None:
-        self._drop_if_stale(self._clock())
+        keys = self._keys.keys() or {}
         if kid is None:
-            return next(iter(self._keys.values())) if len(self._keys) == 1 else None
-        return self._keys.get(kid)
-
-    def _refresh(self, due: Callable[[float], bool], *, wait: bool) -> str | None:
-        """Fetches the keys if ``due(now)`` and no fetch is under way; with ``wait``, a fetch under
-        way is waited for instead. Returns why the fetch failed, or None."""
-        with self._lock:
-            if self._fetching:
-                if wait:
-                    self._lock.wait_for(lambda: not self._fetching)
-                return None
-            if not due(self._clock()):
-                return None
-            self._fetching = True
-            self._tried_at = self._clock()
-            self.fetches += 1
-        keys: dict[str | None, VerifyKey] | None = None
-        digest: bytes | None = None
-        error: str | None = None
-        try:
-            data = self.source.fetch()
-            keys = parse_jwks(data, str(self.source))
-            digest = hashlib.sha256(data).digest()
-        except (OSError, WorkloadConfigError) as e:
-            error = str(e)
-        finally:
-            with self._lock:
-                self._fetching = False
-                self._lock.notify_all()
-                if keys is not None:
-                    if digest != self._digest:
-                        self._generation += 1
-                    self._keys, self._digest = keys, digest
-                    self._fetched_at = self._clock()
-                    if self._failing:
-                        log.info("workload identity: keys from %s fetched again (%d)", self.source, len(keys))
-                    self._failing = False
-                elif error is not None:
-                    self._fetch_failed(error)
-        return error
-
-    def _fetch_failed(self, error: str) -> None:
-        """With the lock held: logs the first failure; drops the keys if they may not outlive it."""
-        if not self._failing:
-            kept = ("no keys are trusted until it succeeds" if self.max_stale <= 0 else
-                    f"the keys fetched before are kept for at most {self.max_stale:.0f} s")
-            log.warning("workload identity: cannot fetch keys from %s (%s; logged once until a fetch "
-                        "succeeds): %s", self.source, kept, error)
-            self._failing = True
-        if self.max_stale <= 0 and self._keys:
-            self._keys, self._digest = {}, None
-            self._generation += 1
-        self._drop_if_stale(self._clock())
+            return next(iter(keys.values())) if len(keys) == 1 else None
+        return keys.get(kid)
 
 
 # --- the verifier -------------------------------------------------------------------------------

@@ -289,3 +289,34 @@ def test_discovery_over_https_trusts_the_ca_file(tmp_path: Path) -> None:
         untrusting = WorkloadVerifier(tls_issuer.url, AUDIENCE, KeySet(DiscoverySource(tls_issuer.url, fetcher())),
                                       UserMap.from_json(json.dumps(RULES)))
         assert refused(untrusting, tls_issuer.token()) == "unknown key id"  # system CAs: not trusted
+
+
+def test_a_jwks_file_is_read_again_only_when_it_changed(tmp_path: Path, issuer: TestIssuer,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a JWKS file changed is told as for every file raftgate follows (raftgate/file_watch.py):
+    an unchanged file is looked at, not read again, however often its keys are due; a replaced one
+    (a ConfigMap swap) is read at the next look, and a deleted one leaves no keys."""
+    import raftgate.workload_identity as wi
+
+    reads: list[str] = []
+    read = wi.read_bounded
+    monkeypatch.setattr(wi, "read_bounded", lambda path, limit: reads.append(str(path)) or read(path, limit))
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(issuer.jwks()))
+    mono = Clock()
+    keys = KeySet(FileSource(str(path)), clock=mono)
+    keys.load()
+    assert len(reads) == 1 and keys.key_for("k1") is not None
+    for _ in range(5):
+        mono.now += FileSource.max_age + 1
+        assert keys.key_for("k1") is not None
+    assert len(reads) == 1
+    replacement = tmp_path / "jwks.json.new"
+    replacement.write_text(json.dumps({"keys": [public_jwk(rsa_key(1), "k7")]}))
+    replacement.replace(path)
+    mono.now += FileSource.max_age + 1
+    assert keys.key_for("k7") is not None and keys.key_for("k1") is None
+    assert len(reads) == 2
+    path.unlink()
+    mono.now += FileSource.max_age + 1
+    assert keys.key_for("k7") is None
