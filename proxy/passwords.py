@@ -25,13 +25,13 @@ import bcrypt
 from proxy import metrics
 from raftgate.errors import Err, EtcdError
 from raftgate.fair_lane import FairLane
+from raftgate.password_file import BCRYPT_MAX_BYTES
 
 T = TypeVar("T")
 
 DEFAULT_COST = 10
 MIN_COST = 4
 MAX_COST = 31
-BCRYPT_MAX_BYTES = 72
 _DUMMY_PASSWORD = b"raftgate: no such user"
 
 

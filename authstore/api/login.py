@@ -40,10 +40,10 @@ from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
 from raftgate.fair_lane import FairLane
 from raftgate.lockout_names import unknown_name_record
+from raftgate.password_file import BCRYPT_MAX_BYTES
 from raftgate.simple_token import generate_prefix
 from raftgate.token_verifier import JwtKeys
 
-BCRYPT_MAX_BYTES = 72
 QUEUE_PER_WORKER = 4
 #: a stored hash longer than this is no bcrypt hash (those are 60 bytes): it never matches, and
 #: a waiting check keeps only this much of it
