@@ -6,7 +6,8 @@ and reaches the world only through what the constructor is given: the state mach
 (``fsm.StateMachine``), the log, the peers, the clock and the worker threads (``ports``). The
 store passes the real ones (authstore/main.py); the simulation in tests/raft passes in-memory
 ones, so what it proves is this code.
-For each ``Ready``: make the snapshot, hard state and entries durable (one fsync), then send the
+For each ``Ready``: make the snapshot, hard state and entries durable (one fsync; a hard state
+whose only change is the commit index is written on the loop, unsynced), then send the
 messages (they may promise what was just made durable), then hand the committed entries to the
 apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
 its own log meanwhile, as etcd does (Raft thesis 10.2.1): nothing it sends depends on its own
@@ -308,7 +309,7 @@ class RaftNode:
             metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
         early, late = self._split_sends(rd.messages)
         self._send(early)
-        if rd.entries or rd.hard_state is not None:
+        if rd.entries or (rd.hard_state is not None and rd.must_sync):
             metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
             if self._traced and rd.entries:
@@ -318,6 +319,13 @@ class RaftNode:
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
             failpoints.hit("raftAfterFsync")
+        elif rd.hard_state is not None:
+            # Only the commit index moved (a single node's commit follows every write): written
+            # here, unsynced, without a round trip to the log thread. Nothing else writes the log
+            # meanwhile (every log job is awaited by this task), and nothing waits for it to be
+            # durable: a commit index promises nothing, Raft learns it again from the log.
+            self.wal.save(rd.hard_state, [], False)
+            self.storage.set_hard_state(rd.hard_state)
         self._send(late)
         if rd.committed_entries:
             if self._traced:

@@ -368,7 +368,8 @@ def test_a_preallocated_segment_is_trimmed_when_the_log_moves_past_it(tmp_path: 
     assert sorted(tmp_path.glob("*.wal"))[-1].read_bytes()[-1:] != b"\0"  # a clean close trims the newest too
 
 
-def test_appends_sync_with_fdatasync_and_new_segments_with_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_appends_sync_with_fdatasync_and_new_segments_with_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from authstore.node import wal as wal_module
 
     calls: list[str] = []
