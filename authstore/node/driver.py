@@ -405,7 +405,11 @@ class RaftNode:
         """On the apply thread (``Applier.on_decided``): a batch up to ``index`` is executed and
         about to commit; its callers are answered now, not after the state's own fsync. Changes
         of membership wait for the batch to be applied (the core must see them first)."""
-        if self._event_loop is not None:
+        if self._event_loop is None:
+            return
+        if isinstance(self._apply_worker, ThreadWorker):  # shares the loop wake-up with the batch's result
+            self._apply_worker.call_soon(self._event_loop, self._answer_decided, index, results)
+        else:
             self._event_loop.call_soon_threadsafe(self._answer_decided, index, results)
 
     def _answer_decided(self, index: int, results: list[tuple[int, Any]]) -> None:
