@@ -153,7 +153,8 @@ class RaftNode:
         self._waiters = Waiters()
         #: log index -> the stage trace of a sampled proposal in flight (raftgate/stages.py; else empty)
         self._traced: dict[int, list[int]] = {}
-        self._reads = ReadBatcher()
+        # random per incarnation: a read answer the leader queued for an earlier one matches nothing
+        self._reads = ReadBatcher(first_ctx=1 + (rng.getrandbits(62) if seeded else secrets.randbits(62)))
         self._incoming = IncomingSnapshots(snapshot_dir)
         self._snapshots = SnapshotSender(fsm, peers, snapshot_dir, copy_worker or _DefaultExecutor(),
                                          self._snapshot_sent)
