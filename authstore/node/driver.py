@@ -6,7 +6,8 @@ and reaches the world only through what the constructor is given: the state mach
 (``fsm.StateMachine``), the log, the peers, the clock and the worker threads (``ports``). The
 store passes the real ones (authstore/main.py); the simulation in tests/raft passes in-memory
 ones, so what it proves is this code.
-For each ``Ready``: make the snapshot, hard state and entries durable (one fsync), then send the
+For each ``Ready``: make the snapshot, hard state and entries durable (one fsync; a hard state
+whose only change is the commit index is written on the loop, unsynced), then send the
 messages (they may promise what was just made durable), then hand the committed entries to the
 apply task, then answer read-index requests, then ``advance``. A leader sends first and writes
 its own log meanwhile, as etcd does (Raft thesis 10.2.1): nothing it sends depends on its own
@@ -152,7 +153,8 @@ class RaftNode:
         self._waiters = Waiters()
         #: log index -> the stage trace of a sampled proposal in flight (raftgate/stages.py; else empty)
         self._traced: dict[int, list[int]] = {}
-        self._reads = ReadBatcher()
+        # random per incarnation: a read answer the leader queued for an earlier one matches nothing
+        self._reads = ReadBatcher(first_ctx=1 + (rng.getrandbits(62) if seeded else secrets.randbits(62)))
         self._incoming = IncomingSnapshots(snapshot_dir)
         self._snapshots = SnapshotSender(fsm, peers, snapshot_dir, copy_worker or _DefaultExecutor(),
                                          self._snapshot_sent)
@@ -308,7 +310,7 @@ class RaftNode:
             metrics.observe_leadership(leader=self.leader_id, term=self.term, me=self.id)
         early, late = self._split_sends(rd.messages)
         self._send(early)
-        if rd.entries or rd.hard_state is not None:
+        if rd.entries or (rd.hard_state is not None and rd.must_sync):
             metrics.observe_batch(len(rd.entries))
             await self._io(self.wal.save, rd.hard_state, rd.entries, rd.must_sync)
             if self._traced and rd.entries:
@@ -318,6 +320,13 @@ class RaftNode:
             if rd.hard_state is not None:
                 self.storage.set_hard_state(rd.hard_state)
             failpoints.hit("raftAfterFsync")
+        elif rd.hard_state is not None:
+            # Only the commit index moved (a single node's commit follows every write): written
+            # here, unsynced, without a round trip to the log thread. Nothing else writes the log
+            # meanwhile (every log job is awaited by this task), and nothing waits for it to be
+            # durable: a commit index promises nothing, Raft learns it again from the log.
+            self.wal.save(rd.hard_state, [], False)
+            self.storage.set_hard_state(rd.hard_state)
         self._send(late)
         if rd.committed_entries:
             if self._traced:
@@ -397,7 +406,11 @@ class RaftNode:
         """On the apply thread (``Applier.on_decided``): a batch up to ``index`` is executed and
         about to commit; its callers are answered now, not after the state's own fsync. Changes
         of membership wait for the batch to be applied (the core must see them first)."""
-        if self._event_loop is not None:
+        if self._event_loop is None:
+            return
+        if isinstance(self._apply_worker, ThreadWorker):  # shares the loop wake-up with the batch's result
+            self._apply_worker.call_soon(self._event_loop, self._answer_decided, index, results)
+        else:
             self._event_loop.call_soon_threadsafe(self._answer_decided, index, results)
 
     def _answer_decided(self, index: int, results: list[tuple[int, Any]]) -> None:

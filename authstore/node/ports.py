@@ -7,9 +7,11 @@ proof runs the same driver that ships.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -106,13 +108,65 @@ class SystemClock:
 
 
 class ThreadWorker:
-    """A single-thread executor: ``run`` returns the loop's future for the call directly."""
+    """One thread running jobs in submission order; ``run`` returns a loop future for the call.
+
+    Cheaper than an executor on the path of every write: no concurrent.futures.Future between
+    the thread and the loop, and one wake-up of the loop for all the results (and ``call_soon``
+    callbacks) that finish before the loop gets to them, instead of one each.
+    """
 
     def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, Callable[..., Any], tuple[Any, ...],
+                                            asyncio.Future[Any] | None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._ready: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []  # for the loop, in order
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
 
     def run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((loop, fn, args, fut))
+        return fut
+
+    def call_soon(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+        """From the worker's thread: runs ``fn(*args)`` on the loop, in order with the results."""
+        with self._lock:
+            self._ready.append((fn, args))
+            if len(self._ready) > 1:
+                return  # the loop is woken already and takes this one with the others
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for fn, args in ready:
+            fn(*args)
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, fn, args, fut = job
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                self.call_soon(loop, _set_exception, fut, exc)
+            else:
+                self.call_soon(loop, _set_result, fut, result)
+            del job, fn, args, fut
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Runs the jobs already submitted, then ends the thread."""
+        self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def _set_result(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

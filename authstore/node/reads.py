@@ -29,12 +29,15 @@ class _Batch:
 
 
 class ReadBatcher:
-    def __init__(self, retry_seconds: float = RETRY_SECONDS) -> None:
+    def __init__(self, retry_seconds: float = RETRY_SECONDS, first_ctx: int = 1) -> None:
+        """``first_ctx``: random per process (the driver's), so that an answer the leader sends
+        to an earlier incarnation of this node never matches a read of this one (as etcd's
+        request IDs, unique across restarts)."""
         self.retry_seconds = retry_seconds
         self._pending: list[asyncio.Future[int]] = []
         self._in_flight: dict[bytes, _Batch] = {}
         self._batches: list[_Batch] = []  # in flight, oldest first
-        self._ctx = itertools.count(1)
+        self._ctx = itertools.count(first_ctx)
 
     def add(self, fut: asyncio.Future[int]) -> None:
         self._pending.append(fut)

@@ -17,7 +17,15 @@ is short, or the file holds zeros from some point to its end (some filesystems e
 before the data lands). Only that is cut at start-up. A bad record anywhere else, or one followed
 by anything but zeros, means the disk lost data, and the node refuses to start rather than guess.
 Segments of the first format (no magic) are still read, with its weaker tail rule, and never
-appended to; the first checkpoint removes them. The log stays small through checkpoints: after the
+appended to; the first checkpoint removes them.
+
+The newest segment is preallocated to its full size (zeros), so an append changes no file size
+and is made durable with ``fdatasync``; its write position is kept here, not taken from the file.
+The preallocated zeros after the last record are the zero-filled tail above: replay stops there.
+At start-up the tail is cut back to its last sound record (a torn record is not left for new
+records to be written over) and preallocated again; a segment the log moves past, and the newest
+one at a clean close, is trimmed to what it holds. Creating a segment and a checkpoint still
+``fsync`` the file and the directory. The log stays small through checkpoints: after the
 state machine has durably applied up to a snapshot index, a new segment starts with the marker,
 the hard state and the entries still needed, and every older segment is deleted.
 """
@@ -106,13 +114,17 @@ def _is_v1_segment(data: bytes) -> bool:
 
 
 class WAL:
-    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES, *, preallocate: bool = True) -> None:
+        """``preallocate=False`` leaves every segment exactly as long as what it holds (tests
+        that locate records by file size)."""
         directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         self.dir = directory
         self.segment_bytes = segment_bytes
+        self.preallocate = preallocate
         self._segments = sorted(directory.glob("*.wal"))
         self._chain = 0  # the payload CRC the next record continues
         self._tail_is_v1 = False
+        self._offset = 0  # where the next record goes in the newest segment
         self.replayed = self._replay()
         self._fd = self._open_tail()
 
@@ -132,9 +144,12 @@ class WAL:
                     with open(path, "wb") as f:
                         f.write(_segment_header(self._chain))
                         os.fsync(f.fileno())
+                    self._offset = _SEGMENT_HEADER.size
                     continue
                 good = self._apply_all(state, path, self._records(path.name, data, start, is_tail), start)
-            if is_tail and good != len(data):
+            if is_tail:
+                self._offset = good
+            if is_tail and good != len(data):  # a torn record or preallocated zeros: cut to the last sound record
                 with open(path, "r+b") as f:
                     f.truncate(good)
                     os.fsync(f.fileno())
@@ -257,17 +272,39 @@ class WAL:
             return self._new_segment(1)
         if self._tail_is_v1:  # new records only ever go to a version-2 segment
             return self._new_segment(int(self._segments[-1].stem, 16) + 1)
-        return os.open(self._segments[-1], os.O_WRONLY | os.O_APPEND)
+        fd = os.open(self._segments[-1], os.O_WRONLY)
+        if self._allocate(fd):
+            os.fsync(fd)
+        return fd
 
     def _new_segment(self, seq: int) -> int:
         """Creates a segment whose header is on disk before the directory names it."""
         path = self.dir / _segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.write(fd, _segment_header(self._chain))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        header = _segment_header(self._chain)
+        os.pwrite(fd, header, 0)
+        self._offset = len(header)
+        self._allocate(fd)
         os.fsync(fd)
         self._segments.append(path)
         self._fsync_dir()
         return fd
+
+    def _allocate(self, fd: int) -> bool:
+        """Extends the newest segment with zeros to its full size, so that appends change no
+        file size and ``fdatasync`` suffices; True if the file grew."""
+        if not self.preallocate or os.fstat(fd).st_size >= self.segment_bytes:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, self.segment_bytes)
+        except OSError:  # a filesystem without fallocate: a sparse file reads as zeros too
+            os.ftruncate(fd, self.segment_bytes)
+        return True
+
+    def _trim(self, fd: int) -> None:
+        """Cuts the preallocated zeros off a segment: only the newest may end in zeros."""
+        if os.fstat(fd).st_size != self._offset:
+            os.ftruncate(fd, self._offset)
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)
@@ -296,14 +333,19 @@ class WAL:
         if not payloads:
             return
         out = self._frames(payloads)
-        os.write(self._fd, out)
-        full = os.fstat(self._fd).st_size >= self.segment_bytes
-        if sync or entries or full:  # only the newest segment may hold unsynced (tearable) records
-            failpoints.hit("raftBeforeFsync")
-            started = time.perf_counter()
+        os.pwrite(self._fd, out, self._offset)
+        self._offset += len(out)
+        if not (sync or entries):
+            # Left unsynced, and the segment is not left behind either: only the newest segment
+            # may hold tearable records. The next synced save moves on when the segment is full.
+            return
+        failpoints.hit("raftBeforeFsync")
+        started = time.perf_counter()
+        os.fdatasync(self._fd)  # the segment's size is preallocated: the data is all there is to sync
+        metrics.WAL_FSYNC_DURATION.observe(time.perf_counter() - started)
+        if self._offset >= self.segment_bytes:
+            self._trim(self._fd)
             os.fsync(self._fd)
-            metrics.WAL_FSYNC_DURATION.observe(time.perf_counter() - started)
-        if full:
             os.close(self._fd)
             self._fd = self._new_segment(int(self._segments[-1].stem, 16) + 1)
 
@@ -312,13 +354,15 @@ class WAL:
 
         ``entries`` are the log entries after ``snapshot.index`` that must survive a restart.
         """
+        self._trim(self._fd)
         os.fsync(self._fd)  # the old segments stay until the new one is durable: keep them sound
         os.close(self._fd)
         old = list(self._segments)
         self._fd = self._new_segment(int(old[-1].stem, 16) + 1)
         out = self._frames([_encode_snapshot(snapshot), *(_encode_entry(e) for e in entries),
                             _encode_hard_state(hard_state)])
-        os.write(self._fd, out)
+        os.pwrite(self._fd, out, self._offset)
+        self._offset += len(out)
         started = time.perf_counter()
         os.fsync(self._fd)
         metrics.WAL_FSYNC_DURATION.observe(time.perf_counter() - started)
@@ -329,7 +373,14 @@ class WAL:
         self._fsync_dir()
 
     def size(self) -> int:
-        return sum(p.stat().st_size for p in self._segments if p.exists())
+        """Bytes the log holds (not counting the newest segment's preallocated zeros)."""
+        older = sum(p.stat().st_size for p in self._segments[:-1] if p.exists())
+        return older + self._offset
 
     def close(self) -> None:
-        os.close(self._fd)
+        """A clean close leaves the newest segment as long as what it holds."""
+        try:
+            self._trim(self._fd)
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)

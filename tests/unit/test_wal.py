@@ -48,7 +48,7 @@ def test_torn_tail_is_cut(tmp_path: Path) -> None:
         f.write(b"\x00\x00\x01\x00partial")  # a frame whose body never made it to disk
     wal = WAL(tmp_path)
     assert wal.replayed.entries[-1].index == 5
-    assert segment.stat().st_size == whole
+    assert wal.size() == whole and not segment.read_bytes()[whole:].strip(b"\0")  # cut (zeros may follow)
     wal.save(None, _entries(6, 1))
     wal.close()
     assert WAL(tmp_path).replayed.entries[-1].index == 6
@@ -153,7 +153,7 @@ def test_a_bad_record_followed_by_good_ones_is_not_a_tear(tmp_path: Path) -> Non
 
 def test_a_corrupt_length_in_the_middle_of_the_newest_segment_stops_the_node(tmp_path: Path) -> None:
     """A damaged length must not pass for a torn tail: the synced records after it and the vote would be cut."""
-    wal = WAL(tmp_path)
+    wal = WAL(tmp_path, preallocate=False)  # record ends are read from the file's size
     segment = next(tmp_path.glob("*.wal"))
     ends = []
     for i in range(1, 6):
@@ -182,7 +182,7 @@ def test_a_zero_filled_tail_is_cut(tmp_path: Path) -> None:
     wal = WAL(tmp_path)
     assert [e.index for e in wal.replayed.entries] == [1, 2, 3]
     assert wal.replayed.hard_state == HardState(1, 2, 3)
-    assert segment.stat().st_size == whole
+    assert wal.size() == whole and not segment.read_bytes()[whole:].strip(b"\0")
     wal.save(None, _entries(4, 1))
     wal.close()
     assert WAL(tmp_path).replayed.entries[-1].index == 4
@@ -191,7 +191,7 @@ def test_a_zero_filled_tail_is_cut(tmp_path: Path) -> None:
 def _write_small_wal(directory: Path) -> tuple[list[tuple[int, int, int]], list[Replayed]]:
     """Writes a two-segment WAL one record per save; returns each record's (segment, start, end) and the
     state a replay must give after each prefix of the records."""
-    wal = WAL(directory, segment_bytes=150)
+    wal = WAL(directory, segment_bytes=150, preallocate=False)  # record ends are read from file sizes
     records: list[tuple[int, int, int]] = []
     states = [Replayed()]
     plan: list[tuple[HardState | None, list[Entry]]] = []
@@ -289,18 +289,23 @@ def test_a_segment_is_synced_before_the_log_moves_past_it(tmp_path: Path, monkey
     from authstore.node import wal as wal_module
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_write = os.fsync, os.write
+    real_fsync, real_fdatasync, real_pwrite = os.fsync, os.fdatasync, os.pwrite
 
     def fsync(fd: int) -> None:
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
-    def write(fd: int, data: bytes) -> int:
+    def fdatasync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fdatasync(fd)
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
         events.append(("write", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(wal_module.os, "fsync", fsync)
-    monkeypatch.setattr(wal_module.os, "write", write)
+    monkeypatch.setattr(wal_module.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(wal_module.os, "pwrite", pwrite)
     wal = WAL(tmp_path, segment_bytes=100)
     wal.save(None, _entries(1, 1))
     for i in range(1, 4):
@@ -308,6 +313,76 @@ def test_a_segment_is_synced_before_the_log_moves_past_it(tmp_path: Path, monkey
     wal.checkpoint(SnapshotMetadata(ConfState([1]), index=1, term=1), HardState(1, 1, 3), [])
     monkeypatch.undo()
     wal.close()
+    assert any(kind == "write" for kind, _ in events)
     for path in {p for kind, p in events if kind == "write"}:
         last_write = max(i for i, e in enumerate(events) if e == ("write", path))
         assert ("fsync", path) in events[last_write:], f"{Path(path).name} was left with an unsynced write"
+
+
+def _torn_in_preallocated_segment(directory: Path) -> tuple[Path, int]:
+    """A preallocated segment as a kill -9 mid-write leaves it: sound records, the first part of a
+    record, then the preallocated zeros to the end. Returns the segment and where the sound records end."""
+    wal = WAL(directory, segment_bytes=1 << 16)
+    wal.save(HardState(1, 1, 2), _entries(1, 3))
+    sound = wal.size()
+    segment = next(directory.glob("*.wal"))
+    assert segment.stat().st_size == 1 << 16  # preallocated
+    wal.save(None, _entries(4, 1, size=3000))
+    torn_end = wal.size()
+    os.close(wal._fd)  # the process died: no clean close
+    data = bytearray(segment.read_bytes())
+    data[sound + 1500:torn_end] = bytes(torn_end - sound - 1500)  # half of the record reached the disk
+    segment.write_bytes(bytes(data))
+    return segment, sound
+
+
+def test_a_torn_record_then_preallocated_zeros_is_the_end_of_the_log(tmp_path: Path) -> None:
+    segment, sound = _torn_in_preallocated_segment(tmp_path)
+    wal = WAL(tmp_path, segment_bytes=1 << 16)
+    assert [e.index for e in wal.replayed.entries] == [1, 2, 3]
+    assert wal.replayed.hard_state == HardState(1, 1, 2)
+    assert wal.size() == sound
+    assert not segment.read_bytes()[sound:].strip(b"\0"), "the torn record was left for new records to follow"
+    wal.save(HardState(1, 1, 4), _entries(4, 1, size=10))  # shorter than the torn record
+    os.close(wal._fd)  # killed again, before any clean close
+    again = WAL(tmp_path, segment_bytes=1 << 16)
+    assert [e.index for e in again.replayed.entries] == [1, 2, 3, 4]
+    assert again.replayed.hard_state == HardState(1, 1, 4)
+    again.close()
+
+
+def test_a_preallocated_segment_is_trimmed_when_the_log_moves_past_it(tmp_path: Path) -> None:
+    """Only the newest segment may end in zeros: an older one that did is refused at start-up."""
+    wal = WAL(tmp_path, segment_bytes=4096)
+    for i in range(1, 40):
+        wal.save(HardState(1, 1, i), _entries(i, 1, size=200))
+    segments = sorted(tmp_path.glob("*.wal"))
+    assert len(segments) > 2
+    for older in segments[:-1]:
+        assert older.read_bytes()[-1:] != b"\0"
+    assert segments[-1].stat().st_size == 4096
+    os.close(wal._fd)  # no clean close
+    got = WAL(tmp_path, segment_bytes=4096)
+    assert [e.index for e in got.replayed.entries] == list(range(1, 40))
+    got.close()
+    assert sorted(tmp_path.glob("*.wal"))[-1].read_bytes()[-1:] != b"\0"  # a clean close trims the newest too
+
+
+def test_appends_sync_with_fdatasync_and_new_segments_with_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from authstore.node import wal as wal_module
+
+    calls: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(wal_module.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(wal_module.os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
+    wal = WAL(tmp_path)
+    calls.clear()
+    wal.save(HardState(1, 1, 0), _entries(1, 2))
+    wal.save(HardState(1, 1, 2), [], sync=False)
+    assert calls == ["fdatasync"]
+    calls.clear()
+    wal.checkpoint(SnapshotMetadata(ConfState([1]), index=2, term=1), HardState(1, 1, 2), [])
+    assert "fdatasync" not in calls and calls.count("fsync") >= 3  # old segment, new segment, directory
+    monkeypatch.undo()
+    wal.close()
