@@ -19,8 +19,6 @@ on line by line. SIGHUP to local is passed on to the proxies (they reopen their 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -33,21 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from proxy import config as proxy_config
-from proxy.children import forward_output, stop_child
 from proxy.gateway_access import LOOPBACK_HOSTS
 from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
+from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, lock_data_dir, on_sighup, pass_on
+from raftgate.process import Child as Process
 from raftgate.stop_signals import stop_on_signals
 
 #: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
 #: raftgate.cli (the proxy never imports the store's code), so local can check a store's values without starting it.
 CheckStore = Callable[[Sequence[str], Mapping[str, str]], object]
 
-READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 10.0
-#: In the data dir, locked (flock) by the ``raftgate local`` that uses it; holds its pid.
-LOCK_FILE = "raftgate.lock"
 
 
 #: Per-process addresses a store reads from its environment: every node would get the same one.
@@ -301,19 +296,11 @@ def _lock(data_dir: Path) -> int | None:
     """An exclusive lock on the data dir for the life of the process, taken before anything in it
     is read or written: a second ``raftgate local`` would start nodes on the same logs and, when
     they fail, delete the first one's local.json. None if another process holds it."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 20, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        pid = f" (pid {holder})" if holder.isdigit() else ""
-        print(f"raftgate local: the data dir {data_dir} is in use by another raftgate process{pid}; refusing to "
-              "start (one raftgate local per data dir)", file=sys.stderr, flush=True)
+        return lock_data_dir(data_dir, "raftgate local")
+    except DataDirInUse as exc:
+        print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
         return None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _secret_file(data_dir: Path) -> Path:
@@ -406,52 +393,14 @@ def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int, 
                          "--data-dir")
 
 
-class Child:
-    def __init__(self, role: str, args: list[str]) -> None:
+class Child(Process):
+    """A store node or a proxy (``raftgate.cli`` with ``args``), its exit code reported once."""
+
+    def __init__(self, role: str, args: list[str], ready_prefix: str) -> None:
+        super().__init__(role, ["-m", "raftgate.cli", *args], ready_prefix=ready_prefix)
         self.role = role
-        self.args = args
-        self.proc: asyncio.subprocess.Process | None = None
-        self._pump: asyncio.Task[None] | None = None
         self.reported = False
         self.died_serving = False  # exited before a stop was asked for (reported, not a failed stop)
-        self.ready = False  # printed its ready line (its own signal handlers are set)
-
-    async def start(self, ready_prefix: str) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "raftgate.cli",
-            *self.args,
-            stdout=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
-        assert self.proc.stdout is not None
-        deadline = asyncio.get_running_loop().time() + READY_TIMEOUT
-        while True:
-            left = deadline - asyncio.get_running_loop().time()
-            try:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), max(left, 0.01))
-            except TimeoutError as exc:
-                raise RuntimeError(f"{self.role} did not become ready in {READY_TIMEOUT:.0f}s") from exc
-            if not line:
-                code = await self.proc.wait()
-                raise RuntimeError(f"{self.role} exited with code {code} before it was ready")
-            sys.stdout.write(line.decode(errors="replace"))
-            if line.decode(errors="replace").startswith(ready_prefix):
-                break
-        sys.stdout.flush()
-        self.ready = True
-        self._pump = asyncio.get_running_loop().create_task(self._forward())
-
-    async def _forward(self) -> None:
-        assert self.proc is not None
-        await forward_output(self.proc)
-
-    def signal(self, sig: int) -> None:
-        """Passes ``sig`` on once the child is ready (before, it could still end it)."""
-        if self.ready and self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
 
     def report_exit(self) -> None:
         """Prints the child's exit code once, whichever of its watcher and the stop sees it first."""
@@ -459,9 +408,6 @@ class Child:
             return
         self.reported = True
         print(f"raftgate local: {self.role} exited with code {self.proc.returncode}", file=sys.stderr, flush=True)
-
-    async def stop(self) -> None:
-        await stop_child(self.proc, STOP_TIMEOUT)
 
 
 async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
@@ -502,7 +448,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         if addr is not None:
             n["metrics_addr"] = str(addr)
             n["argv"] += ["--metrics-addr", str(addr)]
-    stores = [Child(f"store {n['name']}", n["argv"]) for n in layout]
+    stores = [Child(f"store {n['name']}", n["argv"], "raftgate store:") for n in layout]
     endpoints = ",".join(f"127.0.0.1:{n['internal_port']}" for n in layout)
     common = ["--store-endpoints", endpoints, "--internal-secret-file", str(secret)]
     for dest, value in a.proxy_flags:
@@ -529,7 +475,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     except OSError as exc:
         print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
         return 1
-    proxy = Child("proxy", proxy_args)
+    proxy = Child("proxy", proxy_args, "raftgate proxy:")
     for n, addr in zip(layout, metrics[a.nodes + 1:], strict=True):
         n["proxy_argv"] = ["proxy", "--listen-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}", *common,
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
@@ -538,7 +484,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         member_audit = a.audit_log_of(n["name"])
         if member_audit is not None:
             n["proxy_argv"] += ["--audit-log", member_audit]
-    members = [Child(f"proxy {n['name']}", n["proxy_argv"]) for n in layout]
+    members = [Child(f"proxy {n['name']}", n["proxy_argv"], "raftgate proxy:") for n in layout]
     children = [*stores, proxy, *members]
     state_file = data_dir / "local.json"
     stop = asyncio.Event()
@@ -546,16 +492,12 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     stop_on_signals(stop)
     if a.audit_log not in (None, "-"):
         # logrotate's SIGHUP: every proxy reopens its audit log (one not serving yet is left alone)
-        def reopen() -> None:
-            for child in (proxy, *members):
-                child.signal(signal.SIGHUP)
-
-        loop.add_signal_handler(signal.SIGHUP, reopen)
+        on_sighup(lambda: pass_on(signal.SIGHUP, (proxy, *members)))
     code = 0
     stopped_starting = False
     try:
-        await asyncio.gather(*(store.start("raftgate store:") for store in stores))
-        await asyncio.gather(proxy.start("raftgate proxy:"), *(m.start("raftgate proxy:") for m in members))
+        await asyncio.gather(*(store.start() for store in stores))
+        await asyncio.gather(proxy.start(), *(m.start() for m in members))
         processes: list[dict[str, Any]] = [
             {"role": "store", "pid": s.proc.pid if s.proc else None,
              **{k: v for k, v in n.items() if k != "proxy_argv"}} for s, n in zip(stores, layout, strict=True)
@@ -601,9 +543,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
         for child in children:
             child.report_exit()
         # a child the stop reached before its own signal handler was set ends by the signal itself
-        by_signal = {-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
         if any(c.proc is not None and c.proc.returncode != 0 and not c.died_serving
-               and not (stopped_starting and c.proc.returncode in by_signal) for c in children):
+               and not (stopped_starting and c.proc.returncode in STOPPED_BY_SIGNAL) for c in children):
             code = 1
         state_file.unlink(missing_ok=True)
     return code
