@@ -11,8 +11,8 @@ import sys
 from proxy.audit import STDOUT
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
-from proxy.signals import reopen_on_sighup
 from raftgate import stages
+from raftgate.process import on_sighup as reopen_on_sighup
 from raftgate.stop_signals import stop_on_signals
 
 log = logging.getLogger("proxy")

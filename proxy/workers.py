@@ -38,17 +38,14 @@ from prometheus_client import REGISTRY
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import CollectorRegistry
 
-from proxy.children import forward_output, stop_child
 from proxy.config import ConfigError, ProxyConfig, load
-from proxy.signals import reopen_on_sighup
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
+from raftgate.process import STOPPED_BY_SIGNAL, Child, on_sighup, pass_on
 from raftgate.stop_signals import stop_on_signals
 
 log = logging.getLogger("proxy.workers")
 
-READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 10.0
 #: What a worker prints once it serves (the supervisor reads it; ``raftgate local`` waits for the
 #: supervisor's own ``raftgate proxy:`` line, printed after every worker's).
 WORKER_READY = "raftgate proxy worker"
@@ -84,50 +81,14 @@ def check_ports_free(config: ProxyConfig) -> None:
                           ) from None
 
 
-class Worker:
+class Worker(Child):
+    """One worker (``python -m proxy.worker INDEX`` with the supervisor's flags); its ready line is
+    the supervisor's to read, not passed on."""
+
     def __init__(self, index: int, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(f"worker {index}", ["-m", "proxy.worker", str(index), *argv], ready_prefix=WORKER_READY,
+                         echo_ready=False, env=env, log_kill=True)
         self.index = index
-        self.argv = argv
-        self.env = env
-        self.proc: asyncio.subprocess.Process | None = None
-        self._pump: asyncio.Task[None] | None = None
-        #: printed its ready line (its own signal handlers are set: SIGHUP may be passed on)
-        self.ready = False
-
-    @property
-    def name(self) -> str:
-        return f"worker {self.index}"
-
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.worker", str(self.index), *self.argv,
-            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=self.env,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + READY_TIMEOUT
-        while True:
-            try:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), max(deadline - loop.time(), 0.01))
-            except TimeoutError:
-                raise RuntimeError(f"{self.name} did not become ready in {READY_TIMEOUT:.0f}s") from None
-            if not line:
-                code = await self.proc.wait()
-                raise RuntimeError(f"{self.name} exited with code {code} before it was ready")
-            text = line.decode(errors="replace")
-            if text.startswith(WORKER_READY):
-                self.ready = True
-                break
-            sys.stdout.write(text)
-        sys.stdout.flush()
-        self._pump = loop.create_task(self._forward())
-
-    async def _forward(self) -> None:
-        assert self.proc is not None
-        await forward_output(self.proc)
-
-    async def stop(self) -> None:
-        await stop_child(self.proc, STOP_TIMEOUT, self.name)
 
 
 async def supervise(config: ProxyConfig, argv: list[str]) -> int:
@@ -151,7 +112,7 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
     workers = [Worker(i + 1, argv, env) for i in range(config.workers)]
     if config.audit_log is not None and config.audit_log != "-":
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            reopen_on_sighup(lambda: _pass_on(signal.SIGHUP, workers))
+            on_sighup(lambda: pass_on(signal.SIGHUP, workers))
     code = 0
     starting = True
     try:
@@ -193,13 +154,12 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
         await health.enter_graceful_shutdown()
         await asyncio.gather(*(w.stop() for w in workers))
         # a worker the stop reached before its own signal handler was set ends by the signal itself
-        by_signal = {-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
         for w in workers:
             if w.proc is None or w.proc.returncode is None:
                 continue
             if metrics_dir is not None:
                 mark_process_dead(w.proc.pid, metrics_dir)
-            if w.proc.returncode != 0 and not (starting and w.proc.returncode in by_signal) and code == 0:
+            if w.proc.returncode != 0 and not (starting and w.proc.returncode in STOPPED_BY_SIGNAL) and code == 0:
                 log.error("%s exited with code %s", w.name, w.proc.returncode)
                 code = 1
         if observability is not None:
@@ -207,15 +167,6 @@ async def supervise(config: ProxyConfig, argv: list[str]) -> int:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return code
-
-
-def _pass_on(sig: signal.Signals, workers: list[Worker]) -> None:
-    """logrotate's SIGHUP reaches the supervisor (the pid it knows): each serving worker reopens its
-    audit log (one still starting has no handler yet: it opens the file it finds anyway)."""
-    for w in workers:
-        if w.ready and w.proc is not None and w.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.send_signal(sig)
 
 
 def worker_main(argv: list[str]) -> int:
