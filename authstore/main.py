@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import struct
@@ -38,6 +37,8 @@ from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
+from raftgate.process import DataDirInUse
+from raftgate.process import lock_data_dir as lock
 from raftgate.stop_signals import stop_on_signals
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
@@ -51,8 +52,6 @@ _U64 = struct.Struct(">Q")
 #: how long the ready line waits for this member's attributes to be in the member list
 PUBLISH_WAIT = 10.0
 REMOVED_STOP_DELAY = 1.0
-#: In the data dir, locked (flock) by the process that uses it; holds that process's pid.
-LOCK_FILE = "raftgate.lock"
 
 
 class StartupError(Exception):
@@ -123,18 +122,10 @@ def lock_data_dir(data_dir: Path) -> int:
         wider = wider_than_private(data_dir)
         if wider is not None:
             log.warning("%s", wider)
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 20, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        pid = f" (pid {holder})" if holder.isdigit() else ""
-        raise StartupError(f"the data dir {data_dir.resolve()} is in use by another raftgate process{pid}; "
-                           "refusing to start (one process per data dir)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        return lock(data_dir)  # the flock and its message: raftgate/process.py, shared with raftgate local
+    except DataDirInUse as exc:
+        raise StartupError(str(exc)) from None
 
 
 def bootstrap_entries(cfg: store_config.StoreConfig) -> tuple[list[Entry], HardState]:
