@@ -36,7 +36,8 @@ from typing import Any
 
 from bench.admin import BENCH, PREFIX, Admin
 from bench.load import run_job
-from bench.targets import VENV_BIN, RaftgateTarget, _kill_group, _spawn, _wait, free_port, stop_all
+from bench.targets import VENV_BIN, RaftgateTarget, _spawn, _wait, free_port, stop_all
+from raftgate.process import stop_group
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.join()
         for s in setups:
             for proc in s.procs:
-                _kill_group(proc)
+                stop_group(proc)
         t.stop()
         stop_all()
         shutil.rmtree(workdir, ignore_errors=True)

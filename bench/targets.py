@@ -9,7 +9,8 @@
   process; clients spread over every member (gRPC round_robin, as clientv3 does). Its leader is
   found through ``Maintenance.Status`` on each member.
 
-Every process runs in its own session (process group); ``stop`` kills the whole group, and
+Every process runs in its own session (process group); ``stop`` stops the whole group (SIGTERM,
+then SIGKILL: ``raftgate.process.stop_group``, the one stop of every raftgate launcher), and
 ``stop_all`` (registered with atexit and the signal handlers in ``bench.cli``) stops whatever is
 still running.
 """
@@ -20,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +32,7 @@ import grpc
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2, store_pb2_grpc
+from raftgate.process import stop_group
 from raftgate.secret_proof import proving_channel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,18 +59,6 @@ def etcd_binary() -> str | None:
         if candidate and Path(candidate).exists():
             return str(candidate)
     return None
-
-
-def _kill_group(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None,
@@ -133,7 +122,7 @@ class Target:
 
     def stop(self) -> None:
         for p in self.procs:
-            _kill_group(p)
+            stop_group(p)
         self.procs = []
         if self in _running:
             _running.remove(self)
