@@ -43,9 +43,11 @@ from proxy.tls import load as load_tls
 from proxy.tokens.jwt import JwtProvider
 from raftgate.auth_token import JWT, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
 from raftgate.config_support import (
+    MAX_PROXY_WORKERS,
     ConfigError,
     FlagParser,
     Flags,
+    boolean,
     comma_list,
     host_port,
     integer,
@@ -68,7 +70,7 @@ DEFAULT_MAX_REQUEST_BYTES = 1572864  # etcd's embed.DefaultMaxRequestBytes (1.5 
 GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd: grpc max receive = max-request-bytes + grpcOverheadBytes
 MAX_SECRET_BYTES = 4096
 #: --workers: processes serving the client port (proxy/workers.py); more would only contend.
-MAX_WORKERS = 64
+MAX_WORKERS = MAX_PROXY_WORKERS
 
 __all__ = ["ConfigError", "ProxyConfig", "load"]
 
@@ -409,16 +411,6 @@ def _rate(f: Flags, dest: str) -> float:
     if not 0 <= value <= 1e9:  # also refuses nan and inf
         raise f.error(dest, f"must be in 0..1e9 (0: no limit), got {raw!r}")
     return value
-
-
-def boolean(text: str) -> bool:
-    """etcd's (Go's strconv.ParseBool) spellings of a boolean flag value."""
-    value = text.strip().lower()
-    if value in ("1", "t", "true", "yes"):
-        return True
-    if value in ("0", "f", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def _client_urls(f: Flags) -> tuple[tuple[str, ...], tuple[str, ...]]:

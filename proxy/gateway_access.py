@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 STAR = "*"
-#: ``raftgate local``'s default --host-whitelist: its gateway listens on 127.0.0.1 only
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 60.0
 #: an idle keep-alive connection between requests (aiohttp's keepalive_timeout)

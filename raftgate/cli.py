@@ -1,7 +1,8 @@
 """The ``raftgate`` console script: one entry point, a subcommand per program.
 
-The only module that starts both programs, so it lives beside them, not inside either; it imports
-each program only when its subcommand runs."""
+It lives beside both programs, not inside either, and imports each only when its subcommand runs;
+``raftgate local`` (raftgate/local.py) launches both as processes and imports neither: the programs'
+config parsers it checks its children's values with are handed to it from here."""
 
 from __future__ import annotations
 
@@ -55,9 +56,12 @@ def _run(command: str, rest: list[str]) -> int:
         from proxy.main import main as run
     elif command == "local":
         from authstore.config import parse as check_store
-        from proxy.local import main as local
+        from proxy.config import load as check_proxy
+        from raftgate.local import main as local
 
-        return local(rest, check_store)  # checks the stores' values with the store's own parser
+        # local launches both programs as processes and imports neither: it checks each child's
+        # values with that program's own parser, given here
+        return local(rest, check_store, check_proxy)
     elif command == "bootstrap-auth":
         from proxy.bootstrap import main as run
     elif command == "snapshot":

@@ -25,6 +25,9 @@ EnvNames = Callable[[argparse.Action], Sequence[str]]
 
 _HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.\-]+)):(?P<port>[0-9]{1,5})")
 _UNSET = object()
+#: ``raftgate proxy --workers`` (and ``raftgate local --proxy-workers``): processes serving one
+#: client port (proxy/workers.py); more would only contend.
+MAX_PROXY_WORKERS = 64
 
 
 class ConfigError(ValueError):
@@ -144,3 +147,13 @@ def read_file(source: str, path: str | Path, limit: int = 1024 * 1024) -> bytes:
 def comma_list(text: str) -> list[str]:
     """``a, b,,c`` -> ``["a", "b", "c"]`` (etcd's URL lists)."""
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def boolean(text: str) -> bool:
+    """etcd's (Go's strconv.ParseBool) spellings of a boolean flag value (an argparse ``type``)."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes"):
+        return True
+    if value in ("0", "f", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")

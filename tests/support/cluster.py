@@ -7,7 +7,7 @@ Two ways to get a cluster:
 - :func:`local_cluster` runs ``raftgate local --nodes N`` and reads ``<data-dir>/local.json``;
   a killed node is restarted by the test as its own process (same argv, its own process group).
 - :func:`program_cluster` starts N ``raftgate store`` processes and one ``raftgate proxy`` itself,
-  with the same flag layout as ``proxy/local.py`` plus any extra store flags (``raftgate local``
+  with the same flag layout as ``raftgate/local.py`` plus any extra store flags (``raftgate local``
   passes none on, e.g. ``--snapshot-count``).
 
 Every process either way is started by tests/support/processes.py and runs in a process group
@@ -270,7 +270,7 @@ def local_cluster(workdir: Path, nodes: int = 3) -> Iterator[Cluster]:
 
 def store_argv(name: str, data_dir: Path, internal_port: int, peer_port: int, secret: Path,
                initial_cluster: str, client_url: str, extra: list[str]) -> list[str]:
-    """The flags `raftgate local` gives a store node (proxy/local.py), plus `extra`."""
+    """The flags `raftgate local` gives a store node (raftgate/local.py), plus `extra`."""
     return ["store", "--name", name, "--data-dir", str(data_dir),
             "--listen-internal-urls", f"http://127.0.0.1:{internal_port}", "--internal-secret-file", str(secret),
             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import local
+from raftgate import local
 from tests.support.processes import REPO_ROOT, SECRET, Program, free_port
 from tests.support.store_args import _store_args
 

@@ -20,9 +20,9 @@ from proxy import audit, metrics
 from proxy.audit import AUTH_METHODS, MAX_RECORD_BYTES, MAX_TXN_OPS, AuditLog
 from proxy.config import ConfigError, load
 from proxy.gateway import Abort, GatewayContext
-from proxy.local import check_children, parse
 from proxy.watch import _State, track
 from raftgate.errors import Err
+from raftgate.local import check_children, parse
 from raftgate.methods import METHODS
 from raftgate.token_verifier import fingerprint
 from tests.support.processes import wait_for

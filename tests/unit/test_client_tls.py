@@ -20,10 +20,10 @@ import pytest
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2, store_pb2_grpc
 from proxy import config as proxy_config
-from proxy import local
 from proxy.config import ConfigError, load
 from proxy.server import ProxyServer
 from proxy.tls import ClientTLS, ServerTLS, common_name
+from raftgate import local
 from raftgate.errors import Err
 from raftgate.secret_proof import INTERNAL, Challenges, ProofCheck
 from tests.support.processes import write_test_pki

@@ -306,7 +306,7 @@ def test_origins_as_compared(origin: str, allowed: bool) -> None:
 
 
 def test_local_gateway_flags() -> None:
-    from proxy.local import parse
+    from raftgate.local import parse
 
     assert parse(["--gateway-port", "2380"], {}).host_whitelist == "localhost,127.0.0.1,::1"
     assert parse(["--gateway-port", "2380"], {}).cors is None

@@ -122,7 +122,7 @@ def test_raftgate_local_gives_an_older_layout_member_proxy_ports(tmp_path: Path)
     node, distinct from everything else, written back (a member's client URL should not move)."""
     import json
 
-    from proxy import local
+    from raftgate import local
 
     old = [{"name": f"node{i}", "data_dir": str(tmp_path / f"node{i}"), "peer_port": 41000 + 2 * i,
             "internal_port": 41001 + 2 * i} for i in (1, 2, 3)]  # fmt: skip

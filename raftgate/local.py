@@ -30,18 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy import config as proxy_config
-from proxy.gateway_access import LOOPBACK_HOSTS
-from raftgate.config_support import ConfigError, FlagParser, integer, parse_flags
+from raftgate.config_support import MAX_PROXY_WORKERS, ConfigError, FlagParser, boolean, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
 from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, lock_data_dir, on_sighup, pass_on
 from raftgate.process import Child as Process
 from raftgate.stop_signals import stop_on_signals
 
-#: The store's config parser, ``(argv, environ) -> config`` raising ConfigError: given by
-#: raftgate.cli (the proxy never imports the store's code), so local can check a store's values without starting it.
+#: A program's config parser, ``(argv, environ) -> config`` raising ConfigError: the store's and the
+#: proxy's are given by raftgate.cli (the shared package imports neither program), so local can
+#: check a child's values without starting it.
 CheckStore = Callable[[Sequence[str], Mapping[str, str]], object]
+CheckProxy = CheckStore
+#: The default --host-whitelist: local's gateway listens on 127.0.0.1 only
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 
@@ -133,7 +135,7 @@ def _parser() -> FlagParser:
     p.add_argument("--key-file", default=None, help="its private key (PEM)")
     p.add_argument("--trusted-ca-file", default=None,
                    help="CA bundle (PEM): clients then need a certificate it signed")
-    p.add_argument("--client-cert-auth", nargs="?", const="true", default=None, type=proxy_config.boolean,
+    p.add_argument("--client-cert-auth", nargs="?", const="true", default=None, type=boolean,
                    help="a verified client certificate's CN is the user of requests without a token")
     p.add_argument("--client-crl-file", default=None,
                    help="certificate revocation list (PEM or DER) of --trusted-ca-file: client certificates it "
@@ -182,7 +184,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> LocalConfig:
     gateway_port = None if f["gateway_port"] is None else integer(f, "gateway_port", 1, 65535)
     if gateway_port == client_port:
         raise ConfigError("--gateway-port: must differ from --client-port")
-    proxy_workers = integer(f, "proxy_workers", 1, proxy_config.MAX_WORKERS)
+    proxy_workers = integer(f, "proxy_workers", 1, MAX_PROXY_WORKERS)
     if proxy_workers > 1 and gateway_port is not None:
         raise ConfigError("--proxy-workers: the JSON gateway (--gateway-port) is served by one process; "
                           "use --proxy-workers 1 with it")
@@ -220,7 +222,8 @@ def _flag_text(value: object) -> str:
 
 
 def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: list[str],
-                   environ: Mapping[str, str], check_store: CheckStore | None) -> None:
+                   environ: Mapping[str, str], check_store: CheckStore | None,
+                   check_proxy: CheckProxy | None = None) -> None:
     """Parses what each child will parse (its argv and this environment), so a bad value stops
     local before anything starts, named as the child would name it; raises ConfigError."""
     for var, flag in SHARED_STORE_ADDRS.items():
@@ -239,7 +242,8 @@ def check_children(a: LocalConfig, store_argvs: list[list[str]], proxy_argv: lis
     if check_store is not None:
         for argv in store_argvs:
             check_store(argv[1:], environ)
-    proxy_config.load(proxy_argv[1:], environ)
+    if check_proxy is not None:
+        check_proxy(proxy_argv[1:], environ)
 
 
 def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]]) -> None:
@@ -410,7 +414,7 @@ class Child(Process):
         print(f"raftgate local: {self.role} exited with code {self.proc.returncode}", file=sys.stderr, flush=True)
 
 
-async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
+async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy: CheckProxy | None = None) -> int:
     data_dir = Path(a.data_dir).resolve()
     try:
         # It holds the internal secret and every node's data: a new one is made 0700; an existing
@@ -466,7 +470,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None) -> int:
     if a.proxy_workers > 1:
         proxy_args += ["--workers", str(a.proxy_workers)]
     try:
-        check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store)
+        check_children(a, [n["argv"] for n in layout], proxy_args, os.environ, check_store, check_proxy)
     except ConfigError as exc:
         print(f"raftgate local: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -557,12 +561,12 @@ async def _report_exit(child: Child, stop: asyncio.Event) -> None:
     child.report_exit()
 
 
-def main(argv: list[str], check_store: CheckStore | None = None) -> int:
-    """``check_store``: the store's config parser (raftgate.cli passes it), to check the stores'
-    values before they start."""
+def main(argv: list[str], check_store: CheckStore | None = None, check_proxy: CheckProxy | None = None) -> int:
+    """``check_store``, ``check_proxy``: the store's and the proxy's config parsers (raftgate.cli
+    passes them), to check every child's values before any starts."""
     try:
         config = parse(argv, os.environ)
     except ConfigError as exc:
         print(f"raftgate local: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(run(config, check_store))
+    return asyncio.run(run(config, check_store, check_proxy))
