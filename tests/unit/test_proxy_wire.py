@@ -74,3 +74,26 @@ def test_unwrap_skips_other_fields_and_rejects_missing() -> None:
         wire.unwrap_field(wire.length_delimited(3, b"abc")[:-1], 3)
     with pytest.raises(wire.WireError):
         wire.unwrap_field(b"\x80", 3)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 70_000])
+@pytest.mark.parametrize("identity", [("", 0, False, False), ("alice", 7, False, True), ("", 0, True, False),
+                                      ("bob", 2**40, False, False)])
+def test_stamped_requests_are_the_wire_encoders_bytes(size: int, identity: tuple[str, int, bool, bool]) -> None:
+    """The proxy's stamp (cached header and field key) sends what the reference encoders build,
+    for every method, request size and kind of identity, again and again (the cache answers)."""
+    from proxy.identity import Identity
+    from proxy.pipeline import stamp
+
+    username, revision, invalid, simple = identity
+    who = Identity(username, revision, simple_token="t" if simple else None, invalid_token=invalid)
+    request = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    for method in METHODS:
+        if method.field == 0:
+            continue
+        expected = wire.build_internal_request(
+            wire.encode_header(username, revision, invalid_token=invalid, simple_token=simple), method.field, request)
+        for _ in range(2):
+            assert stamp(who, method, request) == expected
+        header = raft_internal_pb2.RequestHeader.FromString(wire.unwrap_field(expected, wire.HEADER_FIELD))
+        assert (header.username, header.auth_revision, header.simple_token) == (username, revision, simple)
