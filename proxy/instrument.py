@@ -25,7 +25,7 @@ StreamBehaviour = Callable[[Any, Context], AsyncIterator[bytes]]
 
 
 def _code(context: Context, error: BaseException | None) -> str:
-    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+    if error is not None and isinstance(error, asyncio.CancelledError | GeneratorExit):
         return grpc.StatusCode.CANCELLED.name
     code = context.code()
     if isinstance(code, grpc.StatusCode):
