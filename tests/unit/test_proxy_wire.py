@@ -97,3 +97,31 @@ def test_stamped_requests_are_the_wire_encoders_bytes(size: int, identity: tuple
             assert stamp(who, method, request) == expected
         header = raft_internal_pb2.RequestHeader.FromString(wire.unwrap_field(expected, wire.HEADER_FIELD))
         assert (header.username, header.auth_revision, header.simple_token) == (username, revision, simple)
+
+
+@pytest.mark.parametrize("answer", [
+    wire.length_delimited(4, b""),
+    wire.length_delimited(4, b"x" * 127),
+    wire.length_delimited(4, b"x" * 128),
+    wire.length_delimited(4, b"x" * 70_000),
+    wire.length_delimited(3, b"other") + wire.length_delimited(4, b"ours"),
+    wire.length_delimited(4, b"first") + wire.length_delimited(4, b"last"),  # the last one wins
+    wire.length_delimited(4, b"ours") + wire.varint_field(9, 5),
+    wire.length_delimited(4, b"x" * 10)[:-1],  # truncated
+    wire.length_delimited(3, b"other"),  # missing
+    b"",
+])
+def test_the_proxy_unwraps_answers_as_the_wire_reference_does(answer: bytes) -> None:
+    """The proxy's unwrap of a store answer (a shortcut for the usual one-field answer) gives what
+    ``wire.unwrap_field`` gives, or fails as it does."""
+    from proxy.pipeline import unwrap
+
+    try:
+        expected: bytes | type[Exception] = wire.unwrap_field(answer, 4)
+    except wire.WireError:
+        expected = wire.WireError
+    if expected is wire.WireError:
+        with pytest.raises(wire.WireError):
+            unwrap(answer, 4)
+    else:
+        assert unwrap(answer, 4) == expected
