@@ -79,6 +79,25 @@ def _length(size: int) -> bytes:
     return bytes((size,)) if size < 0x80 else wire.encode_varint(size)
 
 
+def unwrap(answer: bytes, field: int) -> bytes:
+    """``wire.unwrap_field(answer, field)``, without walking the usual answer: exactly one field,
+    the one asked for (anything else goes the reference way)."""
+    tag = _tag(field)
+    start = len(tag)
+    if answer.startswith(tag) and len(answer) > start:
+        size = answer[start]
+        if size < 0x80:
+            start += 1
+        else:
+            try:
+                size, start = wire.decode_varint(answer, start)
+            except wire.WireError:
+                return wire.unwrap_field(answer, field)
+        if start + size == len(answer):
+            return answer[start:]
+    return wire.unwrap_field(answer, field)
+
+
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
     """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came
     (what ``wire.build_internal_request`` builds, from cached parts)."""
@@ -251,7 +270,7 @@ class Pipeline:
                 identity = await self.resolve(token, timeout, defer_invalid=True)
             answer = await self.store.do(stamp(identity, method, request), timeout, token=identity.forward,
                                          field=method.field)
-        return wire.unwrap_field(answer, method.field)
+        return unwrap(answer, method.field)
 
     # --- handlers (raw bytes in, raw bytes out) -------------------------------------------------
 
