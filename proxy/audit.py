@@ -247,6 +247,9 @@ class Call:
     token_fp: str = ""
     #: Authenticate of a locked-out name: the client's answer is a wrong password's, the record says so
     locked: bool = False
+    #: the token ``token_fp`` was taken of, so that noting it again costs no second hash (never
+    #: recorded, never shown; the record holds only its fingerprint)
+    token: str | None = field(default=None, repr=False, compare=False)
 
 
 CURRENT: contextvars.ContextVar[Call | None] = contextvars.ContextVar("raftgate_audit_call", default=None)
@@ -255,8 +258,8 @@ CURRENT: contextvars.ContextVar[Call | None] = contextvars.ContextVar("raftgate_
 def noted_token(token: str | None) -> None:
     """The token the current call presents (its fingerprint only); no-op without an audit log."""
     call = CURRENT.get()
-    if call is not None:
-        call.token_fp = "" if token is None else fingerprint(token)
+    if call is not None and token != call.token:
+        call.token, call.token_fp = token, "" if token is None else fingerprint(token)
 
 
 def noted_locked() -> None:
@@ -534,7 +537,7 @@ def _call(method: Method, context: Any) -> Call:
     """The call's record so far: the client's token fingerprint is known before anything is
     resolved (the pipeline notes the identity, and the lent token in identity mode, later)."""
     token = extract_token(context.invocation_metadata())
-    call = Call(method, context.peer(), token_fp="" if token is None else fingerprint(token))
+    call = Call(method, context.peer(), token_fp="" if token is None else fingerprint(token), token=token)
     CURRENT.set(call)
     return call
 

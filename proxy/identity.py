@@ -67,6 +67,8 @@ UNRESOLVED = Identity("", 0, invalid_token=True)
 #: A workload user's (exists, auth revision) is asked of the store again after this long.
 WORKLOAD_USER_FRESH_SECONDS = 1.0
 WORKLOAD_USERS_CACHED = 4096
+#: the series counted on every request of a cached simple token, looked up once
+_SIMPLE_CACHE_HIT = metrics.TOKEN_VALIDATIONS.labels("simple", "cache_hit")
 
 
 class Resolver:
@@ -117,7 +119,9 @@ class Resolver:
             if found is not None:
                 return Identity(found.username, found.revision, expires_at=found.expires_at)
         elif self._simple is not None and looks_like_simple_token(token):
-            identity = await (self._lookup(token, timeout) if fresh else self._resolve_simple(token, timeout))
+            identity = None if fresh else self._cached_simple(token)  # the common case: no await
+            if identity is None:
+                identity = await (self._lookup(token, timeout) if fresh else self._resolve_simple(token, timeout))
             if identity is not None:
                 return identity
         elif self._simple is not None:
@@ -179,12 +183,19 @@ class Resolver:
             self._certificate_revision = revision
         return Identity(name, revision, certificate=True)
 
-    async def _resolve_simple(self, token: str, timeout: float | None) -> Identity | None:
+    def _cached_simple(self, token: str) -> Identity | None:
+        """A simple token's cached resolution (counted as a cache hit), or None."""
         assert self._simple is not None
         cached = self._simple.get(token)
+        if cached is None:
+            return None
+        _SIMPLE_CACHE_HIT.inc()
+        return Identity(cached.username, cached.revision, token)
+
+    async def _resolve_simple(self, token: str, timeout: float | None) -> Identity | None:
+        cached = self._cached_simple(token)
         if cached is not None:
-            metrics.token_validation("simple", "cache_hit")
-            return Identity(cached.username, cached.revision, token)
+            return cached
         # One store lookup per token at a time, in its own task: concurrent requests share it,
         # and a caller that is cancelled (its client went away) cancels only its own wait.
         pending = self._inflight.get(token)

@@ -25,7 +25,7 @@ StreamBehaviour = Callable[[Any, Context], AsyncIterator[bytes]]
 
 
 def _code(context: Context, error: BaseException | None) -> str:
-    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+    if error is not None and isinstance(error, asyncio.CancelledError | GeneratorExit):
         return grpc.StatusCode.CANCELLED.name
     code = context.code()
     if isinstance(code, grpc.StatusCode):
@@ -37,8 +37,13 @@ def _code(context: Context, error: BaseException | None) -> str:
 
 def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
     service, name = method.full_service, method.name
+    # The method's series, looked up once each (``labels()`` costs more than the observation):
+    # on first use, so a method never called exports no series, as before.
+    duration: Any = None
+    counts: dict[str, Any] = {}
 
     async def observed(request: Any, context: Context) -> bytes:
+        nonlocal duration
         started = time.perf_counter()
         error: BaseException | None = None
         trace = token = None
@@ -54,8 +59,14 @@ def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
             if trace is not None and token is not None:
                 stages.CURRENT.reset(token)
                 trace.finish()
-            metrics.REQUEST_DURATION.labels(service, name).observe(time.perf_counter() - started)
-            metrics.REQUESTS.labels(service, name, _code(context, error)).inc()
+            if duration is None:
+                duration = metrics.REQUEST_DURATION.labels(service, name)
+            duration.observe(time.perf_counter() - started)
+            code = _code(context, error)
+            counter = counts.get(code)
+            if counter is None:
+                counter = counts[code] = metrics.REQUESTS.labels(service, name, code)
+            counter.inc()
 
     return observed
 
@@ -63,9 +74,14 @@ def unary(method: Method, behaviour: UnaryBehaviour) -> UnaryBehaviour:
 def stream(method: Method, behaviour: StreamBehaviour) -> StreamBehaviour:
     service, name = method.full_service, method.name
 
+    gauges: list[Any] = []  # the method's open-streams series, looked up on first use
+    counts: dict[str, Any] = {}
+
     async def observed(request: Any, context: Context) -> AsyncIterator[bytes]:
         error: BaseException | None = None
-        gauge = metrics.OPEN_STREAMS.labels(service, name)
+        if not gauges:
+            gauges.append(metrics.OPEN_STREAMS.labels(service, name))
+        gauge = gauges[0]
         gauge.inc()
         try:
             async for message in behaviour(request, context):
@@ -75,6 +91,10 @@ def stream(method: Method, behaviour: StreamBehaviour) -> StreamBehaviour:
             raise
         finally:
             gauge.dec()
-            metrics.REQUESTS.labels(service, name, _code(context, error)).inc()
+            code = _code(context, error)
+            counter = counts.get(code)
+            if counter is None:
+                counter = counts[code] = metrics.REQUESTS.labels(service, name, code)
+            counter.inc()
 
     return observed

@@ -8,6 +8,7 @@ Store errors reach the client with the store's code and message unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
@@ -61,11 +62,47 @@ def check_size(data: bytes, limit: int) -> None:
         raise EtcdError(Err.REQUEST_TOO_LARGE)
 
 
+@functools.lru_cache(maxsize=4096)
+def _header(username: str, revision: int, invalid_token: bool, simple_token: bool) -> bytes:
+    """The stamped header field: the same bytes for every request of one identity at one auth
+    revision, so encoded once (bounded: the least recently used goes first)."""
+    return wire.encode_header(username, revision, invalid_token=invalid_token, simple_token=simple_token)
+
+
+@functools.lru_cache(maxsize=256)
+def _tag(field: int) -> bytes:
+    """The key of a request's field in InternalRaftRequest (one per method)."""
+    return wire.encode_varint((field << 3) | 2)
+
+
+def _length(size: int) -> bytes:
+    return bytes((size,)) if size < 0x80 else wire.encode_varint(size)
+
+
+def unwrap(answer: bytes, field: int) -> bytes:
+    """``wire.unwrap_field(answer, field)``, without walking the usual answer: exactly one field,
+    the one asked for (anything else goes the reference way)."""
+    tag = _tag(field)
+    start = len(tag)
+    if answer.startswith(tag) and len(answer) > start:
+        size = answer[start]
+        if size < 0x80:
+            start += 1
+        else:
+            try:
+                size, start = wire.decode_varint(answer, start)
+            except wire.WireError:
+                return wire.unwrap_field(answer, field)
+        if start + size == len(answer):
+            return answer[start:]
+    return wire.unwrap_field(answer, field)
+
+
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
-    """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came."""
-    header = wire.encode_header(identity.username, identity.revision, invalid_token=identity.invalid_token,
-                                simple_token=identity.reresolvable)
-    return wire.build_internal_request(header, method.field, request)
+    """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came
+    (what ``wire.build_internal_request`` builds, from cached parts)."""
+    header = _header(identity.username, identity.revision, identity.invalid_token, identity.reresolvable)
+    return b"".join((header, _tag(method.field), _length(len(request)), request))
 
 
 def is_old_revision(error: grpc.aio.AioRpcError) -> bool:
@@ -141,10 +178,11 @@ class Pipeline:
         self.audit = audit_log
         self.client_cert_auth = client_cert_auth
 
-    async def resolve(self, token: str | None, timeout: float | None, **options: bool) -> Identity:
+    async def resolve(self, token: str | None, timeout: float | None, *, defer_invalid: bool = False,
+                      fresh: bool = False) -> Identity:
         """Step 2, noted for the call's audit record: the token's fingerprint, then its identity."""
         audit.noted_token(token)
-        identity = await self.resolver.resolve(token, timeout, **options)
+        identity = await self.resolver.resolve(token, timeout, defer_invalid=defer_invalid, fresh=fresh)
         audit.noted_identity(identity.username, identity.revision)
         return identity
 
@@ -211,16 +249,14 @@ class Pipeline:
         store validates it first, as etcd does (`key is not provided` before `invalid auth
         token`), without the proxy decoding every request.
         """
-        async def resolve() -> Identity:
-            if certificate is not None:
-                return await self.resolve_certificate(certificate, timeout)
-            return await self.resolve(token, timeout, defer_invalid=True)
-
-        identity = await resolve()
+        if certificate is not None:
+            identity = await self.resolve_certificate(certificate, timeout)
+        else:
+            identity = await self.resolve(token, timeout, defer_invalid=True)
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
-            answer = await self.store.do(data, timeout, token=identity.forward)
+            answer = await self.store.do(data, timeout, token=identity.forward, field=method.field)
         except grpc.aio.AioRpcError as e:
             metrics.store_refusal(method.field, e.code(), e.details() or "")
             if not identity.reresolvable or not is_old_revision(e):
@@ -228,9 +264,13 @@ class Pipeline:
             # The store refused without effect: the revision it was resolved at is stale (a cached
             # one here, or the store's own between its check and apply). Re-resolve, retry once.
             self.resolver.invalidate(identity)
-            identity = await resolve()
-            answer = await self.store.do(stamp(identity, method, request), timeout, token=identity.forward)
-        return wire.unwrap_field(answer, method.field)
+            if certificate is not None:
+                identity = await self.resolve_certificate(certificate, timeout)
+            else:
+                identity = await self.resolve(token, timeout, defer_invalid=True)
+            answer = await self.store.do(stamp(identity, method, request), timeout, token=identity.forward,
+                                         field=method.field)
+        return unwrap(answer, method.field)
 
     # --- handlers (raw bytes in, raw bytes out) -------------------------------------------------
 

@@ -417,10 +417,13 @@ class StoreClient:
         return Err.LEADER_CHANGED if read else Err.TIMEOUT_DUE_TO_LEADER_FAIL
 
     # ---- the calls ----
-    async def do(self, internal_request: bytes, timeout: float | None = None, *, token: str | None = None) -> bytes:
+    async def do(self, internal_request: bytes, timeout: float | None = None, *, token: str | None = None,
+                 field: int | None = None) -> bytes:
         """InternalRaftRequest bytes -> InternalResponse bytes; store errors raise AioRpcError.
-        ``token``: a sidecar's client token, for the store to verify (its header is then ignored)."""
-        field = request_field(internal_request)
+        ``token``: a sidecar's client token, for the store to verify (its header is then ignored).
+        ``field``: the request's field number when the caller knows it (else read from the bytes)."""
+        if field is None:
+            field = request_field(internal_request)
         if self._member is not None and field in MEMBER_FIELDS:
             return await self._on_member(self._member, internal_request, timeout, token)
         read = field in READ_FIELDS

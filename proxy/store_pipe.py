@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -77,6 +78,11 @@ def _expire(fut: asyncio.Future[bytes]) -> None:
         fut.set_exception(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
 
+#: deadlines of finished calls kept at most this many times the calls in flight (then dropped)
+_DEADLINES_SLACK = 4
+_DEADLINES_MIN = 256
+
+
 def _uncork(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -105,6 +111,12 @@ class _Stream:
         self.corked: asyncio.Future[None] | None = None
         self.established = False
         self.broken = False
+        #: (deadline, call id) of the calls on this stream, the earliest first; one timer for the
+        #: earliest that is still waiting (a timer per call costs more than the call's own work).
+        #: A finished call's entry stays until it comes first or the list is pruned.
+        self.deadlines: list[tuple[float, int]] = []
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
         loop = asyncio.get_running_loop()
         self.tasks = (loop.create_task(self._write()), loop.create_task(self._read()))
 
@@ -143,6 +155,48 @@ class _Stream:
             raise
         except Exception as e:  # noqa: BLE001 - the call broke under the write; its reader has the status
             self.fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"raftgate: the store stream failed ({e})"))
+
+    def _waiting(self, call_id: int) -> asyncio.Future[bytes] | None:
+        fut = self.unsent.get(call_id)
+        return fut if fut is not None else self.sent.get(call_id)
+
+    def expire_at(self, when: float, call_id: int) -> None:
+        """``call_id`` fails with DEADLINE_EXCEEDED at ``when`` (the loop's clock) if still waiting."""
+        deadlines = self.deadlines
+        if len(deadlines) >= _DEADLINES_MIN and \
+                len(deadlines) > _DEADLINES_SLACK * (len(self.sent) + len(self.unsent) + 1):
+            deadlines[:] = [d for d in deadlines if d[1] in self.sent or d[1] in self.unsent]
+            heapq.heapify(deadlines)
+        heapq.heappush(deadlines, (when, call_id))
+        if self._expiry is None or when < self._expiry_at:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = when
+        self._expiry = asyncio.get_running_loop().call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fails the calls whose deadline passed; the timer again for the earliest still waiting."""
+        self._expiry = None
+        deadlines = self.deadlines
+        now = asyncio.get_running_loop().time()
+        while deadlines:
+            when, call_id = deadlines[0]
+            fut = self._waiting(call_id)
+            if fut is not None and not fut.done():
+                if when > now:
+                    self._arm(when)
+                    return
+                _expire(fut)
+            heapq.heappop(deadlines)
+
+    def _stop_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self.deadlines.clear()
 
     async def _cork(self) -> None:
         """Until an answer arrives, or CORK_SECONDS at most (a future and a timer: this is on
@@ -267,6 +321,7 @@ class _Stream:
         self.unsent.clear()
         self.partial.clear()
         self.queue.clear()
+        self._stop_expiry()
         if self.call is not None:
             self.call.cancel()
         current = asyncio.current_task()
@@ -310,11 +365,10 @@ class StorePipe:
                 stream.traces[call_id] = trace
         stream.queue.append(call)
         stream.wake.set()
-        timer = loop.call_later(timeout, _expire, fut)
+        stream.expire_at(loop.time() + timeout, call_id)
         try:
             return await fut
         finally:
-            timer.cancel()
             if stream.traces:
                 stream.traces.pop(call_id, None)
             user = stream.users.pop(call_id, None)

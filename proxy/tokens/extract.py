@@ -22,12 +22,16 @@ def extract_token(metadata: Iterable[Any] | None) -> str | None:
     """
     if not metadata:
         return None
-    first: dict[str, str] = {}
-    for item in metadata:
-        key, value = item[0], item[1]
-        if key in (TOKEN_KEY, AUTHORIZATION_KEY) and key not in first:
-            first[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    token = first.get(TOKEN_KEY, first.get(AUTHORIZATION_KEY))
+    token: Any = None
+    for item in metadata:  # one pass: the first ``token`` ends it, the first ``authorization`` is kept
+        key = item[0]
+        if key == TOKEN_KEY:
+            token = item[1]
+            break
+        if key == AUTHORIZATION_KEY and token is None:
+            token = item[1]
     if token is None:
         return None
-    return token.removeprefix(BEARER_PREFIX)
+    if isinstance(token, bytes):
+        token = token.decode("utf-8", "replace")
+    return str(token).removeprefix(BEARER_PREFIX)

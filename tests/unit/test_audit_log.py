@@ -304,3 +304,26 @@ def test_local_refuses_one_audit_file_for_every_proxy(tmp_path: Path) -> None:
     cfg = parse([], {})
     with pytest.raises(ConfigError, match="RAFTGATE_PROXY_AUDIT_LOG: every proxy"):
         check_children(cfg, [], ["proxy"], {"RAFTGATE_PROXY_AUDIT_LOG": str(tmp_path / "a.log")}, None)
+
+
+@pytest.mark.parametrize("sent", [None, "client-token"])
+@pytest.mark.parametrize("ran_with", [None, "client-token", "lent-token"])
+def test_the_fingerprint_is_of_the_token_the_call_ran_with(sent: str | None, ran_with: str | None) -> None:
+    """The client's token is fingerprinted when the call arrives; a token the pipeline notes
+    instead (a lent sidecar token, or none) replaces it; the same token noted again keeps it."""
+    log = AuditLog("-", "all")
+    method = BY_NAME["Put"]
+
+    async def behaviour(req: bytes, context: Any) -> bytes:
+        audit.noted_token(ran_with)
+        audit.noted_token(ran_with)
+        return b""
+
+    metadata = () if sent is None else (("token", sent),)
+
+    async def run() -> None:
+        await audit.unary(log, method, behaviour)(b"", GatewayContext(metadata, PEER, None))
+
+    asyncio.run(run())
+    (record,) = lines(log)
+    assert record["token_fp"] == ("" if ran_with is None else fingerprint(ran_with))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,6 +378,37 @@ def test_requests_and_open_streams_are_counted_by_method_and_code() -> None:
     assert value("raftgate_proxy_requests_total", code="PERMISSION_DENIED", **labels) == denied_before + 1
     assert value("raftgate_proxy_requests_total", code="OK", **streams) == snap_before + 1
     assert (during, after) == (1, 0)
+
+
+def test_one_handler_counts_every_call_under_its_own_code_and_duration() -> None:
+    """A handler serves many calls: each is counted under the code it ended with (the series a
+    handler looked up before stay the ones /metrics shows), and each is timed."""
+    put = next(m for m in METHODS if m.name == "Put")
+    labels = {"service": "etcdserverpb.KV", "method": "Put"}
+    outcomes = ["ok", "denied", "ok", "invalid", "denied", "ok"]
+
+    async def behaviour(_request: Any, context: FakeContext) -> bytes:
+        outcome = outcomes.pop(0)
+        if outcome == "denied":
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
+        if outcome == "invalid":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided")
+        return b""
+
+    handler = instrument.unary(put, behaviour)
+
+    async def go() -> None:
+        for _ in range(len(outcomes)):
+            with contextlib.suppress(RuntimeError):
+                await handler(b"", FakeContext())
+
+    codes = ("OK", "PERMISSION_DENIED", "INVALID_ARGUMENT")
+    before = {code: value("raftgate_proxy_requests_total", code=code, **labels) for code in codes}
+    timed = value("raftgate_proxy_request_duration_seconds_count", **labels)
+    asyncio.run(go())
+    moved = {code: value("raftgate_proxy_requests_total", code=code, **labels) - before[code] for code in codes}
+    assert moved == {"OK": 3, "PERMISSION_DENIED": 2, "INVALID_ARGUMENT": 1}
+    assert value("raftgate_proxy_request_duration_seconds_count", **labels) == timed + 6
 
 
 def test_store_refusals_seen_by_the_proxy_are_counted_by_kind() -> None:

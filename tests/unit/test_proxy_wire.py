@@ -89,3 +89,54 @@ def test_varints_and_fields_are_protobuf_s_bytes() -> None:
         assert wire.length_delimited(number, b"ab") == wire.encode_varint(number << 3 | 2) + b"\x02ab"
     with pytest.raises(ValueError):
         wire.encode_varint(-1)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 70_000])
+@pytest.mark.parametrize("identity", [("", 0, False, False), ("alice", 7, False, True), ("", 0, True, False),
+                                      ("bob", 2**40, False, False)])
+def test_stamped_requests_are_the_wire_encoders_bytes(size: int, identity: tuple[str, int, bool, bool]) -> None:
+    """The proxy's stamp (cached header and field key) sends what the reference encoders build,
+    for every method, request size and kind of identity, again and again (the cache answers)."""
+    from proxy.identity import Identity
+    from proxy.pipeline import stamp
+
+    username, revision, invalid, simple = identity
+    who = Identity(username, revision, simple_token="t" if simple else None, invalid_token=invalid)
+    request = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    for method in METHODS:
+        if method.field == 0:
+            continue
+        expected = wire.build_internal_request(
+            wire.encode_header(username, revision, invalid_token=invalid, simple_token=simple), method.field, request)
+        for _ in range(2):
+            assert stamp(who, method, request) == expected
+        header = raft_internal_pb2.RequestHeader.FromString(wire.unwrap_field(expected, wire.HEADER_FIELD))
+        assert (header.username, header.auth_revision, header.simple_token) == (username, revision, simple)
+
+
+@pytest.mark.parametrize("answer", [
+    wire.length_delimited(4, b""),
+    wire.length_delimited(4, b"x" * 127),
+    wire.length_delimited(4, b"x" * 128),
+    wire.length_delimited(4, b"x" * 70_000),
+    wire.length_delimited(3, b"other") + wire.length_delimited(4, b"ours"),
+    wire.length_delimited(4, b"first") + wire.length_delimited(4, b"last"),  # the last one wins
+    wire.length_delimited(4, b"ours") + wire.varint_field(9, 5),
+    wire.length_delimited(4, b"x" * 10)[:-1],  # truncated
+    wire.length_delimited(3, b"other"),  # missing
+    b"",
+])
+def test_the_proxy_unwraps_answers_as_the_wire_reference_does(answer: bytes) -> None:
+    """The proxy's unwrap of a store answer (a shortcut for the usual one-field answer) gives what
+    ``wire.unwrap_field`` gives, or fails as it does."""
+    from proxy.pipeline import unwrap
+
+    try:
+        expected: bytes | type[Exception] = wire.unwrap_field(answer, 4)
+    except wire.WireError:
+        expected = wire.WireError
+    if expected is wire.WireError:
+        with pytest.raises(wire.WireError):
+            unwrap(answer, 4)
+    else:
+        assert unwrap(answer, 4) == expected

@@ -167,6 +167,35 @@ def test_a_deadline_ends_the_call_not_the_stream() -> None:
     _run(behaviour, scenario)
 
 
+def test_each_call_ends_at_its_own_deadline_whatever_the_others() -> None:
+    """Deadlines in any order: a short one ends its call while longer ones (queued before it, and
+    many answered calls besides) still wait; the calls answered meanwhile are unaffected."""
+
+    async def behaviour(call: store_pb2.DoCall) -> store_pb2.DoResult | None:
+        return None if call.request.startswith(b"never") else store_pb2.DoResult(id=call.id, response=b"ok")
+
+    async def scenario(pipe: StorePipe, _seen: list[bytes]) -> None:
+        long = asyncio.ensure_future(pipe.do(b"never-long", 30.0))
+        middle = asyncio.ensure_future(pipe.do(b"never-middle", 20.0))
+        for _ in range(3):  # more answered calls than any bookkeeping keeps for long
+            assert await asyncio.gather(*(pipe.do(b"fine", 5.0) for _ in range(400))) == [b"ok"] * 400
+        short = asyncio.ensure_future(pipe.do(b"never-short", 0.05))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await short
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert not long.done() and not middle.done()
+        shorter = asyncio.ensure_future(pipe.do(b"never-shorter", 0.02))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await shorter
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert not long.done() and not middle.done()
+        assert await pipe.do(b"fine", 5.0) == b"ok"
+        long.cancel()
+        middle.cancel()
+
+    _run(behaviour, scenario)
+
+
 def test_no_store_listening_reads_as_unreached() -> None:
     async def main() -> None:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")
