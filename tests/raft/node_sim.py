@@ -115,6 +115,9 @@ class NodeSimConfig:
     duplicate: float = 0.02
     #: chance that a worker job (a WAL write, an apply batch) runs at once rather than steps later
     immediate: float = 0.5
+    #: chance that an apply batch returns a step after it was decided (its commit takes a while):
+    #: its callers are answered early (StateMachine.on_decided), before the node counts it applied
+    hold_apply: float = 0.5
     clients: int = 4
     keys: int = 3
     conf_changes: bool = True
@@ -173,7 +176,8 @@ class NodeSimulation:
         self.max_committed = 0
         self.entry_ids: dict[tuple[int, int], tuple[int, int, bytes]] = {}  # (index, term) -> (prev term, type, data)
         self.trace: deque[tuple[Any, ...]] = deque(maxlen=60)
-        self.stats = {"elections": 0, "crashes": 0, "conf_changes": 0, "transfers": 0, "applied": 0}
+        self.stats = {"elections": 0, "crashes": 0, "conf_changes": 0, "transfers": 0, "applied": 0,
+                      "early_answers": 0}
         self.chaos = True
         self.restarts: list[tuple[int, Member]] = []
         ids = list(range(1, cfg.nodes + 1))
@@ -255,7 +259,8 @@ class NodeSimulation:
             storage.append(st.entries)
         storage.set_hard_state(st.hard_state)
         rng = self.rng
-        m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable)
+        m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable,
+                               hold=self.cfg.hold_apply if name == "apply" else 0.0)
                      for name in ("log", "apply", "copy")]
         node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), applied=st.snapshot.index,
                         snapshot_dir=m.snap_dir, tick_seconds=TICK, election_ticks=10, request_timeout=7.0,
@@ -496,6 +501,8 @@ class NodeSimulation:
             except EtcdError:
                 self.history.timeout(op)  # perhaps applied, perhaps not
                 return
+            if node.decided_index > node.applied_index:
+                self.stats["early_answers"] += 1  # answered once decided, before its batch returned
             if self.cfg.store:
                 result = _store_output(result)
             self.history.ok(op, result)
