@@ -260,7 +260,6 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     applier = Applier(backend, rec.member_id, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
     transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
     node = new_node(cfg, rec, applier, transport)
-    applier.on_decided(node.decided)  # callers are answered before the store's own fsync
     leases = LeaseKeeper(node, applier)
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)

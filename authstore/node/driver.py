@@ -162,6 +162,7 @@ class RaftNode:
         self._leader_waiters: list[asyncio.Future[None]] = []
         self.election_seconds = tick_seconds * election_ticks
         peers.bind(self)
+        fsm.on_decided(self.decided)
 
     # ---- hooks (each registers one more callback; called in registration order) ----
     def on_membership_change(self, fn: Callable[[], None]) -> None:
@@ -403,7 +404,7 @@ class RaftNode:
                 hook()
 
     def decided(self, index: int, results: list[tuple[int, Any]]) -> None:
-        """On the apply thread (``Applier.on_decided``): a batch up to ``index`` is executed and
+        """On the apply thread (``StateMachine.on_decided``): a batch up to ``index`` is executed and
         about to commit; its callers are answered now, not after the state's own fsync. Changes
         of membership wait for the batch to be applied (the core must see them first)."""
         if self._event_loop is None:

@@ -378,10 +378,15 @@ class KVStateMachine:
         self.applied = 0
         self.term = 0
         self._durable: tuple[int, dict[str, int]] = (0, {})
+        self._decided: list[Callable[[int, list[tuple[int, Any]]], None]] = []
+
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]]], None]) -> None:
+        self._decided.append(fn)
 
     def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
         self.term = term
         results: list[tuple[int, Any]] = []
+        applied = self.applied
         for e in entries:
             if e.index <= self.applied:
                 results.append((0, None))
@@ -398,6 +403,9 @@ class KVStateMachine:
             else:
                 req = ipb.InternalRaftRequest.FromString(e.data)
                 results.append((req.ID, self._execute(req.put.key.decode(), *pickle.loads(req.put.value))))
+        if self.applied > applied:
+            for fn in self._decided:
+                fn(self.applied, results)
         return results
 
     def _execute(self, key: str, kind: str, arg: Any) -> Any:
@@ -430,7 +438,9 @@ class KVStateMachine:
         self._durable = (self.applied, dict(self.kv))
 
     def crash(self, rng: random.Random) -> None:
-        """Power loss: what was applied since the last sync may be lost (or not)."""
+        """Power loss: what was applied since the last sync may be lost (or not); the dead node's
+        registration goes with the process (the restarted node registers again)."""
+        self._decided.clear()
         if rng.random() < 0.5:
             self.applied, kv = self._durable
             self.kv = dict(kv)

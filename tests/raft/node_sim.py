@@ -76,6 +76,9 @@ class StoreStateMachine:
                 applied = e.index
         return self.applier.apply(entries, term)
 
+    def on_decided(self, fn: Any) -> None:
+        self.applier.on_decided(fn)
+
     def snapshot(self, directory: Path) -> Path:
         return self.applier.snapshot(directory)
 
@@ -91,6 +94,7 @@ class StoreStateMachine:
         return int(kvs[0].value) if kvs else None
 
     def crash(self, _rng: random.Random) -> None:
+        """Reopens the store: a new Applier, with no hooks (the restarted node registers again)."""
         self.applier.backend.close()
         self.applier = Applier(Backend(self.path, map_size=64 << 20), member_id=self.node_id)
 

@@ -65,6 +65,9 @@ class FakeStateMachine:
     def apply(self, entries: Any, term: int) -> list[tuple[int, Any]]:
         return []
 
+    def on_decided(self, fn: Any) -> None:
+        pass
+
     def snapshot(self, directory: Path) -> Path:
         raise AssertionError("no snapshot in this test")
 

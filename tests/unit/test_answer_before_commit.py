@@ -2,7 +2,7 @@
 
 The entry is durable in the log before it is applied, and apply is deterministic, so the results
 of an executed batch are final: a crash before the LMDB commit replays the batch to the same
-results. The node answers its callers from there (``Applier.on_decided`` -> ``RaftNode.decided``)
+results. The node answers its callers from there (``StateMachine.on_decided`` -> ``RaftNode.decided``)
 instead of after the commit's fsync, so a lone Put waits for one fsync (the log's), as in etcd.
 What answers from the local state instead of the log (serializable reads, maintenance) first
 waits for every answered batch to be applied (``RaftNode.settled``): it never misses a write
@@ -59,7 +59,6 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
     applier = Applier(backend, member_id=1)
     node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), applier, NoPeers(),  # type: ignore[arg-type]
                     applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
-    applier.on_decided(node.decided)
     commit_may_go = threading.Event()
     holding = threading.Event()
 
