@@ -211,6 +211,14 @@ class RaftNode:
         self._apply_worker.shutdown()
         self.wal.close()
 
+    def crash(self) -> None:
+        """Stops at once, as a killed process would: the node's tasks and snapshot sends are
+        cancelled, and nothing is synced, flushed or closed (what the node had not made durable
+        is the caller's to lose). For fault injection (the simulation in tests/raft)."""
+        for task in self._tasks:
+            task.cancel()
+        self._snapshots.cancel()
+
     def _io(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """On the log thread: WAL writes."""
         return self._log_worker.run(fn, *args)

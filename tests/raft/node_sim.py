@@ -281,9 +281,7 @@ class NodeSimulation:
         node = m.node
         assert node is not None
         m.node = None
-        for task in node._tasks:
-            task.cancel()
-        node._snapshots.cancel()
+        node.crash()
         for worker in m.workers:
             worker.kill()
         for task in list(m.clients):
