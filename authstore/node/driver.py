@@ -56,7 +56,6 @@ from authstore.raft.types import (
 )
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
-from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate import stages
 from raftgate.errors import Err, EtcdError
 
@@ -378,12 +377,12 @@ class RaftNode:
 
     async def _apply(self, entries: list[Entry]) -> None:
         try:
-            results = await self._on_apply_thread(self.fsm.apply, entries, self.term)
+            results, membership_changed = await self._on_apply_thread(self.fsm.apply, entries, self.term)
         except Exception as exc:
             raise ApplyError(exc) from exc
         for hook in self._applied_hooks:
             hook()
-        membership_changed = removed_now = False
+        removed_now = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
             if entry.type == EntryType.CONF_CHANGE:
                 cc = decode_conf_change(entry.data)
@@ -394,8 +393,6 @@ class RaftNode:
                 if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id == self.id and not self.removed:
                     log.warning("this member was removed from the cluster; it stops")
                     self.removed = removed_now = True
-            elif isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
-                membership_changed = True
             if request_id:
                 self._waiters.answer(request_id, result)
         self.applied_index = max(self.applied_index, entries[-1].index)
@@ -411,11 +408,11 @@ class RaftNode:
             for hook in self._removed_hooks:
                 hook()
 
-    def decided(self, index: int, results: list[tuple[int, Any]]) -> None:
+    def decided(self, index: int, results: list[tuple[int, Any]], membership_changed: bool) -> None:
         """On the apply thread (``StateMachine.on_decided``): a batch up to ``index`` is executed and
-        about to commit; its callers are answered now, not after the state's own fsync. Changes
-        of membership wait for the batch to be applied (the core must see them first)."""
-        if self._event_loop is None:
+        about to commit; its callers are answered now, not after the state's own fsync. A batch
+        that changed the membership is answered once applied (the core must see the change first)."""
+        if self._event_loop is None or membership_changed:
             return
         if isinstance(self._apply_worker, ThreadWorker):  # shares the loop wake-up with the batch's result
             self._apply_worker.call_soon(self._event_loop, self._answer_decided, index, results)
@@ -426,7 +423,7 @@ class RaftNode:
         if self._traced:
             self._stamp(stages.APPLIED, index)
         for request_id, result in results:
-            if request_id and not isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
+            if request_id:
                 self._waiters.answer(request_id, result)
         self.decided_index = max(self.decided_index, index)
 

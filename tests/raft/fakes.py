@@ -378,15 +378,16 @@ class KVStateMachine:
         self.applied = 0
         self.term = 0
         self._durable: tuple[int, dict[str, int]] = (0, {})
-        self._decided: list[Callable[[int, list[tuple[int, Any]]], None]] = []
+        self._decided: list[Callable[[int, list[tuple[int, Any]], bool], None]] = []
 
-    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]]], None]) -> None:
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]], bool], None]) -> None:
         self._decided.append(fn)
 
-    def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
+    def apply(self, entries: list[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
         self.term = term
         results: list[tuple[int, Any]] = []
         applied = self.applied
+        changed = False
         for e in entries:
             if e.index <= self.applied:
                 results.append((0, None))
@@ -396,6 +397,7 @@ class KVStateMachine:
             self.on_apply(self.node_id, e)
             self.applied = e.index
             if e.type == EntryType.CONF_CHANGE:
+                changed = True
                 ctx = decode_conf_change(e.data).context
                 results.append((spb.MemberContext.FromString(ctx).request_id if ctx else 0, None))
             elif not e.data:
@@ -405,8 +407,8 @@ class KVStateMachine:
                 results.append((req.ID, self._execute(req.put.key.decode(), *pickle.loads(req.put.value))))
         if self.applied > applied:
             for fn in self._decided:
-                fn(self.applied, results)
-        return results
+                fn(self.applied, results, changed)
+        return results, changed
 
     def _execute(self, key: str, kind: str, arg: Any) -> Any:
         kv = self.kv

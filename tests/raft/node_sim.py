@@ -66,7 +66,7 @@ class StoreStateMachine:
         self.on_apply = on_apply
         self.applier = Applier(Backend(path, map_size=64 << 20), member_id=node_id)
 
-    def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
+    def apply(self, entries: list[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
         applied = self.applier.applied_index()
         for e in entries:
             if e.index > applied:

@@ -62,8 +62,8 @@ class FakePeers:
 class FakeStateMachine:
     """Nothing is committed in the one Ready handled here."""
 
-    def apply(self, entries: Any, term: int) -> list[tuple[int, Any]]:
-        return []
+    def apply(self, entries: Any, term: int) -> tuple[list[tuple[int, Any]], bool]:
+        return [], False
 
     def on_decided(self, fn: Any) -> None:
         pass

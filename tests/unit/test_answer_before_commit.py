@@ -62,7 +62,7 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
     commit_may_go = threading.Event()
     holding = threading.Event()
 
-    def hold_commit(index: int, results: list[tuple[int, Any]]) -> None:
+    def hold_commit(index: int, results: list[tuple[int, Any]], _membership_changed: bool) -> None:
         if any(isinstance(r, pb.PutResponse) for _, r in results):
             holding.set()
             assert commit_may_go.wait(30), "the test never let the commit go"
