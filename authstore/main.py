@@ -21,6 +21,7 @@ from authstore.api.callers import Classifier
 from authstore.api.lease_keeper import LeaseKeeper
 from authstore.api.maintenance import Maintenance, MemberInfo
 from authstore.api.server import StoreService, build_server
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.node.transport import PeerSecurity, Transport, peer_address
 from authstore.node.wal import WAL, WALCorrupt
@@ -239,7 +240,7 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
 
 
 def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, peers: Transport) -> RaftNode:
-    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, applied=rec.applied,
+    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, stamp=stamp, applied=rec.applied,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=cfg.heartbeat_interval_ms / 1000,
                     election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)

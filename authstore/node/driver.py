@@ -54,8 +54,6 @@ from authstore.raft.types import (
     MessageType,
     StateType,
 )
-from protos import wire
-from protos.etcdserverpb import raft_internal_pb2 as ipb
 from raftgate import stages
 from raftgate.errors import Err, EtcdError
 
@@ -69,8 +67,6 @@ MAX_APPLY_BACKLOG = 64
 #: Messages that promise what the Ready writes (entries, term and vote): sent only after the write,
 #: by a leader too (etcd-raft's msgsAfterAppend).
 AFTER_WRITE = frozenset({MessageType.MsgAppResp, MessageType.MsgVoteResp})
-ID_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["ID"].number
-TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
@@ -103,15 +99,18 @@ class _DefaultExecutor:
 
 class RaftNode:
     def __init__(self, member_id: int, storage: MemoryStorage, wal: Log, fsm: StateMachine, peers: Peers, *,
-                 applied: int, snapshot_dir: Path, tick_seconds: float = 0.1, election_ticks: int = 10,
+                 stamp: Callable[[bytes, int, int], bytes], applied: int, snapshot_dir: Path,
+                 tick_seconds: float = 0.1, election_ticks: int = 10,
                  request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000,
                  clock: Clock | None = None, log_worker: Worker | None = None, apply_worker: Worker | None = None,
                  copy_worker: Worker | None = None, rng: random.Random | None = None,
                  fail_stop: Callable[[], NoReturn] = _exit_process) -> None:
         """``clock``, the workers and ``rng`` default to the real ones (system time, one thread
         each, a fresh seed); the simulation passes deterministic ones. ``fail_stop`` ends the
-        process when the node can no longer persist or apply."""
+        process when the node can no longer persist or apply. ``stamp(data, request ID, time)``
+        is the API layer's: the bytes to log for a proposed request (the node reads none of them)."""
         self.id = member_id
+        self._stamp_request = stamp
         self.storage = storage
         self.wal = wal
         self.fsm = fsm
@@ -494,7 +493,7 @@ class RaftNode:
             raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
         now = self.clock.wall_ms()
-        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now)
+        payload = self._stamp_request(data, request_id, now)
         if prepared is not None:
             prepared(payload, request_id, now)
         return await self._propose(request_id, lambda: self.rn.propose(payload), trace)

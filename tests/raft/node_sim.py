@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import ConfChange, ConfChangeType, Entry, EntryType, MemoryStorage, Snapshot, StateType
 from authstore.raft.codec import decode_conf_change, encode_conf_change
@@ -266,7 +267,8 @@ class NodeSimulation:
         m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable,
                                hold=self.cfg.hold_apply if name == "apply" else 0.0)
                      for name in ("log", "apply", "copy")]
-        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), applied=st.snapshot.index,
+        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), stamp=stamp,
+                        applied=st.snapshot.index,
                         snapshot_dir=m.snap_dir, tick_seconds=TICK, election_ticks=10, request_timeout=7.0,
                         snapshot_count=self.cfg.snapshot_count, catchup_entries=self.cfg.catchup_entries,
                         clock=m.clock, log_worker=m.workers[0], apply_worker=m.workers[1], copy_worker=m.workers[2],

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import HardState, Message
 from authstore.raft.storage import MemoryStorage
@@ -58,7 +59,7 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
     backend = Backend(tmp_path / "db", map_size=64 << 20)
     applier = Applier(backend, member_id=1)
     node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), applier, NoPeers(),  # type: ignore[arg-type]
-                    applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
+                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
     commit_may_go = threading.Event()
     holding = threading.Event()
 
