@@ -20,6 +20,7 @@ from authstore.api.callers import Classifier
 from authstore.api.lease_keeper import LeaseKeeper
 from authstore.api.maintenance import Maintenance, MemberInfo
 from authstore.api.server import StoreService, build_server
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.node.transport import PeerSecurity, Transport, peer_address
 from authstore.node.wal import WAL, WALCorrupt
@@ -230,7 +231,7 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
 
 
 def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, peers: Transport) -> RaftNode:
-    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, applied=rec.applied,
+    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, stamp=stamp, applied=rec.applied,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=cfg.heartbeat_interval_ms / 1000,
                     election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
@@ -251,7 +252,6 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     applier = Applier(backend, rec.member_id, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
     transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
     node = new_node(cfg, rec, applier, transport)
-    applier.on_decided(node.decided)  # callers are answered before the store's own fsync
     leases = LeaseKeeper(node, applier)
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)

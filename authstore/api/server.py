@@ -35,6 +35,7 @@ from authstore.api.callers import Classifier, metadata_value
 from authstore.api.login import StoreLogin
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
 from authstore.api.quota import Quota
+from authstore.api.simple_tokens import SimpleTokens, now_ms
 from authstore.api.watch.hub import (
     DEFAULT_MAX_WATCHES_PER_STREAM,
     DEFAULT_MAX_WATCHES_PER_USER,
@@ -45,7 +46,6 @@ from authstore.api.watch.hub import (
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.state.auth.authorize import kind_of, request_kind
-from authstore.state.auth.simple_tokens import SimpleTokens, now_ms
 from authstore.state.auth.store import token_digest
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb

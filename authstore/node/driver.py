@@ -54,9 +54,6 @@ from authstore.raft.types import (
     MessageType,
     StateType,
 )
-from protos import wire
-from protos.etcdserverpb import raft_internal_pb2 as ipb
-from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate import stages
 from raftgate.errors import Err, EtcdError
 
@@ -70,8 +67,6 @@ MAX_APPLY_BACKLOG = 64
 #: Messages that promise what the Ready writes (entries, term and vote): sent only after the write,
 #: by a leader too (etcd-raft's msgsAfterAppend).
 AFTER_WRITE = frozenset({MessageType.MsgAppResp, MessageType.MsgVoteResp})
-ID_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["ID"].number
-TIME_FIELD = ipb.InternalRaftRequest.DESCRIPTOR.fields_by_name["time_unix_ms"].number
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
@@ -104,15 +99,18 @@ class _DefaultExecutor:
 
 class RaftNode:
     def __init__(self, member_id: int, storage: MemoryStorage, wal: Log, fsm: StateMachine, peers: Peers, *,
-                 applied: int, snapshot_dir: Path, tick_seconds: float = 0.1, election_ticks: int = 10,
+                 stamp: Callable[[bytes, int, int], bytes], applied: int, snapshot_dir: Path,
+                 tick_seconds: float = 0.1, election_ticks: int = 10,
                  request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000,
                  clock: Clock | None = None, log_worker: Worker | None = None, apply_worker: Worker | None = None,
                  copy_worker: Worker | None = None, rng: random.Random | None = None,
                  fail_stop: Callable[[], NoReturn] = _exit_process) -> None:
         """``clock``, the workers and ``rng`` default to the real ones (system time, one thread
         each, a fresh seed); the simulation passes deterministic ones. ``fail_stop`` ends the
-        process when the node can no longer persist or apply."""
+        process when the node can no longer persist or apply. ``stamp(data, request ID, time)``
+        is the API layer's: the bytes to log for a proposed request (the node reads none of them)."""
         self.id = member_id
+        self._stamp_request = stamp
         self.storage = storage
         self.wal = wal
         self.fsm = fsm
@@ -162,6 +160,7 @@ class RaftNode:
         self._leader_waiters: list[asyncio.Future[None]] = []
         self.election_seconds = tick_seconds * election_ticks
         peers.bind(self)
+        fsm.on_decided(self.decided)
 
     # ---- hooks (each registers one more callback; called in registration order) ----
     def on_membership_change(self, fn: Callable[[], None]) -> None:
@@ -209,6 +208,14 @@ class RaftNode:
         self._log_worker.shutdown()
         self._apply_worker.shutdown()
         self.wal.close()
+
+    def crash(self) -> None:
+        """Stops at once, as a killed process would: the node's tasks and snapshot sends are
+        cancelled, and nothing is synced, flushed or closed (what the node had not made durable
+        is the caller's to lose). For fault injection (the simulation in tests/raft)."""
+        for task in self._tasks:
+            task.cancel()
+        self._snapshots.cancel()
 
     def _io(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """On the log thread: WAL writes."""
@@ -369,12 +376,12 @@ class RaftNode:
 
     async def _apply(self, entries: list[Entry]) -> None:
         try:
-            results = await self._on_apply_thread(self.fsm.apply, entries, self.term)
+            results, membership_changed = await self._on_apply_thread(self.fsm.apply, entries, self.term)
         except Exception as exc:
             raise ApplyError(exc) from exc
         for hook in self._applied_hooks:
             hook()
-        membership_changed = removed_now = False
+        removed_now = False
         for entry, (request_id, result) in zip(entries, results, strict=True):
             if entry.type == EntryType.CONF_CHANGE:
                 cc = decode_conf_change(entry.data)
@@ -385,8 +392,6 @@ class RaftNode:
                 if cc.type == ConfChangeType.REMOVE_NODE and cc.node_id == self.id and not self.removed:
                     log.warning("this member was removed from the cluster; it stops")
                     self.removed = removed_now = True
-            elif isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
-                membership_changed = True
             if request_id:
                 self._waiters.answer(request_id, result)
         self.applied_index = max(self.applied_index, entries[-1].index)
@@ -402,11 +407,11 @@ class RaftNode:
             for hook in self._removed_hooks:
                 hook()
 
-    def decided(self, index: int, results: list[tuple[int, Any]]) -> None:
-        """On the apply thread (``Applier.on_decided``): a batch up to ``index`` is executed and
-        about to commit; its callers are answered now, not after the state's own fsync. Changes
-        of membership wait for the batch to be applied (the core must see them first)."""
-        if self._event_loop is None:
+    def decided(self, index: int, results: list[tuple[int, Any]], membership_changed: bool) -> None:
+        """On the apply thread (``StateMachine.on_decided``): a batch up to ``index`` is executed and
+        about to commit; its callers are answered now, not after the state's own fsync. A batch
+        that changed the membership is answered once applied (the core must see the change first)."""
+        if self._event_loop is None or membership_changed:
             return
         if isinstance(self._apply_worker, ThreadWorker):  # shares the loop wake-up with the batch's result
             self._apply_worker.call_soon(self._event_loop, self._answer_decided, index, results)
@@ -417,7 +422,7 @@ class RaftNode:
         if self._traced:
             self._stamp(stages.APPLIED, index)
         for request_id, result in results:
-            if request_id and not isinstance(result, pb.MemberUpdateResponse | pb.MemberListResponse):
+            if request_id:
                 self._waiters.answer(request_id, result)
         self.decided_index = max(self.decided_index, index)
 
@@ -488,7 +493,7 @@ class RaftNode:
             raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
         request_id = next(self._ids)
         now = self.clock.wall_ms()
-        payload = data + wire.varint_field(ID_FIELD, request_id) + wire.varint_field(TIME_FIELD, now)
+        payload = self._stamp_request(data, request_id, now)
         if prepared is not None:
             prepared(payload, request_id, now)
         return await self._propose(request_id, lambda: self.rn.propose(payload), trace)

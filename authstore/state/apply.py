@@ -46,6 +46,9 @@ log = logging.getLogger("raftgate.store.apply")
 #: this many (proposals that never reach the log are forgotten by their callers) all are dropped.
 PREPARED_MAX = 4096
 
+#: Requests whose apply changes the membership (a conf change entry does too): the node re-reads it.
+MEMBERSHIP_KINDS = frozenset({"member_update", "member_attr_set"})
+
 #: What the apply stage executes: the method table's LOG and READ routes.
 APPLIED_KINDS = requests(routes=(Route.LOG, Route.READ))
 
@@ -104,7 +107,9 @@ class Applier:
         self._entry_subscribers: list[Callable[[lmdb.Transaction], None]] = []
         #: entry bytes -> (the request they parse to, its kind): the leader's own parse (remember)
         self._prepared: dict[bytes, tuple[ipb.InternalRaftRequest, str]] = {}
-        self._decided_hooks: list[Callable[[int, list[tuple[int, Any]]], None]] = []
+        self._decided_hooks: list[Callable[[int, list[tuple[int, Any]], bool], None]] = []
+        #: whether the batch being applied (or the last one) changed the membership
+        self._membership_changed = False
         #: whether a NOSPACE alarm is set, read once per batch (None: not read since the batch
         #: began or since an entry changed the alarms)
         self._nospace: bool | None = None
@@ -162,8 +167,8 @@ class Applier:
         batch's transaction (authstore/api/watch/hub.py); it must only read and never wait."""
         self._entry_subscribers.append(fn)
 
-    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]]], None]) -> None:
-        """``fn(last index, results)`` is called on the apply thread once a batch is fully
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]], bool], None]) -> None:
+        """``fn(last index, results, membership changed)`` is called on the apply thread once a batch is fully
         executed, just before its transaction commits (and syncs). The entries are durable in
         the log and apply is deterministic, so the results are final: a crash before the commit
         replays the batch to the same results. The node answers its callers from here, so a
@@ -171,10 +176,12 @@ class Applier:
         self._decided_hooks.append(fn)
 
     # ---- the node's contract (authstore/node/fsm.py: StateMachine) ----
-    def apply(self, entries: Sequence[Entry], term: int) -> list[tuple[int, Any]]:
-        """Applies a committed batch; ``term`` is the node's Raft term, stamped into headers."""
+    def apply(self, entries: Sequence[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
+        """Applies a committed batch; ``term`` is the node's Raft term, stamped into headers.
+        Returns the results and whether the batch changed the membership."""
         self.term = term
-        return self.apply_batch(entries)
+        results = self.apply_batch(entries)
+        return results, self._membership_changed
 
     def snapshot(self, directory: Path) -> Path:
         """A consistent copy of the whole store in ``directory`` (a client's Snapshot, a follower's catch-up)."""
@@ -206,6 +213,7 @@ class Applier:
         results: list[tuple[int, Any]] = []
         started = time.perf_counter()
         self._nospace = None
+        self._membership_changed = False
         with self.env.begin(write=True) as batch:
             applied = self.backend.applied_index(batch)
             for entry in entries:
@@ -226,7 +234,7 @@ class Applier:
             alarms = self._alarm_names(batch)
             if last.index > applied:
                 for hook in self._decided_hooks:
-                    hook(last.index, results)
+                    hook(last.index, results, self._membership_changed)
             failpoints.hit("applyBeforeCommit")
             committing = time.perf_counter()
         committed = time.perf_counter()  # leaving the block committed the batch (and synced it)
@@ -238,6 +246,7 @@ class Applier:
     def _apply_conf_change(self, batch: lmdb.Transaction, entry: Entry) -> tuple[int, Any]:
         cc = decode_conf_change(entry.data)
         request_id = self.membership.apply_conf_change(batch, cc)
+        self._membership_changed = True
         if not self.cluster_id:
             self.cluster_id = self.membership.cluster_id(batch)
         resp = pb.MemberListResponse(members=self.membership.members(batch))
@@ -290,6 +299,8 @@ class Applier:
         txn.commit()
         if req.HasField("alarm") or req.HasField("store_alarm"):
             self._nospace = None
+        if kind in MEMBERSHIP_KINDS:
+            self._membership_changed = True
         return req.ID, resp
 
     def execute(self, txn: lmdb.Transaction, req: ipb.InternalRaftRequest, *, index: int, read: bool,

@@ -178,13 +178,19 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 
 class SimWorker:
     """ports.Worker: jobs run in submission order, one per simulation step that picks this worker
-    (a thread that takes a while), or at once with probability ``immediate``."""
+    (a thread that takes a while), or at once with probability ``immediate``. With probability
+    ``hold`` a job's result is returned only at a later step (the apply thread's commit and fsync
+    after the batch was decided): what the job told the loop meanwhile is seen before it returns."""
 
-    def __init__(self, name: str, rng: random.Random, immediate: float, runnable: dict[SimWorker, None]) -> None:
+    def __init__(self, name: str, rng: random.Random, immediate: float, runnable: dict[SimWorker, None],
+                 hold: float = 0.0) -> None:
         self.name = name
         self.rng = rng
         self.immediate = immediate
+        self.hold = hold
         self.jobs: list[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = []
+        #: a job that ran and whose result is not returned yet (the thread is still in it)
+        self.held: tuple[Any, BaseException | None, asyncio.Future[Any]] | None = None
         self._runnable = runnable  # the simulation's workers with jobs (a dict: ordered, so deterministic)
         self.dead = False
 
@@ -192,7 +198,7 @@ class SimWorker:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.dead:
             return fut  # never resolves: the process is gone
-        if not self.jobs and self.rng.random() < self.immediate:
+        if not self.jobs and self.held is None and self.rng.random() < self.immediate:
             _run_job(fn, args, fut)
         else:
             self.jobs.append((fn, args, fut))
@@ -200,14 +206,26 @@ class SimWorker:
         return fut
 
     def run_next(self) -> None:
-        fn, args, fut = self.jobs.pop(0)
-        if not self.jobs:
+        if self.held is not None:
+            result, exc, fut = self.held
+            self.held = None
+            _finish_job(result, exc, fut)
+        else:
+            fn, args, fut = self.jobs.pop(0)
+            if self.hold and self.rng.random() < self.hold:
+                try:
+                    self.held = (fn(*args), None, fut)
+                except Exception as exc:  # noqa: BLE001 - handed over later, as a thread's would be
+                    self.held = (None, exc, fut)
+            else:
+                _run_job(fn, args, fut)
+        if not self.jobs and self.held is None:
             self._runnable.pop(self, None)
-        _run_job(fn, args, fut)
 
     def kill(self) -> None:
         self.dead = True
         self.jobs.clear()
+        self.held = None
         self._runnable.pop(self, None)
 
     def shutdown(self) -> None:
@@ -218,10 +236,17 @@ def _run_job(fn: Callable[..., Any], args: tuple[Any, ...], fut: asyncio.Future[
     try:
         result = fn(*args)
     except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine, as a thread's would be
-        if not fut.done():
-            fut.set_exception(exc)
+        _finish_job(None, exc, fut)
         return
-    if not fut.done():
+    _finish_job(result, None, fut)
+
+
+def _finish_job(result: Any, exc: BaseException | None, fut: asyncio.Future[Any]) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
         fut.set_result(result)
 
 
@@ -353,10 +378,16 @@ class KVStateMachine:
         self.applied = 0
         self.term = 0
         self._durable: tuple[int, dict[str, int]] = (0, {})
+        self._decided: list[Callable[[int, list[tuple[int, Any]], bool], None]] = []
 
-    def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
+    def on_decided(self, fn: Callable[[int, list[tuple[int, Any]], bool], None]) -> None:
+        self._decided.append(fn)
+
+    def apply(self, entries: list[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
         self.term = term
         results: list[tuple[int, Any]] = []
+        applied = self.applied
+        changed = False
         for e in entries:
             if e.index <= self.applied:
                 results.append((0, None))
@@ -366,6 +397,7 @@ class KVStateMachine:
             self.on_apply(self.node_id, e)
             self.applied = e.index
             if e.type == EntryType.CONF_CHANGE:
+                changed = True
                 ctx = decode_conf_change(e.data).context
                 results.append((spb.MemberContext.FromString(ctx).request_id if ctx else 0, None))
             elif not e.data:
@@ -373,7 +405,10 @@ class KVStateMachine:
             else:
                 req = ipb.InternalRaftRequest.FromString(e.data)
                 results.append((req.ID, self._execute(req.put.key.decode(), *pickle.loads(req.put.value))))
-        return results
+        if self.applied > applied:
+            for fn in self._decided:
+                fn(self.applied, results, changed)
+        return results, changed
 
     def _execute(self, key: str, kind: str, arg: Any) -> Any:
         kv = self.kv
@@ -405,7 +440,9 @@ class KVStateMachine:
         self._durable = (self.applied, dict(self.kv))
 
     def crash(self, rng: random.Random) -> None:
-        """Power loss: what was applied since the last sync may be lost (or not)."""
+        """Power loss: what was applied since the last sync may be lost (or not); the dead node's
+        registration goes with the process (the restarted node registers again)."""
+        self._decided.clear()
         if rng.random() < 0.5:
             self.applied, kv = self._durable
             self.kv = dict(kv)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import ConfChange, ConfChangeType, Entry, EntryType, MemoryStorage, Snapshot, StateType
 from authstore.raft.codec import decode_conf_change, encode_conf_change
@@ -66,7 +67,7 @@ class StoreStateMachine:
         self.on_apply = on_apply
         self.applier = Applier(Backend(path, map_size=64 << 20), member_id=node_id)
 
-    def apply(self, entries: list[Entry], term: int) -> list[tuple[int, Any]]:
+    def apply(self, entries: list[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
         applied = self.applier.applied_index()
         for e in entries:
             if e.index > applied:
@@ -75,6 +76,9 @@ class StoreStateMachine:
                 self.on_apply(self.node_id, e)
                 applied = e.index
         return self.applier.apply(entries, term)
+
+    def on_decided(self, fn: Any) -> None:
+        self.applier.on_decided(fn)
 
     def snapshot(self, directory: Path) -> Path:
         return self.applier.snapshot(directory)
@@ -91,6 +95,7 @@ class StoreStateMachine:
         return int(kvs[0].value) if kvs else None
 
     def crash(self, _rng: random.Random) -> None:
+        """Reopens the store: a new Applier, with no hooks (the restarted node registers again)."""
         self.applier.backend.close()
         self.applier = Applier(Backend(self.path, map_size=64 << 20), member_id=self.node_id)
 
@@ -115,6 +120,9 @@ class NodeSimConfig:
     duplicate: float = 0.02
     #: chance that a worker job (a WAL write, an apply batch) runs at once rather than steps later
     immediate: float = 0.5
+    #: chance that an apply batch returns a step after it was decided (its commit takes a while):
+    #: its callers are answered early (StateMachine.on_decided), before the node counts it applied
+    hold_apply: float = 0.5
     clients: int = 4
     keys: int = 3
     conf_changes: bool = True
@@ -173,7 +181,8 @@ class NodeSimulation:
         self.max_committed = 0
         self.entry_ids: dict[tuple[int, int], tuple[int, int, bytes]] = {}  # (index, term) -> (prev term, type, data)
         self.trace: deque[tuple[Any, ...]] = deque(maxlen=60)
-        self.stats = {"elections": 0, "crashes": 0, "conf_changes": 0, "transfers": 0, "applied": 0}
+        self.stats = {"elections": 0, "crashes": 0, "conf_changes": 0, "transfers": 0, "applied": 0,
+                      "early_answers": 0}
         self.chaos = True
         self.restarts: list[tuple[int, Member]] = []
         ids = list(range(1, cfg.nodes + 1))
@@ -255,9 +264,11 @@ class NodeSimulation:
             storage.append(st.entries)
         storage.set_hard_state(st.hard_state)
         rng = self.rng
-        m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable)
+        m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable,
+                               hold=self.cfg.hold_apply if name == "apply" else 0.0)
                      for name in ("log", "apply", "copy")]
-        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), applied=st.snapshot.index,
+        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), stamp=stamp,
+                        applied=st.snapshot.index,
                         snapshot_dir=m.snap_dir, tick_seconds=TICK, election_ticks=10, request_timeout=7.0,
                         snapshot_count=self.cfg.snapshot_count, catchup_entries=self.cfg.catchup_entries,
                         clock=m.clock, log_worker=m.workers[0], apply_worker=m.workers[1], copy_worker=m.workers[2],
@@ -272,9 +283,7 @@ class NodeSimulation:
         node = m.node
         assert node is not None
         m.node = None
-        for task in node._tasks:
-            task.cancel()
-        node._snapshots.cancel()
+        node.crash()
         for worker in m.workers:
             worker.kill()
         for task in list(m.clients):
@@ -496,6 +505,8 @@ class NodeSimulation:
             except EtcdError:
                 self.history.timeout(op)  # perhaps applied, perhaps not
                 return
+            if node.decided_index > node.applied_index:
+                self.stats["early_answers"] += 1  # answered once decided, before its batch returned
             if self.cfg.store:
                 result = _store_output(result)
             self.history.ok(op, result)

@@ -19,6 +19,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import Config, Entry, HardState, Message, MessageType, RawNode, StateType
 from tests.support.raft_helpers import storage_with
@@ -62,8 +63,11 @@ class FakePeers:
 class FakeStateMachine:
     """Nothing is committed in the one Ready handled here."""
 
-    def apply(self, entries: Any, term: int) -> list[tuple[int, Any]]:
-        return []
+    def apply(self, entries: Any, term: int) -> tuple[list[tuple[int, Any]], bool]:
+        return [], False
+
+    def on_decided(self, fn: Any) -> None:
+        pass
 
     def snapshot(self, directory: Path) -> Path:
         raise AssertionError("no snapshot in this test")
@@ -99,7 +103,7 @@ def test_a_new_leader_sends_the_acks_it_made_as_a_follower_only_after_its_write(
     rn, st = _follower_turned_leader()
     events = Events()
     node = RaftNode(2, st, FakeWAL(events), FakeStateMachine(), FakePeers(events),  # type: ignore[arg-type]
-                    applied=0, snapshot_dir=tmp_path / "snap")
+                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap")
     node.rn = rn
     rd = rn.ready()
     assert rd is not None and rd.soft_state is not None and rd.soft_state.state == StateType.LEADER

@@ -2,7 +2,7 @@
 
 The entry is durable in the log before it is applied, and apply is deterministic, so the results
 of an executed batch are final: a crash before the LMDB commit replays the batch to the same
-results. The node answers its callers from there (``Applier.on_decided`` -> ``RaftNode.decided``)
+results. The node answers its callers from there (``StateMachine.on_decided`` -> ``RaftNode.decided``)
 instead of after the commit's fsync, so a lone Put waits for one fsync (the log's), as in etcd.
 What answers from the local state instead of the log (serializable reads, maintenance) first
 waits for every answered batch to be applied (``RaftNode.settled``): it never misses a write
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import HardState, Message
 from authstore.raft.storage import MemoryStorage
@@ -58,12 +59,11 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
     backend = Backend(tmp_path / "db", map_size=64 << 20)
     applier = Applier(backend, member_id=1)
     node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), applier, NoPeers(),  # type: ignore[arg-type]
-                    applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
-    applier.on_decided(node.decided)
+                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
     commit_may_go = threading.Event()
     holding = threading.Event()
 
-    def hold_commit(index: int, results: list[tuple[int, Any]]) -> None:
+    def hold_commit(index: int, results: list[tuple[int, Any]], _membership_changed: bool) -> None:
         if any(isinstance(r, pb.PutResponse) for _, r in results):
             holding.set()
             assert commit_may_go.wait(30), "the test never let the commit go"

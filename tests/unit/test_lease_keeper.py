@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from authstore.api.lease_keeper import RENEW_LOG_FRACTION, LeaseKeeper
-from authstore.node.driver import ID_FIELD, TIME_FIELD
+from authstore.api.stamp import ID_FIELD, TIME_FIELD
 from authstore.raft.types import Entry, EntryType
 from authstore.state.apply import Applier
 from authstore.state.backend import Backend

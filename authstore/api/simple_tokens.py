@@ -6,6 +6,9 @@ token has been idle longer than its TTL, proposes its expiry so every node drops
 A node that becomes leader has not seen recent uses, so it counts every token as used at that
 moment: a token then outlives its TTL by at most one TTL after a failover, and an active session
 never dies because the leader changed.
+
+A leader-side service (it reads the clock, runs on the event loop and proposes entries), so it
+lives in the API layer; the deterministic state (authstore/state) only applies the expiries.
 """
 
 from __future__ import annotations
