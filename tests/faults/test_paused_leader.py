@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.cluster import Client, describe, program_cluster, retry_ok
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.default_raft_timing]  # about the default timing
 
 #: etcd's request timeout with default flags (5 s + 2 x 1 s election timeout)
 ETCD_REQUEST_TIMEOUT = 7.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.support.cluster import Client, Node, program_cluster, retry_ok
+from tests.support.cluster import Client, Cluster, Node, program_cluster, retry_ok
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
@@ -163,6 +164,17 @@ def _inodes(node: Node) -> set[tuple[Path, int]]:
     return found
 
 
+def _pid(node: Node) -> int:
+    assert node.program is not None and node.program.proc is not None
+    return node.program.proc.pid
+
+
+def _restart_quietly(cluster: Cluster, node: Node) -> None:
+    """cluster.restart(node) in a thread: a start that ends in a kill -9 is expected here."""
+    with contextlib.suppress(Exception):
+        cluster.restart(node)
+
+
 @pytest.mark.parametrize("victim_role", ["follower", "leader"])
 def test_a_node_killed_during_catch_up_by_snapshot_leaves_no_copy_behind(victim_role: str, tmp_path: Path) -> None:
     """kill -9 of the follower while it receives a snapshot, or of the leader while it sends one:
@@ -179,22 +191,34 @@ def test_a_node_killed_during_catch_up_by_snapshot_leaves_no_copy_behind(victim_
             for i in range(VALUES):
                 retry_ok(lambda i=i: client.put(b"/big/%03d" % i, value, timeout=20), 20, "writes")
             wait_for(lambda: "log compacted" in leader.output(), 20, "the leader to compact its log")
-            cluster.restart(lagging)
+            # The snapshot travels while the lagging node starts (it may even be installed before
+            # the node prints its ready line), so the restart runs beside us and the lagging node is
+            # stopped (SIGSTOP) at its first received chunk: the transfer then stalls, the leader's
+            # copy and the follower's partial file both stay on disk, and the kill lands mid-transfer
+            # whatever the machine's load (a poll for the victim's file alone raced the transfer).
             victim = lagging if victim_role == "follower" else leader
-            # the snapshot is tens of megabytes: its file is there for a fraction of a second while
-            # it travels, and the kill follows the first sight of it (a steady 2 ms poll: wait_for's
-            # back-off would miss it)
-            seen: list[Path] = []
-            deadline = time.monotonic() + 30
-            while not seen and "installed a snapshot" not in lagging.output() and time.monotonic() < deadline:
-                seen = _snapshot_files(victim)
-                time.sleep(0.002)
-            assert seen, "the snapshot was installed before the kill"
-            cluster.kill(victim)
+            starting = threading.Thread(target=_restart_quietly, args=(cluster, lagging), daemon=True)
+            starting.start()
+            deadline = time.monotonic() + 60
+            while not _snapshot_files(lagging) and "installed a snapshot" not in lagging.output():
+                assert time.monotonic() < deadline, "no snapshot reached the lagging node"
+                time.sleep(0.002)  # a steady poll: wait_for's back-off would miss a short transfer
+            os.kill(_pid(lagging), signal.SIGSTOP)
+            try:
+                assert "installed a snapshot" not in lagging.output(), "the snapshot was installed before the stop"
+                wait_for(lambda: _snapshot_files(victim), 10, "the victim to hold its copy of the stalled snapshot")
+                cluster.kill(victim)
+            finally:
+                if lagging.running:
+                    os.kill(_pid(lagging), signal.SIGCONT)
+            starting.join(timeout=90)
+            assert not starting.is_alive()
+            assert lagging.running == (victim is leader)  # a start that met the kill gave up
             # what the kill left: each file by its inode (a transfer started after the restart may
             # reuse a name, never the file)
             left = _inodes(victim)
             if victim is leader:
+                assert lagging.running
                 for i in range(5):
                     retry_ok(lambda i=i: client.put(b"/after/%d" % i, b"z"), 30, "writes under a new leader")
             cluster.restart(victim)

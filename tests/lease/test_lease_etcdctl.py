@@ -33,7 +33,7 @@ from tests.support.processes import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.default_raft_timing]  # about the default timing
 
 Server = EtcdServer | RaftgateLocal
 NOT_FOUND = "Error: etcdserver: requested lease not found\n"

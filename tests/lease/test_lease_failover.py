@@ -18,7 +18,7 @@ from tests.support.ctl_steps import Ctl
 from tests.support.lease_steps import grant, present
 from tests.support.processes import ETCDCTL, RaftgateLocal, pem_rsa_keypair, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.default_raft_timing]  # about the default timing
 
 TTL = 4
 

@@ -316,11 +316,12 @@ def test_local_names_layout_json_when_its_port_is_taken(tmp_path: Path) -> None:
     assert "Traceback" not in out and "raftgate store:" not in out, out
 
 
+@pytest.mark.soak  # one Ctrl-C is in `make test` (test_clean_start_stop.py[ctrl-c]); this repeats it
 def test_ctrl_c_ends_every_process_with_0_every_time(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the whole process group), several times in a row: local and every
-    process it runs exit 0, each time."""
+    process it runs exit 0, each time (a stop that raced a late signal failed one run in a few)."""
     local = RaftgateLocal(tmp_path)
-    for _ in range(3):
+    for _ in range(5):
         try:
             local.start()
             assert local.proc is not None
