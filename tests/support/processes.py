@@ -273,6 +273,11 @@ class Process:
         return code
 
     def output(self) -> str:
+        """What the process wrote so far; once it has died, all of it (the pump thread may still
+        be reading the pipe's last lines when a test sees the process gone)."""
+        reader = self._reader
+        if self.proc is not None and self.proc.poll() is not None and reader is not None and reader.is_alive():
+            reader.join(timeout=10)  # the pipe reaches EOF once the process (and its group) is gone
         return "".join(self.lines)
 
     def __enter__(self) -> Process:
