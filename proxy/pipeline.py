@@ -75,10 +75,6 @@ def _tag(field: int) -> bytes:
     return wire.encode_varint((field << 3) | 2)
 
 
-def _length(size: int) -> bytes:
-    return bytes((size,)) if size < 0x80 else wire.encode_varint(size)
-
-
 def unwrap(answer: bytes, field: int) -> bytes:
     """``wire.unwrap_field(answer, field)``, without walking the usual answer: exactly one field,
     the one asked for (anything else goes the reference way)."""
@@ -99,10 +95,10 @@ def unwrap(answer: bytes, field: int) -> bytes:
 
 
 def stamp(identity: Identity, method: Method, request: bytes) -> bytes:
-    """InternalRaftRequest bytes: the stamped header, then the client's bytes as they came
-    (what ``wire.build_internal_request`` builds, from cached parts)."""
+    """InternalRaftRequest bytes: the stamped header (cached per identity), then the client's
+    bytes as they came."""
     header = _header(identity.username, identity.revision, identity.invalid_token, identity.reresolvable)
-    return b"".join((header, _tag(method.field), _length(len(request)), request))
+    return wire.build_internal_request(header, method.field, request)
 
 
 def is_old_revision(error: grpc.aio.AioRpcError) -> bool:
@@ -249,10 +245,7 @@ class Pipeline:
         store validates it first, as etcd does (`key is not provided` before `invalid auth
         token`), without the proxy decoding every request.
         """
-        if certificate is not None:
-            identity = await self.resolve_certificate(certificate, timeout)
-        else:
-            identity = await self.resolve(token, timeout, defer_invalid=True)
+        identity = await self._identity(token, certificate, timeout)
         data = stamp(identity, method, request)
         check_size(data, self.max_request_bytes)
         try:
@@ -264,13 +257,17 @@ class Pipeline:
             # The store refused without effect: the revision it was resolved at is stale (a cached
             # one here, or the store's own between its check and apply). Re-resolve, retry once.
             self.resolver.invalidate(identity)
-            if certificate is not None:
-                identity = await self.resolve_certificate(certificate, timeout)
-            else:
-                identity = await self.resolve(token, timeout, defer_invalid=True)
+            identity = await self._identity(token, certificate, timeout)
             answer = await self.store.do(stamp(identity, method, request), timeout, token=identity.forward,
                                          field=method.field)
         return unwrap(answer, method.field)
+
+    async def _identity(self, token: str | None, certificate: str | None, timeout: float | None) -> Identity:
+        """A forwarded request's identity: the certificate's CN when it names one, else the token's
+        (an unusable token is marked, for the store to refuse after validating the request)."""
+        if certificate is not None:
+            return await self.resolve_certificate(certificate, timeout)
+        return await self.resolve(token, timeout, defer_invalid=True)
 
     # --- handlers (raw bytes in, raw bytes out) -------------------------------------------------
 
