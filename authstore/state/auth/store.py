@@ -162,6 +162,27 @@ class AuthStore:
         roles.sort(key=lambda r: r.name)
         return roles
 
+    def users(self, txn: lmdb.Transaction) -> list[auth_pb2.User]:
+        """Every user, by name (a snapshot in etcd's format)."""
+        return self._all_users(txn)
+
+    def roles(self, txn: lmdb.Transaction) -> list[auth_pb2.Role]:
+        """Every role, by name (a snapshot in etcd's format)."""
+        return self._all_roles(txn)
+
+    def load(self, txn: lmdb.Transaction, users: Iterable[auth_pb2.User], roles: Iterable[auth_pb2.Role],
+             enabled: bool, revision: int) -> None:
+        """Users (with their password hashes), roles and the auth state read from another
+        store's snapshot, into an empty auth store; the caller checked them."""
+        for user in users:
+            self._put_user(txn, user)
+        for role in roles:
+            self._put_role(txn, role)
+        self._set_revision(txn, revision)
+        txn.put(_ENABLED, b"\x01" if enabled else b"\x00", db=self._meta)
+        if enabled:
+            txn.put(_ENABLED_AT, revision.to_bytes(8, "big"), db=self._meta)
+
     # ------------------------------------------------------------------ meta
 
     def is_enabled(self, txn: lmdb.Transaction) -> bool:

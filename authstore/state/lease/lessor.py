@@ -161,6 +161,12 @@ class Lessor:
         if rec is not None:
             self._put(txn, lease_id, rec._replace(remaining_ttl=remaining_ttl), rec)
 
+    def load(self, txn: lmdb.Transaction, lease_id: int, ttl: int, now_ms: int) -> None:
+        """A lease read from another store's snapshot, given its whole TTL from ``now_ms`` (as
+        etcd's new leader does with the leases it takes over); keys are attached by the caller."""
+        ttl = max(ttl, self.min_ttl)
+        self._put(txn, lease_id, LeaseRecord(ttl, now_ms, now_ms + ttl * 1000, 0), self._get(txn, lease_id))
+
     # ---- key attachments (called by KVStore) ----
     def attach(self, txn: lmdb.Transaction, lease_id: int, key: bytes) -> None:
         if len(key) <= PREFIX:

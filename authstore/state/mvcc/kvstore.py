@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
 import lmdb
@@ -440,6 +440,37 @@ class KVStore:
                 continue
             h = zlib.crc32(v, zlib.crc32(k, h))
         return h & 0xFFFFFFFF, compact_rev, rev
+
+    # ---- another store's history (raftgate snapshot restore of etcd's format) ----
+    def load_revision(self, txn: lmdb.Transaction, main: int, sub: int, key: bytes,
+                      kv: kv_pb2.KeyValue | None) -> None:
+        """Writes one revision of a history read from elsewhere, which must come in revision
+        order on an empty store: a put (``kv``, its create revision, version and lease kept) or,
+        with ``kv`` None, a delete of ``key``. The caller checked the values."""
+        if kv is None:
+            txn.put(revision.encode(main, sub), _tombstone(key, main), db=self._kv, append=True)
+            self._index.append(txn, key, index.pack(main, sub, 0, 0, 0))
+            return
+        txn.put(revision.encode(main, sub), kv.SerializeToString(), db=self._kv, append=True)
+        self._index.append(txn, key, index.pack(main, sub, kv.create_revision, kv.version, kv.lease))
+
+    def set_loaded_revisions(self, txn: lmdb.Transaction, current: int, compacted: int | None) -> None:
+        """The current and compacted revision of a loaded history (None: never compacted)."""
+        txn.put(_META_REV, _I64.pack(current), db=self._meta)
+        if compacted is not None:
+            txn.put(_META_COMPACT, _I64.pack(compacted), db=self._meta)
+
+    def records(self, txn: lmdb.Transaction) -> Iterator[tuple[int, int, bytes]]:
+        """Every retained revision as (main, sub, KeyValue bytes; version 0 = a delete), in
+        revision order, read lazily (a snapshot in etcd's format streams them)."""
+        for k, v in txn.cursor(db=self._kv):
+            main, sub = revision.decode(k)
+            yield main, sub, v
+
+    def raw_compacted_revision(self, txn: lmdb.Transaction) -> int | None:
+        """The recorded compaction revision, None when the store was never compacted."""
+        raw = txn.get(_META_COMPACT, db=self._meta)
+        return _I64.unpack(raw)[0] if raw else None
 
     # ---- reads for other components ----
     def get(self, txn: lmdb.Transaction, key: bytes) -> kv_pb2.KeyValue | None:

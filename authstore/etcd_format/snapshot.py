@@ -1,0 +1,462 @@
+"""raftgate's state as etcd 3.5 lays it out in its bbolt file, and back.
+
+What clients see of a snapshot (``Maintenance.Snapshot``, so ``etcdctl snapshot save``) is etcd's
+own file, so etcd's tools read it (``etcdutl snapshot status|restore``) and a snapshot moves
+between etcd and raftgate with its keys, history, leases, users and roles. The buckets and their
+encodings are etcd 3.5's (server/mvcc, server/lease, server/auth, server/etcdserver/api/membership):
+
+  key              8-byte big-endian main revision + ``_`` + 8-byte sub revision (+ ``t`` for a
+                   delete) -> mvccpb.KeyValue (a delete holds only the key)
+  meta             consistent_index, term (8 bytes BE), confState (JSON), finishedCompactRev and
+                   scheduledCompactRev (a revision key, as above)
+  lease            8-byte big-endian ID -> leasepb.Lease {ID, TTL, RemainingTTL}
+  auth             authEnabled (1 byte), authRevision (8 bytes BE)
+  authUsers        name -> authpb.User (with its bcrypt hash); authRoles: name -> authpb.Role
+  members          hex member ID -> JSON; members_removed: hex ID -> "removed"
+  cluster          clusterVersion -> "3.5.0"
+  alarm            mvccpb's AlarmMember bytes -> empty
+
+Reading is for a file from anywhere, so every value is checked before anything is written, and a
+refusal (``EtcdFormatError``) names what is wrong, as etcdutl's errors do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import lmdb
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from authstore.state.auth.store import AuthStore, bcrypt_cost
+from authstore.state.backend import Backend
+from authstore.state.lease.lessor import MAX_LEASE_TTL, Lessor
+from authstore.state.membership import Membership
+from authstore.state.mvcc.kvstore import KVStore
+from protos.authpb import auth_pb2
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.mvccpb import kv_pb2
+from raftgate.private_files import PRIVATE_FILE_MODE
+
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_REV = struct.Struct(">QcQ")
+REV_SIZE = _REV.size  # 17
+MAX_REVISION = (1 << 63) - 1
+#: what etcd 3.5 records as the cluster's version in its snapshots
+CLUSTER_VERSION = b"3.5.0"
+
+KEY, META, LEASE, AUTH = b"key", b"meta", b"lease", b"auth"
+AUTH_USERS, AUTH_ROLES = b"authUsers", b"authRoles"
+MEMBERS, MEMBERS_REMOVED, CLUSTER, ALARM = b"members", b"members_removed", b"cluster", b"alarm"
+#: every bucket etcd 3.5 creates, in bbolt's (byte) order
+BUCKETS = tuple(sorted((KEY, META, LEASE, AUTH, AUTH_USERS, AUTH_ROLES, MEMBERS, MEMBERS_REMOVED, CLUSTER, ALARM)))
+
+AUTH_ENABLED = b"authEnabled"
+AUTH_REVISION = b"authRevision"
+CONSISTENT_INDEX = b"consistent_index"
+TERM = b"term"
+CONF_STATE = b"confState"
+FINISHED_COMPACT = b"finishedCompactRev"
+SCHEDULED_COMPACT = b"scheduledCompactRev"
+CLUSTER_VERSION_KEY = b"clusterVersion"
+
+
+class EtcdFormatError(ValueError):
+    """A snapshot in etcd's format that cannot be taken in; the message says what and where."""
+
+
+def _lease_message() -> type[Message]:
+    """leasepb.Lease (etcd's server/lease/leasepb), built here: no other part of raftgate uses it."""
+    f = descriptor_pb2.FileDescriptorProto(name="raftgate_etcd_leasepb.proto", package="leasepb", syntax="proto3")
+    m = f.message_type.add(name="Lease")
+    for number, name in enumerate(("ID", "TTL", "RemainingTTL"), 1):
+        m.field.add(name=name, number=number, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("leasepb.Lease"))
+
+
+Lease = _lease_message()
+
+
+def rev_key(main: int, sub: int, tombstone: bool = False) -> bytes:
+    return _REV.pack(main, b"_", sub) + (b"t" if tombstone else b"")
+
+
+def parse_rev_key(raw: bytes) -> tuple[int, int, bool]:
+    """(main, sub, is a delete) of a ``key`` bucket key; refuses anything else."""
+    if len(raw) not in (REV_SIZE, REV_SIZE + 1) or raw[8:9] != b"_" or (len(raw) > REV_SIZE and raw[-1:] != b"t"):
+        raise EtcdFormatError(f"bucket key: {raw[:32].hex()} is not a revision")
+    main, _, sub = _REV.unpack_from(raw)
+    if not 1 <= main <= MAX_REVISION or sub > MAX_REVISION:
+        raise EtcdFormatError(f"bucket key: revision {main}.{sub} out of range")
+    return main, sub, len(raw) > REV_SIZE
+
+
+def _compact_rev(raw: bytes, name: str) -> int:
+    if len(raw) < REV_SIZE or raw[8:9] != b"_":
+        raise EtcdFormatError(f"bucket meta: {name} is not a revision")
+    main = _REV.unpack_from(raw)[0]
+    if main > MAX_REVISION:
+        raise EtcdFormatError(f"bucket meta: {name} {main} out of range")
+    return main
+
+
+# ---------------------------------------------------------------- raftgate -> etcd
+
+
+def _member_json(m: pb.Member) -> bytes:
+    """etcd's membership.Member as json.Marshal writes it (field order, omitempty)."""
+    doc: dict[str, object] = {"id": m.ID, "peerURLs": list(m.peerURLs)}
+    if m.isLearner:
+        doc["isLearner"] = True
+    if m.name:
+        doc["name"] = m.name
+    if m.clientURLs:
+        doc["clientURLs"] = list(m.clientURLs)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _conf_state_json(members: list[pb.Member]) -> bytes:
+    """raftpb.ConfState as etcd 3.5's json.Marshal writes it."""
+    doc: dict[str, object] = {}
+    voters = sorted(m.ID for m in members if not m.isLearner)
+    learners = sorted(m.ID for m in members if m.isLearner)
+    if voters:
+        doc["voters"] = voters
+    if learners:
+        doc["learners"] = learners
+    doc["auto_leave"] = False
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _key_bucket(kv: KVStore, txn: lmdb.Transaction) -> Iterator[tuple[bytes, bytes]]:
+    for main, sub, rec in kv.records(txn):
+        parsed = kv_pb2.KeyValue.FromString(rec)
+        if parsed.version == 0:  # raftgate's delete record: etcd's holds only the key
+            yield rev_key(main, sub, True), kv_pb2.KeyValue(key=parsed.key).SerializeToString()
+        else:
+            yield rev_key(main, sub), rec
+
+
+def etcd_buckets(backend: Backend) -> list[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
+    """The store's state as etcd's buckets, ascending by name, each ascending by key; the key
+    history is read lazily inside one read transaction, which stays open until the last bucket
+    has been read (the caller's writer runs through them in order). ``backend`` is a copy of the
+    store (the applied index and alarms are in it, and it is opened for writing)."""
+    env = backend.env
+    kv = KVStore(env)
+    lessor = Lessor(env, kv)
+    auth = AuthStore(env)
+    membership = Membership(env)
+    txn = env.begin()
+    try:
+        members = membership.members(txn)
+        compacted = kv.raw_compacted_revision(txn)
+        meta = [(CONSISTENT_INDEX, _U64.pack(backend.applied_index(txn))),
+                (TERM, _U64.pack(_applied_term(backend, txn))),
+                (CONF_STATE, _conf_state_json(members))]
+        if compacted is not None and compacted > 0:
+            meta += [(FINISHED_COMPACT, rev_key(compacted, 0)), (SCHEDULED_COMPACT, rev_key(compacted, 0))]
+        leases = [(_I64.pack(lid), Lease(ID=lid, TTL=rec.ttl, RemainingTTL=rec.remaining_ttl).SerializeToString())
+                  for lid, rec in lessor.all_records(txn)]
+        alarms = sorted({a.SerializeToString() for a in _alarms(backend, txn)})
+        contents: dict[bytes, Iterable[tuple[bytes, bytes]]] = {
+            ALARM: [(a, b"") for a in alarms],
+            AUTH: [(AUTH_ENABLED, b"\x01" if auth.is_enabled(txn) else b"\x00"),
+                   (AUTH_REVISION, _U64.pack(auth.revision(txn)))],
+            AUTH_ROLES: [(r.name, r.SerializeToString()) for r in auth.roles(txn)],
+            AUTH_USERS: [(u.name, u.SerializeToString()) for u in auth.users(txn)],
+            CLUSTER: [(CLUSTER_VERSION_KEY, CLUSTER_VERSION)],
+            KEY: _closing(_key_bucket(kv, txn), txn),
+            LEASE: sorted(leases),
+            MEMBERS: sorted((f"{m.ID:x}".encode(), _member_json(m)) for m in members),
+            MEMBERS_REMOVED: [],
+            META: sorted(meta),
+        }
+    except BaseException:
+        txn.abort()
+        raise
+    return [(name, contents[name]) for name in BUCKETS]
+
+
+def _closing(items: Iterator[tuple[bytes, bytes]], txn: lmdb.Transaction) -> Iterator[tuple[bytes, bytes]]:
+    try:
+        yield from items
+    finally:
+        txn.abort()
+
+
+def _applied_term(backend: Backend, txn: lmdb.Transaction) -> int:
+    raw = backend.meta_get(txn, b"applied_term")
+    return _U64.unpack(raw)[0] if raw else 0
+
+
+def _alarms(backend: Backend, txn: lmdb.Transaction) -> list[pb.AlarmMember]:
+    raw = backend.meta_get(txn, b"alarms")
+    return list(pb.AlarmResponse.FromString(raw).alarms) if raw else []
+
+
+# ---------------------------------------------------------------- etcd -> raftgate
+
+
+class BucketSource(Protocol):
+    """What is read of an etcd file (bbolt.BoltReader)."""
+
+    def buckets(self) -> list[bytes]: ...
+
+    def items(self, bucket: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def get(self, bucket: bytes, key: bytes) -> bytes | None: ...
+
+
+@dataclass
+class Loaded:
+    """What a restore took in (its report)."""
+
+    revision: int = 0
+    compacted: int | None = None
+    revisions: int = 0
+    leases: int = 0
+    users: int = 0
+    roles: int = 0
+    auth_enabled: bool = False
+    auth_revision: int = 0
+    skipped_leases: list[int] = field(default_factory=list)
+
+
+def _parse(cls: type[Message], raw: bytes, where: str) -> Message:
+    try:
+        return cls.FromString(raw)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise EtcdFormatError(f"{where}: cannot decode {cls.DESCRIPTOR.full_name}: {exc}") from None
+
+
+def _name(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise EtcdFormatError(f"{where}: name is not UTF-8") from None
+
+
+def check_buckets(src: BucketSource) -> None:
+    """The file is etcd's: it has a ``key`` and a ``meta`` bucket."""
+    names = set(src.buckets())
+    missing = [b.decode() for b in (KEY, META) if b not in names]
+    if missing:
+        raise EtcdFormatError(f"not an etcd snapshot: no bucket {', '.join(missing)}")
+
+
+def _users(src: BucketSource, names: set[bytes]) -> list[auth_pb2.User]:
+    out = []
+    if AUTH_USERS not in names:
+        return out
+    for k, v in src.items(AUTH_USERS):
+        where = f"bucket authUsers: user {k[:64]!r}"
+        user = _parse(auth_pb2.User, v, where)
+        if not k or user.name != k:
+            raise EtcdFormatError(f"{where}: record names user {user.name[:64]!r}")
+        _name(k, where)
+        if user.options.no_password:
+            if user.password:
+                raise EtcdFormatError(f"{where}: a password hash on a user without password")
+        elif bcrypt_cost(user.password) is None or len(user.password) != 60:
+            raise EtcdFormatError(f"{where}: no bcrypt password hash")
+        for role in user.roles:
+            if not role:
+                raise EtcdFormatError(f"{where}: an empty role name")
+        roles = sorted(set(user.roles))  # etcd keeps them sorted; raftgate's checks bisect them
+        del user.roles[:]
+        user.roles.extend(roles)
+        out.append(user)
+    return out
+
+
+def _roles(src: BucketSource, names: set[bytes]) -> list[auth_pb2.Role]:
+    out = []
+    if AUTH_ROLES not in names:
+        return out
+    for k, v in src.items(AUTH_ROLES):
+        where = f"bucket authRoles: role {k[:64]!r}"
+        role = _parse(auth_pb2.Role, v, where)
+        if not k or role.name != k:
+            raise EtcdFormatError(f"{where}: record names role {role.name[:64]!r}")
+        _name(k, where)
+        for perm in role.keyPermission:
+            if perm.permType not in auth_pb2.Permission.Type.values():
+                raise EtcdFormatError(f"{where}: unknown permission type {perm.permType}")
+        out.append(role)
+    return out
+
+
+def _auth_state(src: BucketSource, names: set[bytes]) -> tuple[bool, int]:
+    if AUTH not in names:
+        return False, 1
+    enabled = src.get(AUTH, AUTH_ENABLED)
+    if enabled not in (None, b"\x00", b"\x01"):
+        raise EtcdFormatError("bucket auth: authEnabled is not one byte 0 or 1")
+    raw = src.get(AUTH, AUTH_REVISION)
+    if raw is not None and len(raw) != 8:
+        raise EtcdFormatError("bucket auth: authRevision is not 8 bytes")
+    revision = _U64.unpack(raw)[0] if raw else 0
+    if revision > MAX_REVISION:
+        raise EtcdFormatError(f"bucket auth: authRevision {revision} out of range")
+    return enabled == b"\x01", max(revision, 1)
+
+
+def _leases(src: BucketSource, names: set[bytes]) -> list[tuple[int, int]]:
+    out = []
+    if LEASE not in names:
+        return out
+    for k, v in src.items(LEASE):
+        if len(k) != 8:
+            raise EtcdFormatError(f"bucket lease: key {k[:32].hex()} is not a lease ID")
+        lid = _I64.unpack(k)[0]
+        lease = _parse(Lease, v, f"bucket lease: lease {lid:x}")
+        if lid != lease.ID or lid <= 0:
+            raise EtcdFormatError(f"bucket lease: lease {lid:x} holds ID {lease.ID:x}")
+        if not 0 <= lease.TTL <= MAX_LEASE_TTL:
+            raise EtcdFormatError(f"bucket lease: lease {lid:x} TTL {lease.TTL} out of range")
+        out.append((lid, lease.TTL))
+    return out
+
+
+def load(src: BucketSource, backend: Backend, now_ms: int) -> Loaded:
+    """Takes an etcd file's keys (with their history), leases, users, roles and auth state into
+    ``backend``, a new empty store, in one write transaction: a refusal leaves it empty (the
+    caller removes it anyway). Membership, alarms and the consistent index are not taken: the
+    new cluster's come from the restore's flags, as etcdutl does."""
+    check_buckets(src)
+    names = set(src.buckets())
+    users = _users(src, names)
+    roles = _roles(src, names)
+    auth_enabled, auth_revision = _auth_state(src, names)
+    if auth_enabled and not any(u.name == b"root" and "root" in u.roles for u in users):
+        raise EtcdFormatError("bucket authUsers: auth is enabled but no user root has role root")
+    leases = _leases(src, names)
+    raw_compact = src.get(META, FINISHED_COMPACT)
+    compacted = _compact_rev(raw_compact, "finishedCompactRev") if raw_compact is not None else None
+    out = Loaded(compacted=compacted, users=len(users), roles=len(roles), auth_enabled=auth_enabled,
+                 auth_revision=auth_revision, leases=len(leases))
+    env = backend.env
+    kv = KVStore(env)
+    lessor = Lessor(env, kv)
+    auth = AuthStore(env)
+    with env.begin(write=True) as txn:
+        last: tuple[int, int] = (0, -1)
+        live: dict[bytes, int] = {}  # key -> lease, for keys whose newest revision is a put with a lease
+        for k, v in src.items(KEY):
+            main, sub, tombstone = parse_rev_key(k)
+            where = f"bucket key: revision {main}.{sub}"
+            if (main, sub) <= last:
+                raise EtcdFormatError(f"{where}: out of order")
+            last = (main, sub)
+            rec = _parse(kv_pb2.KeyValue, v, where)
+            if not rec.key:
+                raise EtcdFormatError(f"{where}: an empty key")
+            if tombstone:
+                kv.load_revision(txn, main, sub, rec.key, None)
+                live.pop(rec.key, None)
+            else:
+                if rec.mod_revision != main or not 1 <= rec.create_revision <= main or rec.version < 1 \
+                        or rec.lease < 0:
+                    raise EtcdFormatError(f"{where}: mod revision {rec.mod_revision}, create revision "
+                                          f"{rec.create_revision}, version {rec.version}, lease {rec.lease} "
+                                          "do not fit it")
+                kv.load_revision(txn, main, sub, rec.key, rec)
+                if rec.lease:
+                    live[rec.key] = rec.lease
+                else:
+                    live.pop(rec.key, None)
+            out.revisions += 1
+        out.revision = max(last[0], compacted or 0, 1)
+        kv.set_loaded_revisions(txn, out.revision, compacted)
+        known = set()
+        for lid, ttl in leases:
+            lessor.load(txn, lid, ttl, now_ms)
+            known.add(lid)
+        for key, lid in sorted(live.items()):
+            if lid in known:
+                lessor.attach(txn, lid, key)
+            elif lid not in out.skipped_leases:
+                out.skipped_leases.append(lid)  # etcd logs "failed to attach a lease" and goes on
+        auth.load(txn, users, roles, auth_enabled, auth_revision)
+    backend.sync()
+    return out
+
+
+# ---------------------------------------------------------------- etcdutl snapshot status
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli), which etcdutl's status hash is; no library of the project has it."""
+    c = crc ^ 0xFFFFFFFF
+    t = _CRC32C
+    for b in data:
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class EtcdStatus:
+    hash: int
+    revision: int
+    total_key: int
+
+
+def etcd_status(src: BucketSource) -> EtcdStatus:
+    """etcdutl snapshot status's hash (CRC-32C over bucket names, keys and values in bbolt's
+    order), revision (main revision of the last ``key`` bucket key) and key count."""
+    crc = 0
+    revision = 0
+    total = 0
+    for name in sorted(src.buckets()):
+        crc = crc32c(name, crc)
+        for k, v in src.items(name):
+            crc = crc32c(v, crc32c(k, crc))
+            if name == KEY and len(k) >= 8:
+                revision = _I64.unpack_from(k)[0]
+            total += 1
+    return EtcdStatus(crc, revision, total)
+
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_etcd_file(store_copy: Path, out: Path) -> Path:
+    """Writes ``out``, a bbolt file in etcd's layout holding the state in ``store_copy`` (a
+    directory with a consistent copy of the store, made for this and opened for writing here),
+    streaming the key history: memory stays bounded whatever the store's size. No sha256 trailer
+    (the Snapshot stream adds it, as etcd's server does)."""
+    from authstore.etcd_format.bbolt import write_db
+
+    backend = Backend(store_copy, map_size=max(store_copy.joinpath("data.mdb").stat().st_size, 1 << 20) + (64 << 20))
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            write_db(f, etcd_buckets(backend))
+    finally:
+        backend.env.close()
+    return out
