@@ -1,13 +1,16 @@
-"""``raftgate snapshot status|restore``: etcdutl's snapshot commands for raftgate's snapshot files.
+"""``raftgate snapshot status|restore``: etcdutl's snapshot commands, for etcd's snapshot files
+and raftgate's older ones.
 
-``etcdctl snapshot save`` through a proxy writes what the store streams: a copy of its LMDB store
-followed, as with etcd, by the sha256 of everything before it. etcd's tools expect a bbolt file
-and answer ``invalid database``; these commands read raftgate's. ``restore`` makes the data dir
-of a member of a NEW cluster from a snapshot, as ``etcdutl snapshot restore`` does: keys with
-their revisions, leases (each given its full TTL again from the restore), users, roles, grants and
-the enabled flag are kept; the old membership, alarms and live simple tokens are dropped; the log
-starts with the new cluster's members. Start the member with ``raftgate store`` and the same
-``--name``, ``--initial-cluster*`` and ``--initial-advertise-peer-urls`` flags.
+``etcdctl snapshot save`` through a proxy writes what the store streams: etcd's own file (a bbolt
+database in etcd 3.5's layout) followed, as with etcd, by the sha256 of everything before it, so
+etcd's tools read it too. Releases before that streamed a copy of the LMDB store; both are read
+here. ``restore`` makes the data dir of a member of a NEW cluster from a snapshot, as ``etcdutl
+snapshot restore`` does: keys with their revisions and versions, leases (each given its full TTL
+again from the restore), users (their bcrypt hashes, so passwords keep working), roles, grants
+and the enabled flag are kept; the old membership, alarms and live simple tokens are dropped; the
+log starts with the new cluster's members. A snapshot saved from a real etcd restores the same
+way (migration from etcd). Start the member with ``raftgate store`` and the same ``--name``,
+``--initial-cluster*`` and ``--initial-advertise-peer-urls`` flags.
 
 Nothing is changed before every check passed: the data dir is built beside its final place and
 renamed into it at the end, and the snapshot file is only read.
@@ -32,6 +35,8 @@ import lmdb
 
 from authstore.api.maintenance import _hash_all
 from authstore.config import ConfigError, StoreConfig, parse_initial_cluster
+from authstore.etcd_format.bbolt import BoltError, BoltReader
+from authstore.etcd_format.snapshot import EtcdFormatError, etcd_status, load
 from authstore.main import bootstrap_entries
 from authstore.node.wal import WAL
 from authstore.state.apply import Applier
@@ -62,8 +67,8 @@ USAGE = """usage: raftgate snapshot {status,restore} FILE [flags]
                --initial-cluster-token ... --skip-hash-check]
                                        a new member's data dir from a snapshot (a new cluster)
 
-For files written by `etcdctl snapshot save` from raftgate (an LMDB store, not etcd's bbolt).
-Backup and restore: docs/operations.md."""
+For files written by `etcdctl snapshot save` from raftgate or from etcd (etcd's bbolt format), and
+raftgate's older snapshots (an LMDB store). Backup and restore: docs/operations.md."""
 
 
 class SnapshotError(Exception):
@@ -172,6 +177,8 @@ def status(path: Path) -> Status:
     space's revision, entries in every sub-database, and the store's size."""
     size = _check_file(path)
     length = store_length(path, size, verify=False)
+    if is_etcd_file(path):
+        return _etcd_file_status(path, length)
     _check_extent(path, length)
     env = _open_read_only(path)
     try:
@@ -186,6 +193,30 @@ def status(path: Path) -> Status:
     finally:
         env.close()
     return Status(crc, revision, total, length)
+
+
+def is_etcd_file(path: Path) -> bool:
+    """bbolt's magic in the first meta page: etcd's format (raftgate's since issue 24)."""
+    with open(path, "rb") as f:
+        return f.read(20)[16:20] == _BBOLT_MAGIC
+
+
+def _open_etcd(path: Path) -> BoltReader:
+    try:
+        return BoltReader(path)
+    except BoltError as exc:
+        raise SnapshotError(f"invalid database: {path}: {exc}") from None
+
+
+def _etcd_file_status(path: Path, length: int) -> Status:
+    """What etcdutl prints for the file: its hash, revision and total keys as it computes them,
+    and the size of the database (without the trailing sha256)."""
+    try:
+        with _open_etcd(path) as reader:
+            st = etcd_status(reader)
+    except BoltError as exc:
+        raise SnapshotError(f"invalid database: {path}: {exc}") from None
+    return Status(st.hash, st.revision, st.total_key, length)
 
 
 def _human_bytes(n: int) -> str:
@@ -244,8 +275,12 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     state; returns the member's ID."""
     _check_target(target)
     size = _check_file(path)
-    _check_extent(path, store_length(path, size, verify=False))  # before LMDB reads it (SIGBUS)
-    _open_read_only(path).close()
+    etcd = is_etcd_file(path)
+    if etcd:
+        _open_etcd(path).close()  # its meta pages are sound
+    else:
+        _check_extent(path, store_length(path, size, verify=False))  # before LMDB reads it (SIGBUS)
+        _open_read_only(path).close()
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
     staging = data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}"
@@ -257,14 +292,10 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         staging.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
         store = staging / "store"
         store.mkdir(mode=PRIVATE_DIR_MODE)
-        fd = os.open(store / "data.mdb", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
-        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            left = length
-            while left > 0 and (data := src.read(min(_CHUNK, left))):
-                dst.write(data)
-                left -= len(data)
-            dst.flush()
-            os.fsync(dst.fileno())
+        if etcd:
+            _load_etcd_file(path, store)
+        else:
+            _copy_store(path, length, store)
         mid = member_id(target.peer_urls, target.token)
         _rewrite_store(store, mid)
         cfg = StoreConfig(name=target.name, data_dir=data_dir, listen_host="", listen_port=0,
@@ -284,6 +315,30 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return mid
+
+
+def _copy_store(path: Path, length: int, store: Path) -> None:
+    """raftgate's older snapshot: the LMDB store it holds, as it is."""
+    fd = os.open(store / "data.mdb", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+        left = length
+        while left > 0 and (data := src.read(min(_CHUNK, left))):
+            dst.write(data)
+            left -= len(data)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _load_etcd_file(path: Path, store: Path) -> None:
+    """etcd's snapshot: a new store filled from its buckets (history, leases, auth)."""
+    backend = Backend(store)
+    try:
+        with _open_etcd(path) as reader:
+            load(reader, backend, int(time.time() * 1000))
+    except (BoltError, EtcdFormatError) as exc:
+        raise SnapshotError(f"invalid database: {path}: {exc}") from None
+    finally:
+        backend.close()
 
 
 def _remove_dead_stagings(data_dir: Path) -> None:

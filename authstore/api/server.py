@@ -43,6 +43,7 @@ from authstore.api.watch.hub import (
     WatchHub,
     progress_interval_from_env,
 )
+from authstore.etcd_format.snapshot import write_etcd_file
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.state.auth.authorize import kind_of, request_kind
@@ -409,8 +410,8 @@ class StoreService:
                 # a small memory-backed volume); what a crash leaves there goes when the node starts.
                 self.node.snapshot_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
-                path = await asyncio.get_running_loop().run_in_executor(None, self.applier.snapshot, tmp)
-            except (OSError, lmdb.Error) as exc:
+                path = await asyncio.get_running_loop().run_in_executor(None, self._etcd_snapshot, tmp)
+            except (OSError, lmdb.Error, ValueError) as exc:
                 # that call's failure (e.g. a full disk), never the node's
                 log.warning("a client's snapshot failed: %s", exc.__class__.__name__)
                 await context.abort(*Err.SNAPSHOT_FAILED.value)
@@ -435,6 +436,15 @@ class StoreService:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._client_snapshots.release()
+
+    def _etcd_snapshot(self, tmp: Path) -> Path:
+        """A client's snapshot in etcd's own format (a bbolt file), so etcd's tools read and
+        restore it: a consistent copy of the store first (the point in time, taken quickly),
+        then etcd's file written from the copy, which goes as soon as that is done."""
+        copy = self.applier.snapshot(tmp / "store")
+        out = write_etcd_file(copy.parent, tmp / "etcd.db")
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        return out
 
     # ---- Credentials and tokens ----
     async def verified_header(self, token: str | None) -> ipb.RequestHeader:

@@ -34,6 +34,7 @@ import lmdb
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from authstore.etcd_format.bbolt import write_db
 from authstore.state.auth.store import AuthStore, bcrypt_cost
 from authstore.state.backend import Backend
 from authstore.state.lease.lessor import MAX_LEASE_TTL, Lessor
@@ -450,8 +451,6 @@ def write_etcd_file(store_copy: Path, out: Path) -> Path:
     directory with a consistent copy of the store, made for this and opened for writing here),
     streaming the key history: memory stays bounded whatever the store's size. No sha256 trailer
     (the Snapshot stream adds it, as etcd's server does)."""
-    from authstore.etcd_format.bbolt import write_db
-
     backend = Backend(store_copy, map_size=max(store_copy.joinpath("data.mdb").stat().st_size, 1 << 20) + (64 << 20))
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
