@@ -1,0 +1,95 @@
+"""`raftgate snapshot status|restore` on hostile files in etcd's format: valid bbolt with bad
+contents (undecodable records, absurd revisions, a user without a hash, a file cut short, pages
+that lie): each gets etcdutl's kind of error (`Error: invalid database: ...` naming the file and
+what is wrong), exit code 1, and leaves no data dir and no staging dir behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from authstore.etcd_format import snapshot as es
+from authstore.etcd_format.bbolt import write_db
+from protos.authpb import auth_pb2
+from protos.mvccpb import kv_pb2
+from tests.support.snapshots import FLAGS, raftgate
+
+HASH = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
+Buckets = dict[bytes, dict[bytes, bytes]]
+
+
+def _good() -> Buckets:
+    kv = kv_pb2.KeyValue(key=b"k", value=b"v", create_revision=2, mod_revision=2, version=1).SerializeToString()
+    root = auth_pb2.User(name=b"root", password=HASH, roles=["root"]).SerializeToString()
+    return {b"key": {es.rev_key(2, 0): kv}, b"meta": {b"consistent_index": bytes(8)},
+            b"auth": {b"authEnabled": b"\x01", b"authRevision": (3).to_bytes(8, "big")},
+            b"authUsers": {b"root": root}, b"authRoles": {}, b"lease": {}}
+
+
+def _file(path: Path, buckets: Buckets) -> Path:
+    out = io.BytesIO()
+    write_db(out, [(name, sorted(buckets[name].items())) for name in sorted(buckets)])
+    data = out.getvalue()
+    path.write_bytes(data + hashlib.sha256(data).digest())
+    return path
+
+
+def _changed(bucket: bytes, key: bytes, value: bytes) -> Buckets:
+    b = _good()
+    b[bucket][key] = value
+    return b
+
+
+CASES: dict[str, tuple[Buckets, str]] = {
+    "undecodable KeyValue": (_changed(b"key", es.rev_key(3, 0), b"\xff\xff\xff\xff"), "cannot decode"),
+    "absurd revision": (_changed(b"key", b"\xff" * 8 + b"_" + bytes(8), b""), "out of range"),
+    "user without a hash": (_changed(b"authUsers", b"eve", auth_pb2.User(name=b"eve").SerializeToString()),
+                            "no bcrypt password hash"),
+    "undecodable lease": (_changed(b"lease", (7).to_bytes(8, "big"), b"\x08"), "cannot decode"),
+    "no key bucket": ({b"meta": {}}, "no bucket key"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_contents_are_refused_and_leave_nothing(tmp_path: Path, case: str) -> None:
+    buckets, why = CASES[case]
+    path = _file(tmp_path / "hostile.db", buckets)
+    proc = raftgate("snapshot", "restore", str(path), "--data-dir", str(tmp_path / "target"), *FLAGS)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"Error: invalid database: {path}: ") and why in proc.stderr, proc.stderr
+    assert not (tmp_path / "target").exists()
+    assert not [p for p in tmp_path.iterdir() if "restoring" in p.name]
+
+
+def test_a_good_file_restores_and_its_status_is_etcdutls(tmp_path: Path) -> None:
+    path = _file(tmp_path / "good.db", _good())
+    proc = raftgate("snapshot", "status", str(path), "-w", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"revision":2,"totalKey":' in proc.stdout
+    proc = raftgate("snapshot", "restore", str(path), "--data-dir", str(tmp_path / "target"), *FLAGS)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "target" / "store" / "data.mdb").exists()
+
+
+def test_damaged_pages_are_refused_by_status_and_restore(tmp_path: Path) -> None:
+    good = _file(tmp_path / "good.db", _good()).read_bytes()[:-32]
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(good[: 3 * 4096])  # the meta pages name pages past the end; no hash either
+    scribbled = bytearray(good)
+    for i in range(2 * 4096, len(scribbled)):  # every page after the meta pages is garbage
+        scribbled[i] = 0xA5
+    garbled = tmp_path / "garbled.db"
+    garbled.write_bytes(bytes(scribbled) + hashlib.sha256(scribbled).digest())
+    for path in (cut, garbled):
+        for argv in (["status", str(path)],
+                     ["restore", str(path), "--data-dir", str(tmp_path / "target"), "--skip-hash-check", *FLAGS]):
+            proc = raftgate("snapshot", *argv)
+            assert proc.returncode == 1, (argv, proc.stderr[-2000:])
+            assert proc.stderr.startswith("Error: invalid database: "), (argv, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            assert not (tmp_path / "target").exists()
