@@ -131,10 +131,6 @@ def store_length(path: Path, size: int, *, verify: bool) -> int:
 
 
 def _not_ours(path: Path, why: str) -> SnapshotError:
-    with open(path, "rb") as f:
-        head = f.read(20)
-    if head[16:20] == _BBOLT_MAGIC:
-        why = "it is an etcd (bbolt) snapshot; use etcdutl for it"
     return SnapshotError(f"{path} is not a raftgate snapshot: {why}")
 
 
@@ -337,6 +333,8 @@ def _load_etcd_file(path: Path, store: Path) -> None:
             load(reader, backend, int(time.time() * 1000))
     except (BoltError, EtcdFormatError) as exc:
         raise SnapshotError(f"invalid database: {path}: {exc}") from None
+    except lmdb.MapFullError:
+        raise SnapshotError(f"{path}: its contents need more than the store's {backend.map_size} bytes") from None
     finally:
         backend.close()
 
