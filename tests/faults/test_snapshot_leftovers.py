@@ -110,7 +110,8 @@ def test_a_store_killed_during_a_snapshot_leaves_no_copy_behind(tmp_path: Path,
 
 
 def _database_copies(node: Node) -> list[Path]:
-    return [p for p in _files(node.data_dir / "snap") if p.name == "data.mdb"]
+    """Copies of the store (data.mdb) and client snapshots in etcd's format written from one (etcd.db)."""
+    return [p for p in _files(node.data_dir / "snap") if p.name in ("data.mdb", "etcd.db")]
 
 
 def test_concurrent_snapshots_hold_one_copy_at_a_time(tmp_path: Path) -> None:
