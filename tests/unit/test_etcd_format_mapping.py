@@ -186,3 +186,6 @@ def test_no_key_bucket_is_not_etcd(tmp_path: Path) -> None:
 def test_crc32c_is_castagnoli() -> None:
     assert es.crc32c(b"123456789") == 0xE3069283
     assert es.crc32c(b"6789", es.crc32c(b"12345")) == 0xE3069283
+    data = bytes(range(256)) * 3
+    for cut in (0, 1, 7, 8, 9, 100, 767):  # word steps and the bytes after them agree
+        assert es.crc32c(data[cut:], es.crc32c(data[:cut])) == es.crc32c(data)
