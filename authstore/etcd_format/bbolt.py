@@ -416,8 +416,10 @@ class BoltReader:
         if meta.freelist != NO_FREELIST and not 2 <= meta.freelist < meta.hwm:
             raise BoltError(f"freelist page {meta.freelist} is outside the pages in use (2 to {meta.hwm - 1})")
 
-    def _page(self, pgid: int, where: str) -> tuple[int, int, bytes]:
-        """(flags, count, the page's bytes with its overflow pages) of page `pgid`."""
+    def _page(self, pgid: int, where: str, budget: list[int]) -> tuple[int, int, bytes]:
+        """(flags, count, the page's bytes with its overflow pages) of page `pgid`, charged to
+        `budget` (pages left to read in this walk: a tree's pages do not overlap, so one walk never
+        reads more than the pages in use, whatever the overflow counts say)."""
         hwm = self.meta.hwm
         if not 2 <= pgid < hwm:
             raise BoltError(f"{where}: page id {pgid} is outside the pages in use (2 to {hwm - 1})")
@@ -427,6 +429,9 @@ class BoltReader:
             raise BoltError(f"{where}: page {pgid} says it is page {page_id}")
         if pgid + overflow >= hwm:
             raise BoltError(f"{where}: page {pgid} has {overflow} overflow pages, past the last page in use")
+        budget[0] -= overflow + 1
+        if budget[0] < 0:
+            raise BoltError(f"{where}: the tree spans more pages than the file has (pages shared or a cycle)")
         return flags, count, self._read(offset, (overflow + 1) * self.page_size)
 
     @staticmethod
@@ -437,6 +442,7 @@ class BoltReader:
             raise BoltError(f"{where}: {count} leaf elements do not fit in {len(page)} bytes")
         view = memoryview(page)
         out = []
+        room = len(page) - end  # the elements' data do not overlap: they copy out at most this much
         for i in range(count):
             at = _HEADER.size + _LEAF_ELEM.size * i
             flags, pos, ksize, vsize = _LEAF_ELEM.unpack_from(page, at)
@@ -445,6 +451,11 @@ class BoltReader:
                 raise BoltError(f"{where}: element {i} has unknown flags {flags:#x}")
             if pos < end - at or start + ksize + vsize > len(page):
                 raise BoltError(f"{where}: element {i} points outside its page")
+            if ksize == 0:
+                raise BoltError(f"{where}: element {i} has an empty key")
+            room -= ksize + vsize
+            if room < 0:
+                raise BoltError(f"{where}: the elements' keys and values overlap")
             out.append((flags, bytes(view[start : start + ksize]), bytes(view[start + ksize : start + ksize + vsize])))
         return out
 
@@ -455,18 +466,22 @@ class BoltReader:
         if count == 0 or end > len(page):
             raise BoltError(f"{where}: a branch page of {count} elements in {len(page)} bytes")
         out = []
+        room = len(page) - end
         for i in range(count):
             at = _HEADER.size + _BRANCH_ELEM.size * i
             pos, ksize, child = _BRANCH_ELEM.unpack_from(page, at)
             start = at + pos
             if pos < end - at or start + ksize > len(page):
                 raise BoltError(f"{where}: element {i} points outside its page")
+            room -= ksize
+            if room < 0:
+                raise BoltError(f"{where}: the elements' keys overlap")
             out.append((page[start : start + ksize], child))
         return out
 
-    def _node(self, pgid: int, where: str) -> tuple[bool, list[typing.Any]]:
+    def _node(self, pgid: int, where: str, budget: list[int]) -> tuple[bool, list[typing.Any]]:
         """(is leaf, elements) of a tree page."""
-        flags, count, page = self._page(pgid, where)
+        flags, count, page = self._page(pgid, where, budget)
         if flags == LEAF_PAGE:
             return True, self._leaf(page, count, f"{where}, page {pgid}")
         if flags == BRANCH_PAGE:
@@ -486,17 +501,14 @@ class BoltReader:
         if bucket.root == 0:
             yield from self._inline(bucket, where)
             return
-        budget = self.meta.hwm  # a tree visits each page once: more visits means a shared page or a cycle
+        budget = [self.meta.hwm]
         stack: list[Iterator[tuple[bytes, int]]] = [iter([(b"", bucket.root)])]
         while stack:
             step = next(stack[-1], None)
             if step is None:
                 stack.pop()
                 continue
-            budget -= 1
-            if budget < 0:
-                raise BoltError(f"{where}: the tree visits more pages than the file has (a cycle)")
-            is_leaf, elems = self._node(step[1], where)
+            is_leaf, elems = self._node(step[1], where, budget)
             if is_leaf:
                 yield from elems
             elif len(stack) >= _MAX_DEPTH:
@@ -519,8 +531,9 @@ class BoltReader:
             elems: list[typing.Any] = self._inline(bucket, where)
         else:
             pgid = bucket.root
+            budget = [self.meta.hwm]
             for _ in range(_MAX_DEPTH):
-                is_leaf, elems = self._node(pgid, where)
+                is_leaf, elems = self._node(pgid, where, budget)
                 if is_leaf:
                     break
                 # the last child whose first key is <= key (the first child if none is)
