@@ -187,3 +187,37 @@ def test_bad_input_is_a_value_error(buckets: Buckets, message: str) -> None:
 def test_tx_id_must_be_positive() -> None:
     with pytest.raises(ValueError):
         write_db(io.BytesIO(), [], tx_id=0)
+
+
+def test_writer_memory_does_not_grow_with_the_database(tmp_path: Path) -> None:
+    """150,000 pairs from a generator (a 28 MB file): the writer keeps one leaf page and one small
+    entry per leaf written, not the database."""
+    import tracemalloc
+
+    def pairs() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(150_000):
+            yield b"%016d" % i, b"v" * 150
+
+    tracemalloc.start()
+    try:
+        with open(tmp_path / "db", "wb") as out:
+            written = write_db(out, [(b"b", pairs())])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert written > 25_000_000
+    assert peak < 5_000_000
+
+
+def test_file_opened_for_appending(tmp_path: Path) -> None:
+    """A file opened with "ab" cannot be written at an earlier position: its metas still land at
+    the start of the database, after what the file held."""
+    path = tmp_path / "db"
+    path.write_bytes(b"head")
+    with open(path, "ab") as out:
+        written = write_db(out, [(b"b", [(b"k", b"v")])])
+    data = path.read_bytes()
+    assert data[:4] == b"head" and len(data) == 4 + written
+    (tmp_path / "db2").write_bytes(data[4:])
+    with BoltReader(tmp_path / "db2") as reader:
+        assert list(reader.items(b"b")) == [(b"k", b"v")]
