@@ -244,7 +244,7 @@ def write_db(
     Pages are streamed as the input is read: memory holds one leaf page and one (first key, page
     id) entry per leaf page written. The same input gives the same bytes. The two meta pages come
     first in the file but depend on everything after them: they are written last, by seeking back
-    to where `out` was; a stream that cannot seek is given the file through a temporary file.
+    to where `out` was; a stream that cannot seek (or appends) is given the file through a temporary file.
     Small buckets are written inline, as bbolt does; the freelist is empty (no page is free). The
     meta at page ``tx_id % 2`` carries `tx_id`, the other ``tx_id - 1``; both describe the data.
     Raises ValueError for unsorted, duplicate or empty names or keys (`out` then holds a partial
@@ -255,6 +255,8 @@ def write_db(
     seekable = False
     with contextlib.suppress(AttributeError, OSError, ValueError):
         seekable = out.seekable()
+    if "a" in str(getattr(out, "mode", "")):
+        seekable = False  # a file opened for appending writes at its end wherever it was seeked to
     if not seekable:
         with tempfile.TemporaryFile() as spool:
             written = write_db(spool, buckets, tx_id=tx_id)
