@@ -242,13 +242,19 @@ def write_db(
     with its (key, value) pairs in ascending key order) to `out`; the number of bytes written.
 
     Pages are streamed as the input is read: memory holds one leaf page and one (first key, page
-    id) entry per leaf page written. The same input gives the same bytes. The two meta pages come
-    first in the file but depend on everything after them: they are written last, by seeking back
-    to where `out` was; a stream that cannot seek (or appends) is given the file through a temporary file.
-    Small buckets are written inline, as bbolt does; the freelist is empty (no page is free). The
-    meta at page ``tx_id % 2`` carries `tx_id`, the other ``tx_id - 1``; both describe the data.
-    Raises ValueError for unsorted, duplicate or empty names or keys (`out` then holds a partial
-    file) and for keys or values beyond bbolt's limits.
+    id) entry per leaf page written. A bucket's pairs are read to their end before the next bucket
+    is asked for, so they may come from one shared cursor. The same input gives the same bytes.
+
+    The two meta pages come first in the file but depend on everything after them: they are
+    written last, by seeking back to where `out` was (so a caller hashes the file after this
+    returns, not while it streams); a stream that cannot seek, or a file opened for appending, is
+    given the bytes through a temporary file. Small buckets are written inline, as bbolt does; the
+    freelist is empty (no page is free). The meta at page ``tx_id % 2`` carries `tx_id`, the other
+    ``tx_id - 1``; both describe the same data.
+
+    Raises ValueError for unsorted, duplicate or empty names or keys, and for keys or values beyond
+    bbolt's limits (`out` then holds a partial file); TypeError for names, keys or values that are
+    not bytes-like.
     """
     if not 1 <= tx_id < 1 << 64:
         raise ValueError(f"tx_id {tx_id} is not in [1, 2**64)")

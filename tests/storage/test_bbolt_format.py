@@ -75,6 +75,37 @@ def _page_flags(data: bytes) -> Iterator[int]:
         pgid += overflow + 1
 
 
+def _first_key(data: bytes, pgid: int) -> bytes:
+    """The first key under page `pgid` (its leftmost leaf's first key)."""
+    at = pgid * PAGE_SIZE
+    _, flags, count, _ = struct.unpack_from("<QHHI", data, at)
+    assert count > 0
+    if flags == BRANCH_PAGE:
+        pos, ksize, child = struct.unpack_from("<IIQ", data, at + 16)
+        key = data[at + 16 + pos : at + 16 + pos + ksize]
+        assert _first_key(data, child) == key
+        return key
+    _, pos, ksize, _ = struct.unpack_from("<IIII", data, at + 16)
+    return data[at + 16 + pos : at + 16 + pos + ksize]
+
+
+def _assert_branch_keys_are_first_keys(data: bytes) -> None:
+    """Newer bbolt's check (1.3.7+) wants each branch key to be the least key under it and
+    below the next branch key; write_db uses each child's first key, as bbolt's own writes do."""
+    pgid = 0
+    while pgid * PAGE_SIZE < len(data):
+        _, flags, count, overflow = struct.unpack_from("<QHHI", data, pgid * PAGE_SIZE)
+        if flags == BRANCH_PAGE:
+            keys = []
+            for i in range(count):
+                at = pgid * PAGE_SIZE + 16 + 16 * i
+                pos, ksize, child = struct.unpack_from("<IIQ", data, at)
+                keys.append(data[at + pos : at + pos + ksize])
+                assert _first_key(data, child) == keys[-1]
+            assert keys == sorted(set(keys))
+        pgid += overflow + 1
+
+
 @given(buckets=_buckets)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_round_trip(tmp_path_factory: pytest.TempPathFactory, buckets: Buckets) -> None:
@@ -99,6 +130,7 @@ def test_round_trip_with_branch_levels_big_values_and_long_keys(tmp_path: Path) 
     ]
     data = _write(tmp_path / "db", buckets)
     assert list(_page_flags(data)).count(BRANCH_PAGE) > 10
+    _assert_branch_keys_are_first_keys(data)
     _assert_reads_back(tmp_path / "db", buckets)
 
 
@@ -106,6 +138,7 @@ def test_many_buckets_make_a_branching_root(tmp_path: Path) -> None:
     buckets: Buckets = [(b"bucket-%05d" % i, [(b"k", b"v")] if i % 3 else []) for i in range(2000)]
     data = _write(tmp_path / "db", buckets)
     assert BRANCH_PAGE in set(_page_flags(data))
+    _assert_branch_keys_are_first_keys(data)
     _assert_reads_back(tmp_path / "db", buckets)
 
 
