@@ -18,29 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from authstore.etcd_format.bbolt import BRANCH_PAGE, PAGE_SIZE, BoltReader, write_db
-
-Buckets = list[tuple[bytes, list[tuple[bytes, bytes]]]]
-
-
-def _many(count: int, seed: int) -> dict[bytes, bytes]:
-    """`count` random binary keys (1-24 bytes) with small values: enough of them make branch pages."""
-    rng = random.Random(seed)
-    return {rng.randbytes(rng.randint(1, 24)): rng.randbytes(rng.randint(0, 40)) for _ in range(count)}
-
-
-def _big(sizes: list[int]) -> dict[bytes, bytes]:
-    """Values of the given sizes (some bigger than a page: overflow pages)."""
-    return {struct.pack(">I", i): bytes([i % 251]) * size for i, size in enumerate(sizes)}
-
-
-_bucket_items = st.one_of(
-    st.dictionaries(st.binary(min_size=1, max_size=40), st.binary(max_size=120), max_size=30),
-    st.builds(_many, st.integers(0, 3000), st.integers(0, 2**32)),
-    st.builds(_big, st.lists(st.integers(0, 3 * PAGE_SIZE), max_size=6)),
-)
-_buckets = st.dictionaries(st.binary(min_size=1, max_size=20), _bucket_items, max_size=6).map(
-    lambda d: [(name, sorted(items.items())) for name, items in sorted(d.items())]
-)
+from tests.support.bbolt_data import Buckets, big, bucket_sets, many
 
 
 def _write(path: Path, buckets: Buckets, **kw: int) -> bytes:
@@ -106,7 +84,7 @@ def _assert_branch_keys_are_first_keys(data: bytes) -> None:
         pgid += overflow + 1
 
 
-@given(buckets=_buckets)
+@given(buckets=bucket_sets)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_round_trip(tmp_path_factory: pytest.TempPathFactory, buckets: Buckets) -> None:
     path = tmp_path_factory.mktemp("bolt") / "db"
@@ -122,7 +100,7 @@ def test_round_trip_with_branch_levels_big_values_and_long_keys(tmp_path: Path) 
     long_keys = sorted((bytes([i]) * 5000 + b"k", b"v%d" % i) for i in range(1, 12))
     buckets: Buckets = [
         (b"\x00", []),
-        (b"big", sorted(_big([0, PAGE_SIZE - 40, PAGE_SIZE, 5 * PAGE_SIZE + 3, 1 << 20]).items())),
+        (b"big", sorted(big([0, PAGE_SIZE - 40, PAGE_SIZE, 5 * PAGE_SIZE + 3, 1 << 20]).items())),
         (b"empty", []),
         (b"long", long_keys),
         (b"many", many),
@@ -134,7 +112,7 @@ def test_round_trip_with_branch_levels_big_values_and_long_keys(tmp_path: Path) 
     _assert_reads_back(tmp_path / "db", buckets)
 
 
-def test_many_buckets_make_a_branching_root(tmp_path: Path) -> None:
+def test_manybucket_sets_make_a_branching_root(tmp_path: Path) -> None:
     buckets: Buckets = [(b"bucket-%05d" % i, [(b"k", b"v")] if i % 3 else []) for i in range(2000)]
     data = _write(tmp_path / "db", buckets)
     assert BRANCH_PAGE in set(_page_flags(data))
@@ -149,7 +127,7 @@ def test_empty_database(tmp_path: Path) -> None:
         assert reader.buckets() == []
 
 
-@given(buckets=_buckets, tx_id=st.integers(1, 2**64 - 1))
+@given(buckets=bucket_sets, tx_id=st.integers(1, 2**64 - 1))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_same_input_same_bytes(buckets: Buckets, tx_id: int) -> None:
     first, second = io.BytesIO(), io.BytesIO()
@@ -182,7 +160,7 @@ class _PipeOnly(io.RawIOBase):
 
 
 def test_unseekable_output_gets_the_same_bytes() -> None:
-    buckets: Buckets = [(b"a", sorted(_many(500, 1).items())), (b"b", [])]
+    buckets: Buckets = [(b"a", sorted(many(500, 1).items())), (b"b", [])]
     seekable, pipe = io.BytesIO(), _PipeOnly()
     assert write_db(pipe, buckets) == write_db(seekable, buckets)
     assert bytes(pipe.data) == seekable.getvalue()
