@@ -242,19 +242,27 @@ def write_db(
     with its (key, value) pairs in ascending key order) to `out`; the number of bytes written.
 
     Pages are streamed as the input is read: memory holds one leaf page and one (first key, page
-    id) entry per leaf page written. The same input gives the same bytes. The two meta pages come
-    first in the file but depend on everything after them: they are written last, by seeking back
-    to where `out` was; a stream that cannot seek is given the file through a temporary file.
-    Small buckets are written inline, as bbolt does; the freelist is empty (no page is free). The
-    meta at page ``tx_id % 2`` carries `tx_id`, the other ``tx_id - 1``; both describe the data.
-    Raises ValueError for unsorted, duplicate or empty names or keys (`out` then holds a partial
-    file) and for keys or values beyond bbolt's limits.
+    id) entry per leaf page written. A bucket's pairs are read to their end before the next bucket
+    is asked for, so they may come from one shared cursor. The same input gives the same bytes.
+
+    The two meta pages come first in the file but depend on everything after them: they are
+    written last, by seeking back to where `out` was (so a caller hashes the file after this
+    returns, not while it streams); a stream that cannot seek, or a file opened for appending, is
+    given the bytes through a temporary file. Small buckets are written inline, as bbolt does; the
+    freelist is empty (no page is free). The meta at page ``tx_id % 2`` carries `tx_id`, the other
+    ``tx_id - 1``; both describe the same data.
+
+    Raises ValueError for unsorted, duplicate or empty names or keys, and for keys or values beyond
+    bbolt's limits (`out` then holds a partial file); TypeError for names, keys or values that are
+    not bytes-like.
     """
     if not 1 <= tx_id < 1 << 64:
         raise ValueError(f"tx_id {tx_id} is not in [1, 2**64)")
     seekable = False
     with contextlib.suppress(AttributeError, OSError, ValueError):
         seekable = out.seekable()
+    if "a" in str(getattr(out, "mode", "")):
+        seekable = False  # a file opened for appending writes at its end wherever it was seeked to
     if not seekable:
         with tempfile.TemporaryFile() as spool:
             written = write_db(spool, buckets, tx_id=tx_id)
@@ -416,8 +424,10 @@ class BoltReader:
         if meta.freelist != NO_FREELIST and not 2 <= meta.freelist < meta.hwm:
             raise BoltError(f"freelist page {meta.freelist} is outside the pages in use (2 to {meta.hwm - 1})")
 
-    def _page(self, pgid: int, where: str) -> tuple[int, int, bytes]:
-        """(flags, count, the page's bytes with its overflow pages) of page `pgid`."""
+    def _page(self, pgid: int, where: str, budget: list[int]) -> tuple[int, int, bytes]:
+        """(flags, count, the page's bytes with its overflow pages) of page `pgid`, charged to
+        `budget` (pages left to read in this walk: a tree's pages do not overlap, so one walk never
+        reads more than the pages in use, whatever the overflow counts say)."""
         hwm = self.meta.hwm
         if not 2 <= pgid < hwm:
             raise BoltError(f"{where}: page id {pgid} is outside the pages in use (2 to {hwm - 1})")
@@ -427,6 +437,9 @@ class BoltReader:
             raise BoltError(f"{where}: page {pgid} says it is page {page_id}")
         if pgid + overflow >= hwm:
             raise BoltError(f"{where}: page {pgid} has {overflow} overflow pages, past the last page in use")
+        budget[0] -= overflow + 1
+        if budget[0] < 0:
+            raise BoltError(f"{where}: the tree spans more pages than the file has (pages shared or a cycle)")
         return flags, count, self._read(offset, (overflow + 1) * self.page_size)
 
     @staticmethod
@@ -437,6 +450,7 @@ class BoltReader:
             raise BoltError(f"{where}: {count} leaf elements do not fit in {len(page)} bytes")
         view = memoryview(page)
         out = []
+        room = len(page) - end  # the elements' data do not overlap: they copy out at most this much
         for i in range(count):
             at = _HEADER.size + _LEAF_ELEM.size * i
             flags, pos, ksize, vsize = _LEAF_ELEM.unpack_from(page, at)
@@ -445,6 +459,11 @@ class BoltReader:
                 raise BoltError(f"{where}: element {i} has unknown flags {flags:#x}")
             if pos < end - at or start + ksize + vsize > len(page):
                 raise BoltError(f"{where}: element {i} points outside its page")
+            if ksize == 0:
+                raise BoltError(f"{where}: element {i} has an empty key")
+            room -= ksize + vsize
+            if room < 0:
+                raise BoltError(f"{where}: the elements' keys and values overlap")
             out.append((flags, bytes(view[start : start + ksize]), bytes(view[start + ksize : start + ksize + vsize])))
         return out
 
@@ -455,18 +474,22 @@ class BoltReader:
         if count == 0 or end > len(page):
             raise BoltError(f"{where}: a branch page of {count} elements in {len(page)} bytes")
         out = []
+        room = len(page) - end
         for i in range(count):
             at = _HEADER.size + _BRANCH_ELEM.size * i
             pos, ksize, child = _BRANCH_ELEM.unpack_from(page, at)
             start = at + pos
             if pos < end - at or start + ksize > len(page):
                 raise BoltError(f"{where}: element {i} points outside its page")
+            room -= ksize
+            if room < 0:
+                raise BoltError(f"{where}: the elements' keys overlap")
             out.append((page[start : start + ksize], child))
         return out
 
-    def _node(self, pgid: int, where: str) -> tuple[bool, list[typing.Any]]:
+    def _node(self, pgid: int, where: str, budget: list[int]) -> tuple[bool, list[typing.Any]]:
         """(is leaf, elements) of a tree page."""
-        flags, count, page = self._page(pgid, where)
+        flags, count, page = self._page(pgid, where, budget)
         if flags == LEAF_PAGE:
             return True, self._leaf(page, count, f"{where}, page {pgid}")
         if flags == BRANCH_PAGE:
@@ -486,17 +509,14 @@ class BoltReader:
         if bucket.root == 0:
             yield from self._inline(bucket, where)
             return
-        budget = self.meta.hwm  # a tree visits each page once: more visits means a shared page or a cycle
+        budget = [self.meta.hwm]
         stack: list[Iterator[tuple[bytes, int]]] = [iter([(b"", bucket.root)])]
         while stack:
             step = next(stack[-1], None)
             if step is None:
                 stack.pop()
                 continue
-            budget -= 1
-            if budget < 0:
-                raise BoltError(f"{where}: the tree visits more pages than the file has (a cycle)")
-            is_leaf, elems = self._node(step[1], where)
+            is_leaf, elems = self._node(step[1], where, budget)
             if is_leaf:
                 yield from elems
             elif len(stack) >= _MAX_DEPTH:
@@ -519,8 +539,9 @@ class BoltReader:
             elems: list[typing.Any] = self._inline(bucket, where)
         else:
             pgid = bucket.root
+            budget = [self.meta.hwm]
             for _ in range(_MAX_DEPTH):
-                is_leaf, elems = self._node(pgid, where)
+                is_leaf, elems = self._node(pgid, where, budget)
                 if is_leaf:
                     break
                 # the last child whose first key is <= key (the first child if none is)

@@ -18,29 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from authstore.etcd_format.bbolt import BRANCH_PAGE, PAGE_SIZE, BoltReader, write_db
-
-Buckets = list[tuple[bytes, list[tuple[bytes, bytes]]]]
-
-
-def _many(count: int, seed: int) -> dict[bytes, bytes]:
-    """`count` random binary keys (1-24 bytes) with small values: enough of them make branch pages."""
-    rng = random.Random(seed)
-    return {rng.randbytes(rng.randint(1, 24)): rng.randbytes(rng.randint(0, 40)) for _ in range(count)}
-
-
-def _big(sizes: list[int]) -> dict[bytes, bytes]:
-    """Values of the given sizes (some bigger than a page: overflow pages)."""
-    return {struct.pack(">I", i): bytes([i % 251]) * size for i, size in enumerate(sizes)}
-
-
-_bucket_items = st.one_of(
-    st.dictionaries(st.binary(min_size=1, max_size=40), st.binary(max_size=120), max_size=30),
-    st.builds(_many, st.integers(0, 3000), st.integers(0, 2**32)),
-    st.builds(_big, st.lists(st.integers(0, 3 * PAGE_SIZE), max_size=6)),
-)
-_buckets = st.dictionaries(st.binary(min_size=1, max_size=20), _bucket_items, max_size=6).map(
-    lambda d: [(name, sorted(items.items())) for name, items in sorted(d.items())]
-)
+from tests.support.bbolt_data import Buckets, big, bucket_sets, many
 
 
 def _write(path: Path, buckets: Buckets, **kw: int) -> bytes:
@@ -75,7 +53,38 @@ def _page_flags(data: bytes) -> Iterator[int]:
         pgid += overflow + 1
 
 
-@given(buckets=_buckets)
+def _first_key(data: bytes, pgid: int) -> bytes:
+    """The first key under page `pgid` (its leftmost leaf's first key)."""
+    at = pgid * PAGE_SIZE
+    _, flags, count, _ = struct.unpack_from("<QHHI", data, at)
+    assert count > 0
+    if flags == BRANCH_PAGE:
+        pos, ksize, child = struct.unpack_from("<IIQ", data, at + 16)
+        key = data[at + 16 + pos : at + 16 + pos + ksize]
+        assert _first_key(data, child) == key
+        return key
+    _, pos, ksize, _ = struct.unpack_from("<IIII", data, at + 16)
+    return data[at + 16 + pos : at + 16 + pos + ksize]
+
+
+def _assert_branch_keys_are_first_keys(data: bytes) -> None:
+    """Newer bbolt's check (1.3.7+) wants each branch key to be the least key under it and
+    below the next branch key; write_db uses each child's first key, as bbolt's own writes do."""
+    pgid = 0
+    while pgid * PAGE_SIZE < len(data):
+        _, flags, count, overflow = struct.unpack_from("<QHHI", data, pgid * PAGE_SIZE)
+        if flags == BRANCH_PAGE:
+            keys = []
+            for i in range(count):
+                at = pgid * PAGE_SIZE + 16 + 16 * i
+                pos, ksize, child = struct.unpack_from("<IIQ", data, at)
+                keys.append(data[at + pos : at + pos + ksize])
+                assert _first_key(data, child) == keys[-1]
+            assert keys == sorted(set(keys))
+        pgid += overflow + 1
+
+
+@given(buckets=bucket_sets)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_round_trip(tmp_path_factory: pytest.TempPathFactory, buckets: Buckets) -> None:
     path = tmp_path_factory.mktemp("bolt") / "db"
@@ -91,7 +100,7 @@ def test_round_trip_with_branch_levels_big_values_and_long_keys(tmp_path: Path) 
     long_keys = sorted((bytes([i]) * 5000 + b"k", b"v%d" % i) for i in range(1, 12))
     buckets: Buckets = [
         (b"\x00", []),
-        (b"big", sorted(_big([0, PAGE_SIZE - 40, PAGE_SIZE, 5 * PAGE_SIZE + 3, 1 << 20]).items())),
+        (b"big", sorted(big([0, PAGE_SIZE - 40, PAGE_SIZE, 5 * PAGE_SIZE + 3, 1 << 20]).items())),
         (b"empty", []),
         (b"long", long_keys),
         (b"many", many),
@@ -99,13 +108,15 @@ def test_round_trip_with_branch_levels_big_values_and_long_keys(tmp_path: Path) 
     ]
     data = _write(tmp_path / "db", buckets)
     assert list(_page_flags(data)).count(BRANCH_PAGE) > 10
+    _assert_branch_keys_are_first_keys(data)
     _assert_reads_back(tmp_path / "db", buckets)
 
 
-def test_many_buckets_make_a_branching_root(tmp_path: Path) -> None:
+def test_manybucket_sets_make_a_branching_root(tmp_path: Path) -> None:
     buckets: Buckets = [(b"bucket-%05d" % i, [(b"k", b"v")] if i % 3 else []) for i in range(2000)]
     data = _write(tmp_path / "db", buckets)
     assert BRANCH_PAGE in set(_page_flags(data))
+    _assert_branch_keys_are_first_keys(data)
     _assert_reads_back(tmp_path / "db", buckets)
 
 
@@ -116,7 +127,7 @@ def test_empty_database(tmp_path: Path) -> None:
         assert reader.buckets() == []
 
 
-@given(buckets=_buckets, tx_id=st.integers(1, 2**64 - 1))
+@given(buckets=bucket_sets, tx_id=st.integers(1, 2**64 - 1))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_same_input_same_bytes(buckets: Buckets, tx_id: int) -> None:
     first, second = io.BytesIO(), io.BytesIO()
@@ -149,7 +160,7 @@ class _PipeOnly(io.RawIOBase):
 
 
 def test_unseekable_output_gets_the_same_bytes() -> None:
-    buckets: Buckets = [(b"a", sorted(_many(500, 1).items())), (b"b", [])]
+    buckets: Buckets = [(b"a", sorted(many(500, 1).items())), (b"b", [])]
     seekable, pipe = io.BytesIO(), _PipeOnly()
     assert write_db(pipe, buckets) == write_db(seekable, buckets)
     assert bytes(pipe.data) == seekable.getvalue()
@@ -187,3 +198,37 @@ def test_bad_input_is_a_value_error(buckets: Buckets, message: str) -> None:
 def test_tx_id_must_be_positive() -> None:
     with pytest.raises(ValueError):
         write_db(io.BytesIO(), [], tx_id=0)
+
+
+def test_writer_memory_does_not_grow_with_the_database(tmp_path: Path) -> None:
+    """150,000 pairs from a generator (a 28 MB file): the writer keeps one leaf page and one small
+    entry per leaf written, not the database."""
+    import tracemalloc
+
+    def pairs() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(150_000):
+            yield b"%016d" % i, b"v" * 150
+
+    tracemalloc.start()
+    try:
+        with open(tmp_path / "db", "wb") as out:
+            written = write_db(out, [(b"b", pairs())])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert written > 25_000_000
+    assert peak < 5_000_000
+
+
+def test_file_opened_for_appending(tmp_path: Path) -> None:
+    """A file opened with "ab" cannot be written at an earlier position: its metas still land at
+    the start of the database, after what the file held."""
+    path = tmp_path / "db"
+    path.write_bytes(b"head")
+    with open(path, "ab") as out:
+        written = write_db(out, [(b"b", [(b"k", b"v")])])
+    data = path.read_bytes()
+    assert data[:4] == b"head" and len(data) == 4 + written
+    (tmp_path / "db2").write_bytes(data[4:])
+    with BoltReader(tmp_path / "db2") as reader:
+        assert list(reader.items(b"b")) == [(b"k", b"v")]
