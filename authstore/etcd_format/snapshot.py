@@ -148,52 +148,56 @@ def _key_bucket(kv: KVStore, txn: lmdb.Transaction) -> Iterator[tuple[bytes, byt
             yield rev_key(main, sub), rec
 
 
-def etcd_buckets(backend: Backend) -> list[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
-    """The store's state as etcd's buckets, ascending by name, each ascending by key; the key
-    history is read lazily inside one read transaction, which stays open until the last bucket
-    has been read (the caller's writer runs through them in order). ``backend`` is a copy of the
-    store (the applied index and alarms are in it, and it is opened for writing)."""
-    env = backend.env
-    kv = KVStore(env)
-    lessor = Lessor(env, kv)
-    auth = AuthStore(env)
-    membership = Membership(env)
-    txn = env.begin()
-    try:
-        members = membership.members(txn)
-        compacted = kv.raw_compacted_revision(txn)
-        meta = [(CONSISTENT_INDEX, _U64.pack(backend.applied_index(txn))),
-                (TERM, _U64.pack(_applied_term(backend, txn))),
-                (CONF_STATE, _conf_state_json(members))]
-        if compacted is not None and compacted > 0:
-            meta += [(FINISHED_COMPACT, rev_key(compacted, 0)), (SCHEDULED_COMPACT, rev_key(compacted, 0))]
-        leases = [(_I64.pack(lid), Lease(ID=lid, TTL=rec.ttl, RemainingTTL=rec.remaining_ttl).SerializeToString())
-                  for lid, rec in lessor.all_records(txn)]
-        alarms = sorted({a.SerializeToString() for a in _alarms(backend, txn)})
-        contents: dict[bytes, Iterable[tuple[bytes, bytes]]] = {
-            ALARM: [(a, b"") for a in alarms],
-            AUTH: [(AUTH_ENABLED, b"\x01" if auth.is_enabled(txn) else b"\x00"),
-                   (AUTH_REVISION, _U64.pack(auth.revision(txn)))],
-            AUTH_ROLES: [(r.name, r.SerializeToString()) for r in auth.roles(txn)],
-            AUTH_USERS: [(u.name, u.SerializeToString()) for u in auth.users(txn)],
-            CLUSTER: [(CLUSTER_VERSION_KEY, CLUSTER_VERSION)],
-            KEY: _closing(_key_bucket(kv, txn), txn),
-            LEASE: sorted(leases),
-            MEMBERS: sorted((f"{m.ID:x}".encode(), _member_json(m)) for m in members),
-            MEMBERS_REMOVED: [],
-            META: sorted(meta),
-        }
-    except BaseException:
-        txn.abort()
-        raise
+def _lease_bucket(lessor: Lessor, txn: lmdb.Transaction) -> Iterator[tuple[bytes, bytes]]:
+    """raftgate's lease keys are etcd's (8-byte big-endian ID), so its order is bbolt's."""
+    for lid, rec in lessor.iter_records(txn):
+        yield _I64.pack(lid), Lease(ID=lid, TTL=rec.ttl, RemainingTTL=rec.remaining_ttl).SerializeToString()
+
+
+class Exporter:
+    """Reads a store's state as etcd's buckets. Its components open their LMDB databases when it is
+    made, before the read transaction is begun (LMDB shows a transaction no database handle opened
+    after it began)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        env = backend.env
+        self.kv = KVStore(env)
+        self.lessor = Lessor(env, self.kv)
+        self.auth = AuthStore(env)
+        self.membership = Membership(env)
+
+    def buckets(self, txn: lmdb.Transaction) -> list[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
+        """The state ``txn`` sees as etcd's buckets, ascending by name, each ascending by key. The
+        key history and the leases are read lazily from ``txn``, which must stay open until the
+        writer has run through them; users and roles are read whole (sorted by name, which their
+        LMDB keys are not for names past LMDB's key size)."""
+        return _buckets(self, txn)
+
+
+def _buckets(x: Exporter, txn: lmdb.Transaction) -> list[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
+    backend, kv, lessor, auth = x.backend, x.kv, x.lessor, x.auth
+    members = x.membership.members(txn)
+    compacted = kv.raw_compacted_revision(txn)
+    meta = [(CONSISTENT_INDEX, _U64.pack(backend.applied_index(txn))),
+            (TERM, _U64.pack(_applied_term(backend, txn))),
+            (CONF_STATE, _conf_state_json(members))]
+    if compacted is not None and compacted > 0:
+        meta += [(FINISHED_COMPACT, rev_key(compacted, 0)), (SCHEDULED_COMPACT, rev_key(compacted, 0))]
+    contents: dict[bytes, Iterable[tuple[bytes, bytes]]] = {
+        ALARM: [(a, b"") for a in sorted({a.SerializeToString() for a in _alarms(backend, txn)})],
+        AUTH: [(AUTH_ENABLED, b"\x01" if auth.is_enabled(txn) else b"\x00"),
+               (AUTH_REVISION, _U64.pack(auth.revision(txn)))],
+        AUTH_ROLES: [(r.name, r.SerializeToString()) for r in auth.roles(txn)],
+        AUTH_USERS: [(u.name, u.SerializeToString()) for u in auth.users(txn)],
+        CLUSTER: [(CLUSTER_VERSION_KEY, CLUSTER_VERSION)],
+        KEY: _key_bucket(kv, txn),
+        LEASE: _lease_bucket(lessor, txn),
+        MEMBERS: sorted((f"{m.ID:x}".encode(), _member_json(m)) for m in members),
+        MEMBERS_REMOVED: [],
+        META: sorted(meta),
+    }
     return [(name, contents[name]) for name in BUCKETS]
-
-
-def _closing(items: Iterator[tuple[bytes, bytes]], txn: lmdb.Transaction) -> Iterator[tuple[bytes, bytes]]:
-    try:
-        yield from items
-    finally:
-        txn.abort()
 
 
 def _applied_term(backend: Backend, txn: lmdb.Transaction) -> int:
@@ -466,8 +470,9 @@ def write_etcd_file(store_copy: Path, out: Path) -> Path:
     backend = Backend(store_copy, map_size=max(store_copy.joinpath("data.mdb").stat().st_size, 1 << 20) + (64 << 20))
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            write_db(f, etcd_buckets(backend))
+        exporter = Exporter(backend)
+        with os.fdopen(fd, "wb") as f, backend.env.begin() as txn:
+            write_db(f, exporter.buckets(txn))
     finally:
         backend.env.close()
     return out

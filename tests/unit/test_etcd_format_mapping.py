@@ -69,12 +69,14 @@ def _populate(tmp: Path) -> Backend:
 def _buckets(backend: Backend) -> dict[bytes, dict[bytes, bytes]]:
     out: dict[bytes, dict[bytes, bytes]] = {}
     names = []
-    for name, lazy in es.etcd_buckets(backend):
-        names.append(name)
-        pairs = list(lazy)
-        keys = [k for k, _ in pairs]
-        assert keys == sorted(keys), name
-        out[name] = dict(pairs)
+    exporter = es.Exporter(backend)
+    with backend.env.begin() as txn:
+        for name, lazy in exporter.buckets(txn):
+            names.append(name)
+            pairs = list(lazy)
+            keys = [k for k, _ in pairs]
+            assert keys == sorted(keys), name
+            out[name] = dict(pairs)
     assert names == sorted(names) == sorted(es.BUCKETS)
     return out
 

@@ -15,6 +15,7 @@ Layout:
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import lmdb
@@ -236,6 +237,11 @@ class Lessor:
                 break
             out.append((lease_id, deadline))
         return out
+
+    def iter_records(self, txn: lmdb.Transaction) -> Iterator[tuple[int, LeaseRecord]]:
+        """Every lease with its record, by ID bytes, read lazily (a snapshot streams them)."""
+        for k, v in txn.cursor(db=self._leases):
+            yield _ID.unpack(k)[0], LeaseRecord._make(_REC.unpack(v))
 
     def all_records(self, txn: lmdb.Transaction) -> list[tuple[int, LeaseRecord]]:
         """Every lease with its record (a new leader's starting point)."""
