@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import bcrypt
@@ -17,7 +18,8 @@ from authstore.etcd_format import snapshot as es
 from authstore.etcd_format.bbolt import write_db
 from protos.authpb import auth_pb2
 from protos.mvccpb import kv_pb2
-from tests.support.snapshots import FLAGS, raftgate
+from tests.support.processes import skip_unless_available
+from tests.support.snapshots import FLAGS, etcd_tools_status, raftgate
 
 HASH = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
 Buckets = dict[bytes, dict[bytes, bytes]]
@@ -93,3 +95,17 @@ def test_damaged_pages_are_refused_by_status_and_restore(tmp_path: Path) -> None
             assert proc.stderr.startswith("Error: invalid database: "), (argv, proc.stderr)
             assert "Traceback" not in proc.stderr
             assert not (tmp_path / "target").exists()
+
+
+def test_status_counts_the_pages_in_use_as_etcdutl(tmp_path: Path) -> None:
+    """A bbolt file may be longer than its pages in use (bbolt grows a member's backend file
+    ahead): TOTAL SIZE is the pages in use, as etcdutl counts it (tx.Size)."""
+    skip_unless_available("etcd")
+    data = _file(tmp_path / "good.db", _good()).read_bytes()[:-32]
+    grown = tmp_path / "grown.db"
+    grown.write_bytes(data + bytes(8 * 4096))
+    expected = etcd_tools_status(grown)
+    assert expected["totalSize"] == len(data)
+    proc = raftgate("snapshot", "status", str(grown), "-w", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expected
