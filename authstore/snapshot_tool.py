@@ -174,7 +174,7 @@ def status(path: Path) -> Status:
     size = _check_file(path)
     length = store_length(path, size, verify=False)
     if is_etcd_file(path):
-        return _etcd_file_status(path, length)
+        return _etcd_file_status(path)
     _check_extent(path, length)
     env = _open_read_only(path)
     try:
@@ -204,15 +204,16 @@ def _open_etcd(path: Path) -> BoltReader:
         raise SnapshotError(f"invalid database: {path}: {exc}") from None
 
 
-def _etcd_file_status(path: Path, length: int) -> Status:
+def _etcd_file_status(path: Path) -> Status:
     """What etcdutl prints for the file: its hash, revision and total keys as it computes them,
-    and the size of the database (without the trailing sha256)."""
+    and the size of the pages in use (so never the trailing sha256)."""
     try:
         with _open_etcd(path) as reader:
             st = etcd_status(reader)
+            size = reader.data_size  # the pages in use (bbolt's tx.Size), what etcdutl prints
     except BoltError as exc:
         raise SnapshotError(f"invalid database: {path}: {exc}") from None
-    return Status(st.hash, st.revision, st.total_key, length)
+    return Status(st.hash, st.revision, st.total_key, size)
 
 
 def _human_bytes(n: int) -> str:
