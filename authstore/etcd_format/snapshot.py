@@ -26,7 +26,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -235,7 +235,8 @@ class Loaded:
     roles: int = 0
     auth_enabled: bool = False
     auth_revision: int = 0
-    skipped_leases: list[int] = field(default_factory=list)
+    #: live keys naming a lease the file does not hold (kept with their lease ID, as etcd does)
+    unattached: int = 0
 
 
 def _parse(cls: type[Message], raw: bytes, where: str) -> Message:
@@ -260,10 +261,9 @@ def check_buckets(src: BucketSource) -> None:
         raise EtcdFormatError(f"not an etcd snapshot: no bucket {', '.join(missing)}")
 
 
-def _users(src: BucketSource, names: set[bytes]) -> list[auth_pb2.User]:
-    out = []
+def _users(src: BucketSource, names: set[bytes]) -> Iterator[auth_pb2.User]:
     if AUTH_USERS not in names:
-        return out
+        return
     for k, v in src.items(AUTH_USERS):
         where = f"bucket authUsers: user {k[:64]!r}"
         user = _parse(auth_pb2.User, v, where)
@@ -281,14 +281,12 @@ def _users(src: BucketSource, names: set[bytes]) -> list[auth_pb2.User]:
         roles = sorted(set(user.roles))  # etcd keeps them sorted; raftgate's checks bisect them
         del user.roles[:]
         user.roles.extend(roles)
-        out.append(user)
-    return out
+        yield user
 
 
-def _roles(src: BucketSource, names: set[bytes]) -> list[auth_pb2.Role]:
-    out = []
+def _roles(src: BucketSource, names: set[bytes]) -> Iterator[auth_pb2.Role]:
     if AUTH_ROLES not in names:
-        return out
+        return
     for k, v in src.items(AUTH_ROLES):
         where = f"bucket authRoles: role {k[:64]!r}"
         role = _parse(auth_pb2.Role, v, where)
@@ -298,8 +296,7 @@ def _roles(src: BucketSource, names: set[bytes]) -> list[auth_pb2.Role]:
         for perm in role.keyPermission:
             if perm.permType not in auth_pb2.Permission.Type.values():
                 raise EtcdFormatError(f"{where}: unknown permission type {perm.permType}")
-        out.append(role)
-    return out
+        yield role
 
 
 def _auth_state(src: BucketSource, names: set[bytes]) -> tuple[bool, int]:
@@ -317,10 +314,9 @@ def _auth_state(src: BucketSource, names: set[bytes]) -> tuple[bool, int]:
     return enabled == b"\x01", max(revision, 1)
 
 
-def _leases(src: BucketSource, names: set[bytes]) -> list[tuple[int, int]]:
-    out = []
+def _leases(src: BucketSource, names: set[bytes]) -> Iterator[tuple[int, int]]:
     if LEASE not in names:
-        return out
+        return
     for k, v in src.items(LEASE):
         if len(k) != 8:
             raise EtcdFormatError(f"bucket lease: key {k[:32].hex()} is not a lease ID")
@@ -330,34 +326,27 @@ def _leases(src: BucketSource, names: set[bytes]) -> list[tuple[int, int]]:
             raise EtcdFormatError(f"bucket lease: lease {lid:x} holds ID {lease.ID:x}")
         if not 0 <= lease.TTL <= MAX_LEASE_TTL:
             raise EtcdFormatError(f"bucket lease: lease {lid:x} TTL {lease.TTL} out of range")
-        out.append((lid, lease.TTL))
-    return out
+        yield lid, lease.TTL
 
 
 def load(src: BucketSource, backend: Backend, now_ms: int) -> Loaded:
     """Takes an etcd file's keys (with their history), leases, users, roles and auth state into
-    ``backend``, a new empty store, in one write transaction: a refusal leaves it empty (the
-    caller removes it anyway). Membership, alarms and the consistent index are not taken: the
-    new cluster's come from the restore's flags, as etcdutl does."""
+    ``backend``, a new empty store, in one write transaction, streaming (memory stays bounded
+    whatever the file holds): a refusal aborts it and leaves the store empty (the caller removes
+    it anyway). Membership, alarms and the consistent index are not taken: the new cluster's come
+    from the restore's flags, as etcdutl does."""
     check_buckets(src)
     names = set(src.buckets())
-    users = _users(src, names)
-    roles = _roles(src, names)
     auth_enabled, auth_revision = _auth_state(src, names)
-    if auth_enabled and not any(u.name == b"root" and "root" in u.roles for u in users):
-        raise EtcdFormatError("bucket authUsers: auth is enabled but no user root has role root")
-    leases = _leases(src, names)
     raw_compact = src.get(META, FINISHED_COMPACT)
     compacted = _compact_rev(raw_compact, "finishedCompactRev") if raw_compact is not None else None
-    out = Loaded(compacted=compacted, users=len(users), roles=len(roles), auth_enabled=auth_enabled,
-                 auth_revision=auth_revision, leases=len(leases))
+    out = Loaded(compacted=compacted, auth_enabled=auth_enabled, auth_revision=auth_revision)
     env = backend.env
     kv = KVStore(env)
     lessor = Lessor(env, kv)
     auth = AuthStore(env)
     with env.begin(write=True) as txn:
         last: tuple[int, int] = (0, -1)
-        live: dict[bytes, int] = {}  # key -> lease, for keys whose newest revision is a put with a lease
         for k, v in src.items(KEY):
             main, sub, tombstone = parse_rev_key(k)
             where = f"bucket key: revision {main}.{sub}"
@@ -369,7 +358,6 @@ def load(src: BucketSource, backend: Backend, now_ms: int) -> Loaded:
                 raise EtcdFormatError(f"{where}: an empty key")
             if tombstone:
                 kv.load_revision(txn, main, sub, rec.key, None)
-                live.pop(rec.key, None)
             else:
                 if rec.mod_revision != main or not 1 <= rec.create_revision <= main or rec.version < 1 \
                         or rec.lease < 0:
@@ -377,23 +365,34 @@ def load(src: BucketSource, backend: Backend, now_ms: int) -> Loaded:
                                           f"{rec.create_revision}, version {rec.version}, lease {rec.lease} "
                                           "do not fit it")
                 kv.load_revision(txn, main, sub, rec.key, rec)
-                if rec.lease:
-                    live[rec.key] = rec.lease
-                else:
-                    live.pop(rec.key, None)
             out.revisions += 1
         out.revision = max(last[0], compacted or 0, 1)
         kv.set_loaded_revisions(txn, out.revision, compacted)
-        known = set()
-        for lid, ttl in leases:
+        for lid, ttl in _leases(src, names):
             lessor.load(txn, lid, ttl, now_ms)
-            known.add(lid)
-        for key, lid in sorted(live.items()):
-            if lid in known:
+            out.leases += 1
+        for key, lid in kv.live_leases(txn):
+            if lessor.exists(txn, lid):
                 lessor.attach(txn, lid, key)
-            elif lid not in out.skipped_leases:
-                out.skipped_leases.append(lid)  # etcd logs "failed to attach a lease" and goes on
-        auth.load(txn, users, roles, auth_enabled, auth_revision)
+            else:
+                out.unattached += 1  # etcd logs "failed to attach a lease" and goes on
+        root_ok = False
+
+        def users() -> Iterator[auth_pb2.User]:
+            nonlocal root_ok
+            for user in _users(src, names):
+                root_ok = root_ok or (user.name == b"root" and "root" in user.roles)
+                out.users += 1
+                yield user
+
+        def roles() -> Iterator[auth_pb2.Role]:
+            for role in _roles(src, names):
+                out.roles += 1
+                yield role
+
+        auth.load(txn, users(), roles(), auth_enabled, auth_revision)
+        if auth_enabled and not root_ok:
+            raise EtcdFormatError("bucket authUsers: auth is enabled but no user root has role root")
     backend.sync()
     return out
 

@@ -191,3 +191,18 @@ def test_crc32c_is_castagnoli() -> None:
     data = bytes(range(256)) * 3
     for cut in (0, 1, 7, 8, 9, 100, 767):  # word steps and the bytes after them agree
         assert es.crc32c(data[cut:], es.crc32c(data[:cut])) == es.crc32c(data)
+
+
+def test_a_key_naming_a_missing_lease_is_kept_unattached(tmp_path: Path) -> None:
+    """etcd logs "failed to attach a lease" and keeps the key; so does the restore."""
+    b = _good()
+    b[b"key"][es.rev_key(3, 0)] = kv_pb2.KeyValue(key=b"orphan", value=b"o", create_revision=3, mod_revision=3,
+                                                   version=1, lease=9).SerializeToString()
+    b[b"lease"][(5).to_bytes(8, "big")] = es.Lease(ID=5, TTL=60).SerializeToString()
+    backend = Backend(tmp_path / "dst")
+    loaded = es.load(Source(b), backend, now_ms=0)
+    assert (loaded.unattached, loaded.leases, loaded.users, loaded.revision) == (1, 1, 1, 3)
+    a = Applier(backend, 1)
+    with backend.env.begin() as txn:
+        assert a.kv.get(txn, b"orphan").lease == 9
+        assert a.lessor.attached_keys(txn, 5) == []

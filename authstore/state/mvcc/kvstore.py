@@ -467,6 +467,13 @@ class KVStore:
             main, sub = revision.decode(k)
             yield main, sub, v
 
+    def live_leases(self, txn: lmdb.Transaction) -> Iterator[tuple[bytes, int]]:
+        """(key, lease) of every live key whose newest revision names a lease, by key."""
+        for key, raw in self._index.scan(txn, b"\x00", b""):
+            lease = index.unpack(raw).lease
+            if lease:
+                yield key, lease
+
     def raw_compacted_revision(self, txn: lmdb.Transaction) -> int | None:
         """The recorded compaction revision, None when the store was never compacted."""
         raw = txn.get(_META_COMPACT, db=self._meta)
