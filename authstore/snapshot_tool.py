@@ -169,7 +169,8 @@ def _open_read_only(path: Path) -> lmdb.Environment:
 
 
 def status(path: Path) -> Status:
-    """etcdutl snapshot status: CRC-32 of the store (as Maintenance.Hash computes it), the key
+    """etcdutl snapshot status. An etcd file (what raftgate streams now): etcdutl's own numbers.
+    raftgate's older LMDB file: CRC-32 of the store (as Maintenance.Hash computes it), the key
     space's revision, entries in every sub-database, and the store's size."""
     size = _check_file(path)
     length = store_length(path, size, verify=False)
