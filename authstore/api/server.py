@@ -18,6 +18,8 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +45,6 @@ from authstore.api.watch.hub import (
     WatchHub,
     progress_interval_from_env,
 )
-from authstore.etcd_format.snapshot import write_etcd_file
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.state.auth.authorize import kind_of, request_kind
@@ -440,10 +441,19 @@ class StoreService:
     def _etcd_snapshot(self, tmp: Path) -> Path:
         """A client's snapshot in etcd's own format (a bbolt file), so etcd's tools read and
         restore it: a consistent copy of the store first (the point in time, taken quickly),
-        then etcd's file written from the copy, which goes as soon as that is done."""
+        then etcd's file written from the copy by a process of its own (Python work over every
+        revision, which here would hold the GIL the event loop needs), then the copy goes."""
         copy = self.applier.snapshot(tmp / "store")
-        out = write_etcd_file(copy.parent, tmp / "etcd.db")
+        out = tmp / "etcd.db"
+        proc = subprocess.run([sys.executable, "-m", "authstore.etcd_format.export", str(copy.parent), str(out),
+                               str(os.getpid())],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         shutil.rmtree(copy.parent, ignore_errors=True)
+        if proc.returncode != 0:
+            # its message may name a key or a user: only the kind of error is logged
+            kind = proc.stderr.decode(errors="replace").strip().rsplit("\n", 1)[-1].split(":", 1)[0][:80]
+            log.warning("writing a client's snapshot in etcd's format failed (exit %d, %s)", proc.returncode, kind)
+            raise OSError(f"writing etcd's snapshot format failed (exit {proc.returncode})")
         return out
 
     # ---- Credentials and tokens ----
