@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from authstore.api.watch.hub import (
     WatchHub,
     progress_interval_from_env,
 )
+from authstore.etcd_format.export import command as export_command
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
 from authstore.state.auth.authorize import kind_of, request_kind
@@ -445,9 +445,8 @@ class StoreService:
         revision, which here would hold the GIL the event loop needs), then the copy goes."""
         copy = self.applier.snapshot(tmp / "store")
         out = tmp / "etcd.db"
-        proc = subprocess.run([sys.executable, "-m", "authstore.etcd_format.export", str(copy.parent), str(out),
-                               str(os.getpid())],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.run(export_command(copy.parent, out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
         shutil.rmtree(copy.parent, ignore_errors=True)
         if proc.returncode != 0:
             # its message may name a key or a user: only the kind of error is logged

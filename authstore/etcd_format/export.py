@@ -20,6 +20,11 @@ from pathlib import Path
 PARENT_CHECK = 0.5
 
 
+def command(store_copy: Path, out: Path) -> list[str]:
+    """How the store starts this writer: it names itself (this process's parent) last."""
+    return [sys.executable, "-m", "authstore.etcd_format.export", str(store_copy), str(out), str(os.getpid())]
+
+
 def _exit_with_parent(parent: int) -> None:
     while True:
         if os.getppid() != parent:

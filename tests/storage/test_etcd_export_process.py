@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from authstore.etcd_format.export import command
 from authstore.state.apply import Applier
 from authstore.state.backend import Backend
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -30,7 +31,7 @@ def _export(*args: str) -> list[str]:
 
 def test_writes_etcds_file_for_its_store(tmp_path: Path) -> None:
     out = tmp_path / "etcd.db"
-    proc = subprocess.run(_export(str(_copy(tmp_path)), str(out), str(os.getpid())), capture_output=True, timeout=60)
+    proc = subprocess.run(command(_copy(tmp_path), out), capture_output=True, timeout=60)  # as the store runs it
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[16:20] == (0xED0CDAED).to_bytes(4, "little")
 
