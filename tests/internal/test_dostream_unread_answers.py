@@ -15,7 +15,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from authstore.api.callers import Caller, Classifier
-from authstore.api.server import CALLER, StoreService
+from authstore.api.interceptors import CALLER
+from authstore.api.server import StoreService
 from protos.storepb import store_pb2 as spb
 from protos.storepb.store_pb2 import ChallengeResponse
 from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
