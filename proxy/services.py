@@ -97,7 +97,9 @@ def _bounded(behaviour: Any, kind: Kind, limit: int) -> Any:
     return stream_stream
 
 
-def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+def handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+    """The one handler of ``method``: the gRPC server registers it and the JSON gateway calls it,
+    so both paths share token extraction, auditing and errors."""
     log = getattr(pipeline, "audit", None)  # a test stub may have none
 
     def bound(behaviour: Any) -> Any:
@@ -138,5 +140,5 @@ def etcd_handlers(pipeline: Pipeline, max_receive_bytes: int | None = None) -> l
     requests over `max_receive_bytes` (if given) are refused with grpc-go's words."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in METHODS:
-        by_service.setdefault(method.full_service, {})[method.name] = _handler(pipeline, method, max_receive_bytes)
+        by_service.setdefault(method.full_service, {})[method.name] = handler(pipeline, method, max_receive_bytes)
     return [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]

@@ -19,7 +19,8 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from proxy import audit, metrics
 from proxy.audit import AUTH_METHODS, MAX_RECORD_BYTES, MAX_TXN_OPS, AuditLog
 from proxy.config import ConfigError, load
-from proxy.gateway import Abort, GatewayContext
+from proxy.gateway import GatewayContext
+from proxy.gateway_errors import Abort
 from proxy.watch import _State, track
 from raftgate.errors import Err
 from raftgate.local import check_children, parse
