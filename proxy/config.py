@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from proxy.audit import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
-from proxy.audit import LEVELS as AUDIT_LEVELS
+from proxy.audit.writer import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
+from proxy.audit.writer import LEVELS as AUDIT_LEVELS
 from proxy.gateway_access import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,

@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from proxy import audit, instrument
+from proxy import instrument
+from proxy.audit import handlers as audit
 from proxy.pipeline import Pipeline
 from raftgate.methods import METHODS, Kind, Method
 

@@ -45,7 +45,7 @@ from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb.store_pb2 import WatchBatch
-from proxy.audit import WatchCreate, WatchEvents
+from proxy.audit.handlers import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
