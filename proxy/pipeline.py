@@ -397,11 +397,6 @@ class Pipeline:
                                         audit.watch_events(self.audit)).serve(identity, requests, context):
             yield message
 
-    async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:
-        name = f"{method.service}.{method.name}"
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: {name} is not served yet")
-        yield b""  # pragma: no cover - makes this an async generator
-
 
 def check_password_length(password: str) -> None:
     """bcrypt refuses passwords over 72 bytes; etcd answers with that error before anything else."""

@@ -129,8 +129,6 @@ def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> gr
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.keepalive))
     if method.kind is Kind.WATCH:
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.watch))
-    if method.kind is Kind.UNIMPLEMENTED:
-        return grpc.stream_stream_rpc_method_handler(stream(pipeline.unimplemented))
     raise AssertionError(f"no handler for {method.kind}")
 
 
