@@ -51,7 +51,6 @@ from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger("raftgate.store")
 
-_MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 #: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
 #: own removal, the answer to MemberRemove) still go out.
@@ -195,13 +194,13 @@ async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) ->
 
 def _stored_member_id(backend: Backend) -> int:
     with backend.env.begin() as txn:
-        raw = backend.meta_get(txn, _MEMBER_ID_KEY)
+        raw = backend.meta_get(txn, MEMBER_ID_KEY)
     return _U64.unpack(raw)[0] if raw else 0
 
 
 def _store_member_id(backend: Backend, mid: int) -> None:
     with backend.env.begin(write=True) as txn:
-        backend.meta_put(txn, _MEMBER_ID_KEY, _U64.pack(mid))
+        backend.meta_put(txn, MEMBER_ID_KEY, _U64.pack(mid))
     backend.sync()
 
 

@@ -20,7 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from protos.internal import MAX_ANSWER_BYTES
-from proxy.audit import AuditLog
+from proxy.audit.writer import AuditLog
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.gateway import Gateway

@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from proxy import audit, instrument
+from proxy import instrument
+from proxy.audit import handlers as audit
 from proxy.pipeline import Pipeline
 from raftgate.methods import METHODS, Kind, Method
 
@@ -130,8 +131,6 @@ def handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grp
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.keepalive))
     if method.kind is Kind.WATCH:
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.watch))
-    if method.kind is Kind.UNIMPLEMENTED:
-        return grpc.stream_stream_rpc_method_handler(stream(pipeline.unimplemented))
     raise AssertionError(f"no handler for {method.kind}")
 
 

@@ -79,8 +79,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 1 << 20),
 ]
-# Requests that only read: retrying them can never apply anything twice (the method table's column).
-READ_FIELDS = RETRY_FIELDS
 # Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own
 # state), and Range (served by that member as by an etcd member: a follower asks the leader for a
 # read index), so a member whose node is down fails `endpoint health` (its probe is a Get).
@@ -426,7 +424,7 @@ class StoreClient:
             field = request_field(internal_request)
         if self._member is not None and field in MEMBER_FIELDS:
             return await self._on_member(self._member, internal_request, timeout, token)
-        read = field in READ_FIELDS
+        read = field in RETRY_FIELDS  # only reads: retrying one never applies anything twice
         spread = self._spread_reads and field in SPREAD_FIELDS
         return await self._call(lambda ep, t: ep.pipe.do(internal_request, t, token=token), timeout, read=read,
                                 spread=spread)

@@ -64,10 +64,6 @@ class Classifier:
         #: them takes a restart, which empties this)
         self._by_cert: TrustCache[Caller] = TrustCache(CACHE_SIZE)
 
-    @property
-    def has_sidecars(self) -> bool:
-        return self._sidecar_secret is not None or self._central_cas is not None
-
     def secrets(self) -> tuple[bytes, ...]:
         """The secrets the internal port accepts (the interceptor checks one is presented)."""
         return tuple(s for s in (self._secret, self._sidecar_secret) if s)

@@ -67,7 +67,6 @@ from raftgate.token_verifier import TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
 
-SERVICE = STORE_SERVICE
 MAX_MESSAGE = 64 << 20
 #: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
 #: its outbox), and answer bytes waiting: beyond either the store reads no more calls from that
@@ -637,10 +636,10 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = store_handlers(service)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(STORE_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+        (STORE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # grpc reports a failed bind this way

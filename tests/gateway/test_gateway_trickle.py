@@ -31,7 +31,7 @@ class _Stub:
         async for _ in requests:
             yield pb.WatchResponse(created=True).SerializeToString()
 
-    range_stream = snapshot = keepalive = unimplemented = watch
+    range_stream = snapshot = keepalive = watch
 
 
 def trickle(monkeypatch: pytest.MonkeyPatch, values: list[bytes], piece: int) -> tuple[int, int, bytes]:
