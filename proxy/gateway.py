@@ -380,7 +380,7 @@ class Gateway:
         self.limits = limits or Limits()
         self.routes = routes(pipeline)
         self.members = GatewayMembers(members) if members is not None else None
-        self.health = health
+        self.health = gateway_health.HealthChecker(health) if health is not None else None
         self._runner: web.AppRunner | None = None
         self._servers: list[asyncio.AbstractServer] = []
         #: open connections, oldest first: the one evicted at the limit is the oldest idle one

@@ -12,6 +12,7 @@ etcd 3.5.1 serves no ``/readyz`` or ``/livez`` (those came with 3.6): they are 4
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Protocol
@@ -34,6 +35,8 @@ MAX_EXCLUDED = 16
 #: the errors etcd's checkV3Health counts as a served read (auth.ErrUserEmpty, auth.ErrPermissionDenied)
 SERVED = ("etcdserver: user name is empty", "etcdserver: permission denied")
 _ALARMS = {rpc_pb2.AlarmType.NOSPACE: "NOSPACE", rpc_pb2.AlarmType.CORRUPT: "CORRUPT"}
+#: the alarm names an ``exclude`` can match
+ALARM_NAMES = frozenset(rpc_pb2.AlarmType.keys())
 
 
 _BY_NAME = {(m.service, m.name): m for m in METHODS}
@@ -105,14 +108,34 @@ def excluded_alarms(query: MultiMapping[str]) -> frozenset[str]:
     return frozenset(v for v in query.getall("exclude", [])[:MAX_EXCLUDED] if v)
 
 
-async def health(request: web.Request, store: Store) -> web.Response:
+class HealthChecker:
+    """``check`` for the gateway: concurrent callers asking the same question (which alarms are
+    excluded, serializable or not) share one check, so callers without a token, however many,
+    cost the store at most one round per question at a time (a handful of questions: only the
+    alarm names etcd has can change an answer)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._running: dict[tuple[frozenset[str], bool], asyncio.Future[tuple[bool, str]]] = {}
+
+    async def check(self, excluded: frozenset[str], serializable: bool) -> tuple[bool, str]:
+        key = (excluded & ALARM_NAMES, serializable)
+        running = self._running.get(key)
+        if running is None:
+            running = asyncio.ensure_future(check(self.store, key[0], serializable))
+            self._running[key] = running
+            running.add_done_callback(lambda _: self._running.pop(key, None))
+        return await asyncio.shield(running)  # one caller hanging up does not end the others' check
+
+
+async def health(request: web.Request, checker: HealthChecker) -> web.Response:
     """GET /health as etcd's NewHealthHandler answers it."""
     if request.method != "GET":
         response = _go_error(405, "Method Not Allowed")
         response.headers["Allow"] = "GET"
         return response
     serializable = request.rel_url.query.get("serializable") == "true"
-    healthy, reason = await check(store, excluded_alarms(request.rel_url.query), serializable)
+    healthy, reason = await checker.check(excluded_alarms(request.rel_url.query), serializable)
     body = json.dumps({"health": "true" if healthy else "false", "reason": reason}, separators=(",", ":"))
     if healthy:
         metrics.GATEWAY_HEALTH_CHECKS.labels("success").inc()
