@@ -6,7 +6,9 @@ very handler the gRPC server registers for that method (proxy/services.py: token
 stamping, store calls, errors), with a small stand-in for the gRPC call context carrying the
 ``Authorization`` header as gRPC metadata. The answer's bytes become JSON as etcd 3.5's gateway
 writes it; a gRPC status becomes etcd's error object with grpc-gateway's HTTP status
-(proxy/gateway_errors.py).
+(proxy/gateway_errors.py). Cluster answers name the members' gateways, not their gRPC URLs
+(proxy/gateway_members.py); ``GET /health`` and ``/metrics`` are served as on etcd's client URL
+(proxy/gateway_health.py).
 
 Streams (``/v3/watch``, ``/v3/lease/keepalive``, ``/v3/maintenance/snapshot``) answer one
 ``{"result": ...}`` object per line, chunked; the request body is read as a stream of JSON objects
