@@ -144,7 +144,9 @@ def _parser() -> FlagParser:
                    help="certificate revocation list (PEM or DER) of --trusted-ca-file: client certificates it "
                         "lists are refused; re-read when it changes")
     p.add_argument("--gateway-port", type=int, default=None,
-                   help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
+                   help="also serve etcd's JSON gateway (POST /v3/kv/range, ..., GET /health) on this 127.0.0.1 "
+                        "port; each member proxy serves one too (its port in local.json), which the gateway's "
+                        "member list names")
     p.add_argument("--cors", default=None,
                    help="with --gateway-port: comma list of origins (scheme://host[:port]) whose web pages may call "
                         "the gateway, or '*' for every origin; default: none (no CORS headers; a request with "
