@@ -270,7 +270,8 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
     node = new_node(cfg, rec, applier, transport)
     leases = LeaseKeeper(node, applier)
-    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
+    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls,
+                    cfg.advertise_gateway_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)
     watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
                          max_watches_per_stream=cfg.max_watches_per_stream,

@@ -6,7 +6,9 @@ very handler the gRPC server registers for that method (proxy/services.py: token
 stamping, store calls, errors), with a small stand-in for the gRPC call context carrying the
 ``Authorization`` header as gRPC metadata. The answer's bytes become JSON as etcd 3.5's gateway
 writes it; a gRPC status becomes etcd's error object with grpc-gateway's HTTP status
-(proxy/gateway_errors.py).
+(proxy/gateway_errors.py). Cluster answers name the members' gateways, not their gRPC URLs
+(proxy/gateway_members.py); ``GET /health`` and ``/metrics`` are served as on etcd's client URL
+(proxy/gateway_health.py).
 
 Streams (``/v3/watch``, ``/v3/lease/keepalive``, ``/v3/maintenance/snapshot``) answer one
 ``{"result": ...}`` object per line, chunked; the request body is read as a stream of JSON objects
@@ -34,8 +36,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from prometheus_client import REGISTRY, generate_latest
 
 from protos.etcdserverpb import rpc_pb2
+from proxy import gateway_health
 from proxy.gateway_access import Access, Limits, hostname
 from proxy.gateway_errors import (
     DEADLINE_EXCEEDED,
@@ -48,6 +52,7 @@ from proxy.gateway_errors import (
     plain,
     stream_error_body,
 )
+from proxy.gateway_health import Store as HealthStore
 from proxy.gateway_json import (
     JSON_TYPE,
     READ_CHUNK,
@@ -59,6 +64,7 @@ from proxy.gateway_json import (
     parse_request,
     to_json,
 )
+from proxy.gateway_members import GatewayMembers, MemberDirectory
 from proxy.pipeline import Pipeline
 from proxy.services import handler as grpc_handler
 from raftgate.methods import METHODS, Method
@@ -131,6 +137,8 @@ PATHS: dict[tuple[str, str], tuple[str, ...]] = {
 #: what the store's Maintenance.Status reports (a test keeps the two equal)
 ETCD_VERSION = "3.7.1"
 ETCD_CLUSTER_VERSION = "3.7.0"
+#: what etcd's /metrics answers with (Prometheus' text format, which generate_latest writes)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
 STOP_GRACE = 1.0
 BACKLOG = 128  # aiohttp's sites' listen backlog
@@ -360,16 +368,21 @@ class _Connection(asyncio.Protocol):
 
 class Gateway:
     def __init__(self, pipeline: Pipeline, listen: Sequence[str], *, max_message_bytes: int,
-                 access: Access | None = None, limits: Limits | None = None) -> None:
+                 access: Access | None = None, limits: Limits | None = None,
+                 members: MemberDirectory | None = None, health: HealthStore | None = None) -> None:
         """``max_message_bytes``: the gRPC server's receive limit; one request message larger than
         that is refused as grpc-go refuses it. A body may be larger as JSON (base64 takes 4/3).
-        ``access``: --cors and --host-whitelist (default: no origin; localhost and IP addresses)."""
+        ``access``: --cors and --host-whitelist (default: no origin; localhost and IP addresses).
+        ``members``: where each member's gateway is (Cluster answers name them); ``health``: what
+        ``/health`` asks (with it, ``/health`` and ``/metrics`` are served as on etcd's client URL)."""
         self.listen = tuple(listen)
         self.max_message_bytes = max_message_bytes
         self.max_body_bytes = 2 * max_message_bytes + READ_CHUNK
         self.access = access or Access()
         self.limits = limits or Limits()
         self.routes = routes(pipeline)
+        self.members = GatewayMembers(members) if members is not None else None
+        self.health = gateway_health.HealthChecker(health) if health is not None else None
         self._runner: web.AppRunner | None = None
         self._servers: list[asyncio.AbstractServer] = []
         #: open connections, oldest first: the one evicted at the limit is the oldest idle one
@@ -499,6 +512,10 @@ class Gateway:
                 response.headers["Allow"] = "GET"
                 return response
             return self.version()
+        if self.health is not None and path == "/health":
+            return await gateway_health.health(request, self.health)
+        if self.health is not None and path == "/metrics":
+            return await _metrics()
         route = self.routes.get(path)
         if route is None:
             return http_error(404)
@@ -539,6 +556,8 @@ class Gateway:
                 answer = await asyncio.wait_for(handler.unary_unary(data, context), context.time_remaining())
             except TimeoutError:
                 raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
+            if self.members is not None and route.method.service == "Cluster":
+                answer = await self.members.rewrite(answer, route.response)
         except Abort as e:
             return error_response(e.code, e.details)
         except Exception:
@@ -634,6 +653,13 @@ class Gateway:
         API path with it)."""
         return web.Response(body=dumps({"etcdserver": ETCD_VERSION, "etcdcluster": ETCD_CLUSTER_VERSION}),
                             content_type=JSON_TYPE)
+
+
+async def _metrics() -> web.Response:
+    """The process's Prometheus registry, as etcd serves /metrics on its client URL (made off the
+    event loop, as the --metrics-addr server does)."""
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
+    return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 
 def _request(route: Route, value: Any) -> bytes:

@@ -390,7 +390,7 @@ class Applier:
 
     def _member_attr_set(self, txn: lmdb.Transaction, body: ipb.MemberAttrSetRequest, _r: Any) -> Message:
         self.membership.set_attributes(txn, body.member_ID, body.name, list(body.client_urls),
-                                       list(body.internal_urls))
+                                       list(body.internal_urls), list(body.gateway_urls))
         return pb.MemberListResponse()
 
     _ALARMS = b"alarms"
