@@ -99,7 +99,7 @@ class ProxyConfig:
     member_store_endpoint: str | None = None
     #: --oidc-*: Kubernetes workload tokens are verified and mapped to users (None: off)
     workload: WorkloadVerifier | None = None
-    #: --audit-log: a file, or "-" for stdout (None: no audit log); proxy/audit.py
+    #: --audit-log: a file, or "-" for stdout (None: no audit log); proxy/audit/
     audit_log: str | None = None
     #: --audit-level: auth, denials or all
     audit_level: str = AUDIT_DEFAULT_LEVEL

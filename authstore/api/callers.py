@@ -31,7 +31,7 @@ from raftgate.internal_access import Caller
 from raftgate.secret_proof import INTERNAL, Challenges
 from raftgate.trust_cache import TrustCache
 
-__all__ = ["Caller", "Classifier", "metadata_value"]
+__all__ = ["Classifier", "metadata_value"]
 
 log = logging.getLogger("raftgate.store.callers")
 
