@@ -53,6 +53,8 @@ class StoreConfig:
     advertise_client_urls: list[str] = field(default_factory=list)
     #: where proxies reach this node's internal port; published in the member list they follow
     advertise_internal_urls: list[str] = field(default_factory=list)
+    #: --advertise-gateway-urls: where this member's proxy serves the JSON gateway
+    advertise_gateway_urls: list[str] = field(default_factory=list)
     peer_urls: list[str] = field(default_factory=list)
     listen_peer_host: str = "127.0.0.1"
     listen_peer_port: int = 2380
@@ -132,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-internal-urls", default="",
                    help="where proxies reach this node's internal port, published to them in the member list "
                         "(default: --listen-internal-urls unless it listens on a wildcard address)")
+    p.add_argument("--advertise-gateway-urls", default="",
+                   help="where this member's proxy serves etcd's JSON gateway (its --listen-gateway-urls): the "
+                        "gateway's MemberList names these as the member's clientURLs, so HTTP clients that "
+                        "discover members reach a gateway (gRPC's MemberList keeps --advertise-client-urls)")
     p.add_argument("--initial-advertise-peer-urls", default="http://127.0.0.1:2380", help="peer URLs of this member")
     p.add_argument("--listen-peer-urls", default="http://127.0.0.1:2380",
                    help="where other store nodes reach this one (https:// requires the --peer-* files)")
@@ -241,6 +247,19 @@ def _host_port(source: str, url: str) -> tuple[str, int, bool]:
     if u.scheme not in ("http", "https") or not u.hostname or not u.port:
         raise ConfigError(f"{source}: {url!r} is not http(s)://host:port")
     return u.hostname, u.port, u.scheme == "https"
+
+
+#: --advertise-gateway-urls: at most this many (each checked as http(s)://host:port)
+MAX_GATEWAY_URLS = 16
+
+
+def _gateway_urls(f: Flags) -> list[str]:
+    urls = comma_list(f["advertise_gateway_urls"])
+    if len(urls) > MAX_GATEWAY_URLS:
+        raise f.error("advertise_gateway_urls", f"at most {MAX_GATEWAY_URLS} URLs")
+    for url in urls:
+        _host_port(f.source("advertise_gateway_urls"), url)
+    return urls
 
 
 def _one_url(f: Flags, dest: str) -> tuple[str, int, bool]:
@@ -374,6 +393,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Stor
     if not advertise_internal and host not in ("0.0.0.0", "::"):
         advertise_internal = comma_list(f["listen_internal_urls"])  # exactly one (checked above)
     values["advertise_internal_urls"] = advertise_internal
+    values["advertise_gateway_urls"] = _gateway_urls(f)
     observe = observe_config(argparse.Namespace(metrics_addr=f["metrics_addr"], health_addr=f["health_addr"]),
                              ConfigError, {dest: f.source(dest) for dest in ("metrics_addr", "health_addr")})
     # Out of range -> the default, as etcd (and the proxy) do for --bcrypt-cost.

@@ -18,9 +18,13 @@ from authstore import config as store_config
 from authstore import failpoints
 from authstore.api.callers import Classifier
 from authstore.api.lease_keeper import LeaseKeeper
+from authstore.api.login import StoreLogin
 from authstore.api.maintenance import Maintenance, MemberInfo
+from authstore.api.quota import Quota
 from authstore.api.server import StoreService, build_server
+from authstore.api.simple_tokens import SimpleTokens, StoreSimpleTokens
 from authstore.api.stamp import stamp
+from authstore.api.watch.hub import WatchHub, progress_interval_from_env
 from authstore.node.driver import RaftNode
 from authstore.node.transport import PeerSecurity, Transport, peer_address
 from authstore.node.wal import WAL, WALCorrupt
@@ -41,12 +45,12 @@ from raftgate.private_files import private_dir, restrict_umask, wider_than_priva
 from raftgate.process import DataDirInUse
 from raftgate.process import lock_data_dir as lock
 from raftgate.stop_signals import stop_on_signals
+from raftgate.token_verifier import TokenVerifier
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger("raftgate.store")
 
-_MEMBER_ID_KEY = MEMBER_ID_KEY
 _U64 = struct.Struct(">Q")
 #: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
 #: own removal, the answer to MemberRemove) still go out.
@@ -101,6 +105,19 @@ def _workload(cfg: store_config.StoreConfig) -> WorkloadTokens | None:
                                              ca_file=cfg.oidc_ca_file, user_map_file=cfg.oidc_user_map or ""))
     except WorkloadConfigError as exc:
         raise StartupError(f"--oidc-issuer: {exc}") from None
+
+
+def _verifiers(cfg: store_config.StoreConfig, tokens: SimpleTokens) -> list[TokenVerifier]:
+    """How the store verifies a sidecar-class caller's token: the first that recognizes it
+    decides. Simple tokens; workload tokens (by their ``iss``) before etcd JWTs, which recognize
+    any JWT."""
+    verifiers: list[TokenVerifier] = [StoreSimpleTokens(tokens)]
+    workload = _workload(cfg)
+    if workload is not None:
+        verifiers.append(workload)
+    if cfg.jwt is not None:
+        verifiers.append(cfg.jwt)
+    return verifiers
 
 
 def _peer_security(cfg: store_config.StoreConfig) -> PeerSecurity:
@@ -177,13 +194,13 @@ async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) ->
 
 def _stored_member_id(backend: Backend) -> int:
     with backend.env.begin() as txn:
-        raw = backend.meta_get(txn, _MEMBER_ID_KEY)
+        raw = backend.meta_get(txn, MEMBER_ID_KEY)
     return _U64.unpack(raw)[0] if raw else 0
 
 
 def _store_member_id(backend: Backend, mid: int) -> None:
     with backend.env.begin(write=True) as txn:
-        backend.meta_put(txn, _MEMBER_ID_KEY, _U64.pack(mid))
+        backend.meta_put(txn, MEMBER_ID_KEY, _U64.pack(mid))
     backend.sync()
 
 
@@ -253,16 +270,24 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
     node = new_node(cfg, rec, applier, transport)
     leases = LeaseKeeper(node, applier)
-    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls)
+    me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls,
+                    cfg.advertise_gateway_urls)
     maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)
-    service = StoreService(applier, node, maintenance, max_watches_per_stream=cfg.max_watches_per_stream,
-                           max_watches_per_user=cfg.max_watches_per_user,
+    watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
+                         max_watches_per_stream=cfg.max_watches_per_stream,
+                         max_watches_per_user=cfg.max_watches_per_user)
+    quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
+    tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
+                          lambda: node.last_index)
+    service = StoreService(applier, node, maintenance, watch_hub=watch_hub, quota=quota, tokens=tokens,
+                           classifier=_classifier(cfg), verifiers=_verifiers(cfg, tokens),
                            lockout_attempts=cfg.auth_lockout_attempts,
-                           lockout_duration_ms=cfg.auth_lockout_duration_ms,
-                           classifier=_classifier(cfg),
-                           jwt=cfg.jwt, workload=_workload(cfg), simple_ttl_seconds=cfg.auth_token_ttl,
-                           bcrypt_workers=cfg.bcrypt_workers, bcrypt_cost=cfg.bcrypt_cost)
-    service.watch_hub.attach()
+                           lockout_duration_ms=cfg.auth_lockout_duration_ms)
+    login = StoreLogin(service.credentials, service.commit_authenticate, lead=service.may_login, jwt=cfg.jwt,
+                       simple_ttl_seconds=cfg.auth_token_ttl, workers=cfg.bcrypt_workers, cost=cfg.bcrypt_cost,
+                       record_failure=service.record_failure)
+    service.serve_logins(login)
+    watch_hub.attach()
     # Until the node has applied the membership itself: the members a joiner was told of by the
     # cluster, else --initial-cluster's (a new cluster's IDs come from its URLs and token).
     initial_peers = rec.cluster_peers or {member_id(urls, cfg.initial_cluster_token): peer_address(urls[0])
@@ -283,9 +308,9 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
 
     def leader_changed(leader: int, term: int) -> None:
         leases.on_leader_change(leader, term)
-        service.watch_hub.leadership_changed(leader == node.id)
+        watch_hub.leadership_changed(leader == node.id)
         if leader == node.id:
-            service.tokens.became_leader()
+            tokens.became_leader()
 
     node.on_leader_change(leader_changed)
     address = f"{cfg.listen_host}:{cfg.listen_port}"
@@ -314,7 +339,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
         with contextlib.suppress(EtcdError):
             await node.wait_applied(startup_commit)
     publishing = asyncio.get_running_loop().create_task(maintenance.publish_attributes())
-    background = [asyncio.get_running_loop().create_task(service.tokens.sweep(lambda: node.is_leader)),
+    background = [asyncio.get_running_loop().create_task(tokens.sweep(lambda: node.is_leader)),
                   publishing, asyncio.get_running_loop().create_task(leases.run())]
     await server.start()
     try:
@@ -343,10 +368,10 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     await observability.begin_shutdown()
     for task in background:
         task.cancel()
-    service.watch_hub.close()
+    watch_hub.close()
     service.drain()
     await server.stop(grace=2)
-    service.login.close()
+    login.close()
     await observability.close()
     await peer_server.stop(grace=1)
     await node.stop()

@@ -31,7 +31,8 @@ import grpc.aio
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2, rpc_pb2
 from protos.internal import AUTHENTICATE_FIELD
-from proxy import audit, metrics
+from proxy import metrics
+from proxy.audit import handlers as audit
 from proxy.lockout import FailureRecorder, RateLimiter
 from proxy.passwords import PasswordHasher
 from proxy.store_client import StoreClient

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from proxy.audit import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
-from proxy.audit import LEVELS as AUDIT_LEVELS
+from proxy.audit.writer import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
+from proxy.audit.writer import LEVELS as AUDIT_LEVELS
 from proxy.gateway_access import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -69,8 +69,6 @@ DEFAULT_TOKEN_TTL = 300
 DEFAULT_MAX_REQUEST_BYTES = 1572864  # etcd's embed.DefaultMaxRequestBytes (1.5 MiB)
 GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd: grpc max receive = max-request-bytes + grpcOverheadBytes
 MAX_SECRET_BYTES = 4096
-#: --workers: processes serving the client port (proxy/workers.py); more would only contend.
-MAX_WORKERS = MAX_PROXY_WORKERS
 
 __all__ = ["ConfigError", "ProxyConfig", "load"]
 
@@ -101,7 +99,7 @@ class ProxyConfig:
     member_store_endpoint: str | None = None
     #: --oidc-*: Kubernetes workload tokens are verified and mapped to users (None: off)
     workload: WorkloadVerifier | None = None
-    #: --audit-log: a file, or "-" for stdout (None: no audit log); proxy/audit.py
+    #: --audit-log: a file, or "-" for stdout (None: no audit log); proxy/audit/
     audit_log: str | None = None
     #: --audit-level: auth, denials or all
     audit_level: str = AUDIT_DEFAULT_LEVEL
@@ -319,7 +317,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
     identity = _identity(f, listen, spec, jwt, workload, sidecar=sidecar)
     audit_log, fail_closed = _audit(f)
     rate_limit = _rate(f, "auth_rate_limit")
-    proxy_workers = integer(f, "workers", 1, MAX_WORKERS)
+    proxy_workers = integer(f, "workers", 1, MAX_PROXY_WORKERS)
     if proxy_workers > 1:
         _check_workers(f, listen, gateway)
     return ProxyConfig(

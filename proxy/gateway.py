@@ -1,13 +1,14 @@
 """etcd's JSON gateway (grpc-gateway): the etcd v3 API as JSON over HTTP/1.1 (``--listen-gateway-urls``).
 
-No API semantics live here. Each HTTP request becomes the protobuf bytes of its request message
-(``json_format``, which reads both the proto and the JSON field names and, like grpc-gateway,
-ignores unknown fields), and goes to the very handler the gRPC server registers for that method
-(proxy/services.py: token extraction, stamping, store calls, errors), with a small stand-in for
-the gRPC call context carrying the ``Authorization`` header as gRPC metadata. The answer's bytes
-become JSON as etcd 3.5's gateway writes it: proto field names, int64 as strings, bytes as base64,
-default values left out. A gRPC status becomes etcd's error object with grpc-gateway's HTTP status
-(runtime.HTTPStatusFromCode).
+The HTTP server and its routes. No API semantics live here. Each HTTP request becomes the
+protobuf bytes of its request message (proxy/gateway_json.py: Go's JSON rules) and goes to the
+very handler the gRPC server registers for that method (proxy/services.py: token extraction,
+stamping, store calls, errors), with a small stand-in for the gRPC call context carrying the
+``Authorization`` header as gRPC metadata. The answer's bytes become JSON as etcd 3.5's gateway
+writes it; a gRPC status becomes etcd's error object with grpc-gateway's HTTP status
+(proxy/gateway_errors.py). Cluster answers name the members' gateways, not their gRPC URLs
+(proxy/gateway_members.py); ``GET /health`` and ``/metrics`` are served as on etcd's client URL
+(proxy/gateway_health.py).
 
 Streams (``/v3/watch``, ``/v3/lease/keepalive``, ``/v3/maintenance/snapshot``) answer one
 ``{"result": ...}`` object per line, chunked; the request body is read as a stream of JSON objects
@@ -19,36 +20,53 @@ bound (proxy/watch.py). A request body is bounded like a gRPC message (``--max-r
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import codecs
 import contextlib
 import html
-import json
 import logging
 import posixpath
 import re
-import string
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote
 
 import grpc
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from prometheus_client import REGISTRY, generate_latest
 
 from protos.etcdserverpb import rpc_pb2
+from proxy import gateway_health
 from proxy.gateway_access import Access, Limits, hostname
+from proxy.gateway_errors import (
+    DEADLINE_EXCEEDED,
+    HTTP_STATUS,
+    Abort,
+    error_response,
+    host_refused,
+    http_error,
+    origin_refused,
+    plain,
+    stream_error_body,
+)
+from proxy.gateway_health import Store as HealthStore
+from proxy.gateway_json import (
+    JSON_TYPE,
+    READ_CHUNK,
+    JsonError,
+    JsonValues,
+    TooLarge,
+    dumps,
+    first_value,
+    parse_request,
+    to_json,
+)
+from proxy.gateway_members import GatewayMembers, MemberDirectory
 from proxy.pipeline import Pipeline
-from proxy.services import _handler as grpc_handler
+from proxy.services import handler as grpc_handler
 from raftgate.methods import METHODS, Method
 
 log = logging.getLogger(__name__)
@@ -70,79 +88,6 @@ class _NotHttp(logging.Filter):
 logging.getLogger("aiohttp.server").addFilter(_NotHttp())
 
 C = grpc.StatusCode
-
-
-class _Number(float):
-    """A JSON number that is not an integer Python holds exactly (a fraction, an exponent, or more
-    digits than ``int()`` takes): its text is kept, for Go's refusal that quotes it."""
-
-    text: str
-
-    def __new__(cls, text: str) -> _Number:
-        try:
-            value = float(text)
-        except (ValueError, OverflowError):
-            value = float("inf")
-        number = super().__new__(cls, value)
-        number.text = text
-        return number
-
-
-def _parse_int(text: str) -> int | _Number:
-    return int(text) if len(text) <= _INT_DIGITS else _Number(text)
-
-
-_INT_DIGITS = 1000  # far above any int64 and below int()'s own limit (4300 digits)
-_DECODER = json.JSONDecoder(parse_float=_Number, parse_int=_parse_int)
-#: encoding/json's maxNestingDepth: one more level is refused as "exceeded max depth"
-GO_MAX_DEPTH = 10000
-_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-def _raw_decode(text: str, start: int = 0) -> tuple[Any, int]:
-    """The JSON value at ``text[start]`` and where it ends. Nesting deeper than Python's recursion
-    allows is decoded anyway up to Go's depth, and refused past it in Go's words (never a
-    RecursionError, which would be an internal error)."""
-    try:
-        return _DECODER.raw_decode(text, start)
-    except RecursionError:
-        pass
-    depth = 0
-    for match in _NESTING.finditer(text, start):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > GO_MAX_DEPTH:
-                raise Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(token)} exceeded max depth")
-        elif token in "]}":
-            depth -= 1
-            if depth <= 0:
-                break
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(limit + 2 * GO_MAX_DEPTH)  # the C decoder takes one level per nesting level
-    try:
-        return _DECODER.raw_decode(text, start)
-    finally:
-        sys.setrecursionlimit(limit)
-
-
-def _quote_char(ch: str) -> str:
-    """Go's quoteChar: a character as encoding/json's syntax errors quote it (strconv.Quote's escapes)."""
-    if ch == "'":
-        return "'\\''"
-    if ch == '"':
-        return "'\"'"
-    if ch in _GO_CHAR_ESCAPES:
-        return "'" + _GO_CHAR_ESCAPES[ch] + "'"
-    if ord(ch) < 0x20 or ord(ch) == 0x7F:
-        return f"'\\x{ord(ch):02x}'"
-    if not ch.isprintable():
-        return f"'\\u{ord(ch):04x}'" if ord(ch) <= 0xFFFF else f"'\\U{ord(ch):08x}'"
-    return f"'{ch}'"
-
-
-_GO_CHAR_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-                    "\v": "\\v", "\\": "\\\\"}
 
 #: etcd 3.5's gateway routes (rpc.proto's google.api.http options): every one is POST.
 PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -189,19 +134,12 @@ PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("Auth", "RoleRevokePermission"): ("/v3/auth/role/revoke",),
 }
 
-#: grpc-gateway's runtime.HTTPStatusFromCode (v1, which etcd 3.5 uses).
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    C.OK: 200, C.CANCELLED: 408, C.UNKNOWN: 500, C.INVALID_ARGUMENT: 400, C.DEADLINE_EXCEEDED: 504,
-    C.NOT_FOUND: 404, C.ALREADY_EXISTS: 409, C.PERMISSION_DENIED: 403, C.UNAUTHENTICATED: 401,
-    C.RESOURCE_EXHAUSTED: 429, C.FAILED_PRECONDITION: 400, C.ABORTED: 409, C.OUT_OF_RANGE: 400,
-    C.UNIMPLEMENTED: 501, C.INTERNAL: 500, C.UNAVAILABLE: 503, C.DATA_LOSS: 500,
-}
-JSON_TYPE = "application/json"
 #: what the store's Maintenance.Status reports (a test keeps the two equal)
 ETCD_VERSION = "3.7.1"
 ETCD_CLUSTER_VERSION = "3.7.0"
+#: what etcd's /metrics answers with (Prometheus' text format, which generate_latest writes)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METADATA_PREFIX = "grpc-metadata-"  # grpc-gateway passes these headers on as metadata, prefix cut
-READ_CHUNK = 64 * 1024
 STOP_GRACE = 1.0
 BACKLOG = 128  # aiohttp's sites' listen backlog
 REFUSAL_LOG_INTERVAL = 10.0  # seconds between warnings about connections refused at the limit
@@ -215,16 +153,6 @@ _TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; cha
 _SHOWN = 200  # characters of a refused Host or Origin that are logged and answered
 #: grpc-gateway passes the gRPC answer's header metadata on, prefixed
 GRPC_HEADERS = {"Grpc-Metadata-Content-Type": "application/grpc"}
-_BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/")
-
-
-class Abort(Exception):
-    """What ``context.abort`` raises here: the call ends with this gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 class GatewayContext:
@@ -278,275 +206,6 @@ def routes(pipeline: Pipeline) -> dict[str, Route]:
             out[path] = route
     return out
 
-
-# --- JSON <-> protobuf ----------------------------------------------------------------------------
-
-
-def to_json(message: Message) -> dict[str, Any]:
-    """etcd's gateway output (JSONPb{OrigName: true}): proto names, int64 as strings, defaults left out."""
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON as Go's encoding/json writes it: UTF-8 as is, and <, >, &, U+2028, U+2029
-    escaped (outside strings JSON has none of them, so replacing them all is safe)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return text.translate(_GO_ESCAPES).encode("utf-8", errors="replace")
-
-
-_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                             "\u2029": "\\u2029"})
-
-
-def parse_request(route: Route, value: Any) -> bytes:
-    """One JSON request object -> the request message's bytes; a bad one is InvalidArgument (as
-    grpc-gateway answers a body it cannot decode). ``null`` is an empty request, as in Go."""
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type "
-                                         f"map[string]json.RawMessage")
-    message = route.request()
-    try:
-        json_format.ParseDict(_checked(value, message.DESCRIPTOR), message)
-    except (json_format.ParseError, ValueError, TypeError) as e:
-        raise Abort(C.INVALID_ARGUMENT, str(e)) from None
-    except RecursionError:  # json_format stops at 100 levels; this is a safety net
-        raise Abort(C.INVALID_ARGUMENT, "Message too deep") from None
-    return message.SerializeToString()
-
-
-def _checked(value: dict[str, Any], descriptor: Any, depth: int = 0) -> dict[str, Any]:
-    """``value`` without the keys the message does not have (grpc-gateway ignores them), with its
-    bytes, bool, integer and enum fields checked as Go decodes them: json_format would take bad
-    base64 silently. Past json_format's own depth limit the rest is left to its refusal."""
-    fields: dict[str, Any] = {}
-    for f in descriptor.fields:
-        fields[f.name] = f
-        fields[f.json_name] = f
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        f = fields.get(key)
-        if f is None:
-            continue
-        repeated = f.is_repeated
-        message = f.type == FieldDescriptor.TYPE_MESSAGE
-        if repeated and item is not None and not isinstance(item, list):
-            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(item)} into Go value of type "
-                                            f"[]json.RawMessage")
-        items = item if repeated and isinstance(item, list) else [item]
-        checked = []
-        for one in items:
-            if message and one is None and repeated:
-                one = {}  # Go: a null in a list of messages is an empty message
-            if message and one is not None and not isinstance(one, dict):
-                raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type "
-                                                f"map[string]json.RawMessage")
-            if one is not None and f.type == FieldDescriptor.TYPE_BYTES:
-                _check_base64(one)
-            elif one is not None and f.type == FieldDescriptor.TYPE_STRING:
-                if not isinstance(one, str):
-                    raise Abort(C.INVALID_ARGUMENT,
-                                f"json: cannot unmarshal {_json_kind(one)} into Go value of type string")
-                one = _SURROGATE.sub("\ufffd", one)  # Go reads a lone surrogate escape as U+FFFD
-            elif one is not None and f.type == FieldDescriptor.TYPE_BOOL and not isinstance(one, bool):
-                raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(one)} into Go value of type bool")
-            elif one is not None and f.type in _GO_INT:
-                one = _check_int(one, _GO_INT[f.type])
-                if one is None:  # a quoted null: the field keeps its zero value, as in Go
-                    continue
-            elif one is not None and not isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM:
-                one = _check_int(one, "protoreflect.EnumNumber")  # a number: any int32, as in Go
-            elif isinstance(one, str) and f.type == FieldDescriptor.TYPE_ENUM and one not in f.enum_type.values_by_name:
-                raise Abort(C.INVALID_ARGUMENT, f"unknown value {json.dumps(json.dumps(one))} for enum "
-                                                f"{f.enum_type.full_name}")
-            elif isinstance(one, dict) and message and depth < _CHECK_DEPTH:
-                one = _checked(one, f.message_type, depth + 1)
-            checked.append(one)
-        if repeated and isinstance(item, list):
-            out[key] = checked
-        elif checked:
-            out[key] = checked[0]
-    return out
-
-
-_CHECK_DEPTH = 100  # json_format.ParseDict's max_recursion_depth
-_SURROGATE = re.compile("[\ud800-\udfff]")  # alone: the decoder joins a pair into one character
-
-
-_GO_INT = {FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_UINT64: "uint64",
-           FieldDescriptor.TYPE_INT32: "int32", FieldDescriptor.TYPE_UINT32: "uint32"}
-_GO_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "uint64": (0, (1 << 64) - 1),
-             "int32": (-(1 << 31), (1 << 31) - 1), "uint32": (0, (1 << 32) - 1),
-             "protoreflect.EnumNumber": (-(1 << 31), (1 << 31) - 1)}
-_INTEGER = re.compile(r"-?[0-9]+")
-_DIGITS = frozenset(string.digits)
-_SPACE = " \t\r\n"
-
-
-def _check_int(value: Any, go_type: str) -> int | None:
-    """An integer field as Go's jsonpb reads it: a number, or a string whose text is read as JSON
-    (``" 5"`` is 5, ``"null"`` leaves the field unset). The value for json_format, or None."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}")
-    if isinstance(value, str):
-        token = _go_number(json.dumps(value, ensure_ascii=False)[1:-1], go_type)
-        if token is None:
-            return None
-    else:
-        token = value.text if isinstance(value, _Number) else repr(value) if isinstance(value, float) else str(value)
-    low, high = _GO_RANGE[go_type]
-    if not _INTEGER.fullmatch(token) or len(token) > 21 or not low <= int(token) <= high:
-        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal number {token} into Go value of type {go_type}")
-    return int(token)
-
-
-def _go_number(raw: str, go_type: str) -> str | None:
-    """The number token in a quoted integer's text, scanned as Go scans it (the closing quote
-    read as a space), or None for ``null``; Go's syntax error otherwise."""
-    text = raw + " "
-    i = len(text) - len(text.lstrip(_SPACE))
-    if i == len(text):
-        raise Abort(C.INVALID_ARGUMENT, "unexpected end of JSON input")
-
-    def bad(at: int, context: str) -> Abort:
-        return Abort(C.INVALID_ARGUMENT, f"invalid character {_quote_char(text[at])} {context}")
-
-    def digits(at: int) -> int:
-        while text[at] in _DIGITS:
-            at += 1
-        return at
-
-    start = i
-    if text[i] != "-" and text[i] not in _DIGITS:
-        word = text[i:].rstrip(_SPACE)
-        if word == "null":
-            return None
-        if word in ("true", "false"):
-            raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal bool into Go value of type {go_type}")
-        raise bad(i, "looking for beginning of value")
-    if text[i] == "-":
-        i += 1
-        if text[i] not in _DIGITS:
-            raise bad(i, "in numeric literal")
-    i = i + 1 if text[i] == "0" else digits(i)
-    if text[i] == ".":
-        i += 1
-        if text[i] not in _DIGITS:
-            raise bad(i, "after decimal point in numeric literal")
-        i = digits(i)
-    if text[i] in "eE":
-        i += 1
-        if text[i] in "+-":
-            i += 1
-        if text[i] not in _DIGITS:
-            raise bad(i, "in exponent of numeric literal")
-        i = digits(i)
-    token = text[start:i]
-    rest = text[i:].lstrip(_SPACE)
-    if rest:
-        raise bad(len(text) - len(rest), "after top-level value")
-    return token
-
-
-def _json_kind(value: Any) -> str:
-    """encoding/json's name for a JSON value's kind, for its ``cannot unmarshal`` errors."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else "null"
-
-
-def _check_base64(value: Any) -> None:
-    """Go's base64.StdEncoding, which etcd's gateway decodes bytes fields with (errors as Go words them)."""
-    if not isinstance(value, str):
-        raise Abort(C.INVALID_ARGUMENT, f"json: cannot unmarshal {_json_kind(value)} into Go value of type []uint8")
-    text = value.replace("\r", "").replace("\n", "")
-    try:
-        base64.b64decode(text, validate=True)
-        return
-    except (binascii.Error, ValueError):
-        pass
-    bad = next((i for i, ch in enumerate(text) if ch not in _BASE64_ALPHABET), None)
-    if bad is None or text[bad] == "=":
-        bad = min(bad if bad is not None else len(text), len(text) // 4 * 4)
-    raise Abort(C.INVALID_ARGUMENT, f"illegal base64 data at input byte {bad}")
-
-
-#: Python's reasons -> encoding/json's wording (what etcd's gateway answers for a body that is not JSON)
-_GO_SYNTAX = {
-    "Expecting value": "looking for beginning of value",
-    "Expecting property name enclosed in double quotes": "looking for beginning of object key string",
-    "Expecting ':' delimiter": "after object key",
-    "Expecting ',' delimiter": "after object key:value pair",
-    "Invalid control character at": "in string literal",
-}
-
-
-def go_json_error(error: json.JSONDecodeError) -> str:
-    """A JSON syntax error as Go's encoding/json words it (``invalid character 'x' ...``)."""
-    if error.pos >= len(error.doc):
-        return "unexpected EOF"
-    if error.msg == "Invalid \\escape" and error.pos + 1 < len(error.doc):
-        return f"invalid character {_quote_char(error.doc[error.pos + 1])} in string escape code"
-    char = _quote_char(error.doc[error.pos])
-    context = _GO_SYNTAX.get(error.msg, "looking for beginning of value")
-    if error.msg == "Expecting ',' delimiter" and error.doc.lstrip().startswith("["):
-        context = "after array element"
-    return f"invalid character {char} {context}"
-
-
-def error_body(code: grpc.StatusCode, details: str) -> bytes:
-    """grpc-gateway v1's errorBody: ``error`` and ``message`` both hold the status message."""
-    return dumps({"error": details, "code": code.value[0], "message": details})
-
-
-def stream_error_body(code: grpc.StatusCode, details: str) -> bytes:
-    """grpc-gateway v1's error chunk, when a stream ends with an error."""
-    status = HTTP_STATUS.get(code, 500)
-    return dumps({"error": {"grpc_code": code.value[0], "http_code": status, "message": details,
-                            "http_status": _reason(status)}})
-
-
-def _reason(status: int) -> str:
-    return HTTPStatus(status).phrase
-
-
-def error_response(code: grpc.StatusCode, details: str) -> web.Response:
-    return web.Response(status=HTTP_STATUS.get(code, 500), body=error_body(code, details), content_type=JSON_TYPE)
-
-
-def _plain(status: int, text: str) -> web.Response:
-    """A text answer as Go's http.Error writes one."""
-    response = web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    return response
-
-
-_HOST_REFUSED = """
-raftgate's JSON gateway received your request, but the Host header was unrecognized.
-
-To fix this, add the host name you use to the gateway's list:
-  - e.g. raftgate proxy --host-whitelist {host} (or raftgate local --host-whitelist)
-
-This refusal prevents "DNS Rebinding" attacks (CVE-2018-5702), as etcd's does.
-
-"""
-_ORIGIN_REFUSED = """raftgate's JSON gateway does not serve web pages of origin {origin}.
-To allow them, list the origin: raftgate proxy --cors {origin} (or raftgate local --cors).
-"""
-
-
-def _text(status: int) -> web.Response:
-    """Go's http.Error, as grpc-gateway answers a path or method it does not serve."""
-    response = web.Response(status=status, text=_reason(status) + "\n", content_type="text/plain", charset="utf-8")
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    return response
 
 
 # --- the HTTP side ----------------------------------------------------------------------------------
@@ -603,7 +262,6 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
 
 
 _TIMEOUT_UNITS = {"H": 3600 * 10**9, "M": 60 * 10**9, "S": 10**9, "m": 10**6, "u": 10**3, "n": 1}  # in ns
-DEADLINE_EXCEEDED = "context deadline exceeded"
 _INT64 = 1 << 63
 
 
@@ -710,16 +368,21 @@ class _Connection(asyncio.Protocol):
 
 class Gateway:
     def __init__(self, pipeline: Pipeline, listen: Sequence[str], *, max_message_bytes: int,
-                 access: Access | None = None, limits: Limits | None = None) -> None:
+                 access: Access | None = None, limits: Limits | None = None,
+                 members: MemberDirectory | None = None, health: HealthStore | None = None) -> None:
         """``max_message_bytes``: the gRPC server's receive limit; one request message larger than
         that is refused as grpc-go refuses it. A body may be larger as JSON (base64 takes 4/3).
-        ``access``: --cors and --host-whitelist (default: no origin; localhost and IP addresses)."""
+        ``access``: --cors and --host-whitelist (default: no origin; localhost and IP addresses).
+        ``members``: where each member's gateway is (Cluster answers name them); ``health``: what
+        ``/health`` asks (with it, ``/health`` and ``/metrics`` are served as on etcd's client URL)."""
         self.listen = tuple(listen)
         self.max_message_bytes = max_message_bytes
         self.max_body_bytes = 2 * max_message_bytes + READ_CHUNK
         self.access = access or Access()
         self.limits = limits or Limits()
         self.routes = routes(pipeline)
+        self.members = GatewayMembers(members) if members is not None else None
+        self.health = gateway_health.HealthChecker(health) if health is not None else None
         self._runner: web.AppRunner | None = None
         self._servers: list[asyncio.AbstractServer] = []
         #: open connections, oldest first: the one evicted at the limit is the oldest idle one
@@ -826,7 +489,7 @@ class Gateway:
         if not self.access.host_allowed(host):
             shown = hostname(host)[:_SHOWN]  # the name compared, as etcd shows it
             log.info("gateway: refused a request for host %r (not in --host-whitelist: DNS rebinding)", shown)
-            return _plain(421, _HOST_REFUSED.format(host=json.dumps(shown)))
+            return host_refused(shown)
         origin = request.headers.get("Origin")
         if self.access.any_origin:
             request[_ALLOWED_ORIGIN] = "*"
@@ -834,7 +497,7 @@ class Gateway:
             if not self.access.origin_allowed(origin):
                 shown = origin[:_SHOWN]
                 log.info("gateway: refused a request from a web page of origin %r (not in --cors)", shown)
-                return _plain(403, _ORIGIN_REFUSED.format(origin=json.dumps(shown)))
+                return origin_refused(shown)
             request[_ALLOWED_ORIGIN] = origin
         return None
 
@@ -845,15 +508,19 @@ class Gateway:
             return _redirect(request, clean)
         if path == "/version":
             if request.method != "GET":
-                response = _text(405)
+                response = http_error(405)
                 response.headers["Allow"] = "GET"
                 return response
             return self.version()
+        if self.health is not None and path == "/health":
+            return await gateway_health.health(request, self.health)
+        if self.health is not None and path == "/metrics":
+            return await _metrics()
         route = self.routes.get(path)
         if route is None:
-            return _text(404)
+            return http_error(404)
         if request.method != "POST":
-            return _text(405)
+            return http_error(405)
         try:
             deadline = _deadline(request.headers.get("Grpc-Timeout"))
         except Abort as e:
@@ -864,11 +531,11 @@ class Gateway:
             # grpc-gateway decodes the first request before it answers: one that does not decode
             # is an error of its own (not a gRPC status: Unknown, 500); an empty body, no requests.
             # The first request has the body timeout; the stream after it has none.
-            values = _Values(request, self.max_body_bytes)
+            values = JsonValues(request.content.read, self.max_body_bytes)
             try:
                 async with asyncio.timeout(self.limits.body_timeout):
-                    more, value = await values.next()
-                requests = _requests(self.check_message(parse_request(route, value)), values, route, self) \
+                    more, value = await _next(values)
+                requests = _requests(self.check_message(_request(route, value)), values, route, self, path) \
                     if more else _no_requests()
             except TimeoutError:
                 return await self._body_timed_out(request)
@@ -882,13 +549,15 @@ class Gateway:
                     body = await self._body(request)
             except TimeoutError:
                 return await self._body_timed_out(request)
-            data = self.check_message(parse_request(route, body))
+            data = self.check_message(_request(route, body))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
             try:
                 answer = await asyncio.wait_for(handler.unary_unary(data, context), context.time_remaining())
             except TimeoutError:
                 raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
+            if self.members is not None and route.method.service == "Cluster":
+                answer = await self.members.rewrite(answer, route.response)
         except Abort as e:
             return error_response(e.code, e.details)
         except Exception:
@@ -901,7 +570,7 @@ class Gateway:
         """A body that did not arrive within the body timeout: 408, and the connection closes at
         once (aiohttp would otherwise wait up to its lingering time for the rest of the body)."""
         log.info("gateway: %s: the request body did not arrive within %.1f s", request.path, self.limits.body_timeout)
-        response = _plain(408, "raftgate: the request body did not arrive in time\n")
+        response = plain(408, "raftgate: the request body did not arrive in time\n")
         response.force_close()
         await response.prepare(request)
         await response.write_eof()
@@ -921,13 +590,10 @@ class Gateway:
         """The first JSON value of the body (Go's json.Decoder reads no further)."""
         if len(raw) > self.max_body_bytes:
             raise self._too_large(len(raw))
-        text = raw.decode("utf-8", errors="replace").lstrip(" \t\r\n")
-        if not text:
-            return {}
         try:
-            return _raw_decode(text)[0]
-        except json.JSONDecodeError as e:
-            raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
+            return first_value(raw)
+        except JsonError as e:
+            raise Abort(C.INVALID_ARGUMENT, str(e)) from None
 
     def _too_large(self, size: int) -> Abort:
         """grpc-go's refusal of a message over the receive limit."""
@@ -989,153 +655,45 @@ class Gateway:
                             content_type=JSON_TYPE)
 
 
-class _Values:
-    """The request body as a stream of JSON values, each handed on as soon as it is complete.
-
-    A syntax error raises Abort (Go's wording) as soon as it is certain; one value may be at most
-    the body bound. The body may come a few bytes at a time: a value is decoded when it starts,
-    when a scan of the new text alone finds its end, and when it has doubled since the last try
-    (so a syntax error is still found early), never whole again on every chunk (that was O(n^2)).
-    """
-
-    def __init__(self, request: web.Request, limit: int) -> None:
-        self.request = request
-        self.limit = limit
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.pieces: list[str] = []  # the text; the current value starts at ``offset`` in the first
-        self.offset = 0
-        self.size = 0  # characters from ``offset`` on
-        self.eof = False
-        self.scan = _EndScan()
-        self.tried: int | None = None  # the size at the last try for this value (None: not tried)
-
-    async def next(self) -> tuple[bool, Any]:
-        """(True, value), or (False, None) at the end of the body."""
-        while True:
-            if self.eof or self.tried is None or self.scan.ended or self.size >= 2 * self.tried:
-                text = self.pieces[0] if len(self.pieces) == 1 else "".join(self.pieces)
-                self.pieces = [text]
-                begin = _NOT_WS.search(text, self.offset)
-                if begin is not None:
-                    self.offset = begin.start()
-                    self.size = len(text) - self.offset
-                    try:
-                        value, end = _raw_decode(text, self.offset)
-                    except json.JSONDecodeError as e:
-                        if self.eof or not _incomplete(e, text):
-                            raise Abort(C.INVALID_ARGUMENT, go_json_error(e)) from None
-                        self.tried, self.scan.ended = self.size, False
-                    else:
-                        self._start(text, end)
-                        return True, value
-                elif self.eof:
-                    return False, None
-                else:
-                    self.pieces, self.offset, self.size = [], 0, 0
-            if self.size > self.limit:
-                raise Abort(C.RESOURCE_EXHAUSTED, f"a request over {self.limit} bytes")
-            chunk = await self.request.content.read(READ_CHUNK)
-            self.eof = not chunk
-            piece = self.utf8.decode(chunk, final=self.eof)
-            if piece:
-                self.pieces.append(piece)
-                self.size += len(piece)
-                self.scan.feed(piece)
-
-    def _start(self, text: str, at: int) -> None:
-        """A new value begins at ``text[at]`` (what followed the last one, not copied)."""
-        self.pieces, self.offset, self.size = [text], at, len(text) - at
-        self.scan, self.tried = _EndScan(), None
-        self.scan.feed(text, at)
+async def _metrics() -> web.Response:
+    """The process's Prometheus registry, as etcd serves /metrics on its client URL (made off the
+    event loop, as the --metrics-addr server does)."""
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, REGISTRY)
+    return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 
-_NOT_WS = re.compile(r"[^ \t\r\n]")
-_STRUCTURE = re.compile(r'["\[\]{}]')
-_IN_STRING = re.compile(r'["\\]')
-_DELIMITER = re.compile(r"[^0-9A-Za-z.+\-]")
+def _request(route: Route, value: Any) -> bytes:
+    """The request message's bytes; JSON that does not decode is InvalidArgument (grpc-gateway)."""
+    try:
+        return parse_request(route.request, value)
+    except JsonError as e:
+        raise Abort(C.INVALID_ARGUMENT, str(e)) from None
 
 
-class _EndScan:
-    """Whether the JSON value fed so far may have ended: nesting and strings followed over each new
-    piece alone (regex searches, nothing rescanned). Only a hint: the decoder has the last word."""
-
-    def __init__(self) -> None:
-        self.kind = ""  # "" (nothing yet), "{" (object or array), '"' (string), "x" (number, literal)
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-        self.ended = False
-
-    def feed(self, piece: str, i: int = 0) -> None:
-        if self.ended:
-            return
-        n = len(piece)
-        if not self.kind:
-            begin = _NOT_WS.search(piece, i)
-            if begin is None:
-                return
-            i = begin.start()
-            first = piece[i]
-            i += 1
-            self.kind = "{" if first in "{[" else first if first == '"' else "x"
-            self.depth, self.in_string = (1, False) if self.kind == "{" else (0, self.kind == '"')
-        if self.kind == "x":
-            self.ended = _DELIMITER.search(piece, i) is not None
-            return
-        while i < n:
-            if self.in_string:
-                if self.escaped:
-                    self.escaped, i = False, i + 1
-                    continue
-                match = _IN_STRING.search(piece, i)
-                if match is None:
-                    return
-                i = match.end()
-                if match.group() == "\\":
-                    self.escaped = True
-                    continue
-                self.in_string = False
-                if self.kind == '"':
-                    self.ended = True
-                    return
-                continue
-            match = _STRUCTURE.search(piece, i)
-            if match is None:
-                return
-            i = match.end()
-            token = match.group()
-            if token == '"':
-                self.in_string = True
-            elif token in "[{":
-                self.depth += 1
-            else:
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.ended = True
-                    return
+async def _next(values: JsonValues) -> tuple[bool, Any]:
+    """The body's next JSON value (see JsonValues.next), its refusals as gRPC statuses."""
+    try:
+        return await values.next()
+    except JsonError as e:
+        raise Abort(C.INVALID_ARGUMENT, str(e)) from None
+    except TooLarge as e:
+        raise Abort(C.RESOURCE_EXHAUSTED, str(e)) from None
 
 
-def _incomplete(error: json.JSONDecodeError, text: str) -> bool:
-    """Whether more input could still make ``text`` a JSON value (else the error is final)."""
-    if error.pos >= len(text) or error.msg.startswith("Unterminated string"):
-        return True
-    rest = text[error.pos:]
-    return any(word.startswith(rest) for word in ("true", "false", "null")) or rest in ("-",)
-
-
-async def _requests(first: bytes, values: _Values, route: Route, gateway: Gateway) -> AsyncIterator[bytes]:
+async def _requests(first: bytes, values: JsonValues, route: Route, gateway: Gateway,
+                    path: str) -> AsyncIterator[bytes]:
     """The first request (already decoded), then the others as they come. A later one that does
     not decode ends the client's side of the stream, as grpc-gateway stops sending then (the
     answers keep coming)."""
     yield first
     while True:
         try:
-            more, value = await values.next()
+            more, value = await _next(values)
             if not more:
                 return
-            data = gateway.check_message(parse_request(route, value))
+            data = gateway.check_message(_request(route, value))
         except Abort:  # its reason may quote the client's data: not logged
-            log.info("gateway: %s: a streamed request does not decode; no more are read", values.request.path)
+            log.info("gateway: %s: a streamed request does not decode; no more are read", path)
             return
         yield data
 
@@ -1143,3 +701,4 @@ async def _requests(first: bytes, values: _Values, route: Route, gateway: Gatewa
 async def _no_requests() -> AsyncIterator[bytes]:
     return
     yield b""  # pragma: no cover - makes this an async generator
+

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from proxy.audit import STDOUT
+from proxy.audit.writer import STDOUT
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
 from raftgate import stages

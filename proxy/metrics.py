@@ -52,6 +52,10 @@ _REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 AUTHENTICATIONS = Counter(
     "raftgate_proxy_authentications_total", "Authenticate calls handled by this proxy, by result.", ["result"]
 )
+#: etcd counts its /health answers as etcd_server_health_success / _failures
+GATEWAY_HEALTH_CHECKS = Counter(
+    "raftgate_proxy_gateway_health_checks_total", "GET /health answers on the JSON gateway, by result.", ["result"]
+)
 AUTHENTICATE_REVISION_RETRIES = Counter(
     "raftgate_proxy_authenticate_revision_retries_total",
     "Authenticate attempts started again because the auth revision moved during the password check.",

@@ -19,7 +19,9 @@ from google.protobuf.message import DecodeError
 
 from protos import wire
 from protos.etcdserverpb import rpc_pb2
-from proxy import audit, metrics
+from proxy import metrics
+from proxy.audit import handlers as audit
+from proxy.audit.writer import AuditLog
 from proxy.authenticate import Authenticator
 from proxy.identity import Identity, Resolver
 from proxy.passwords import BCRYPT_MAX_BYTES, PasswordHasher, peer_host
@@ -158,7 +160,7 @@ class Pipeline:
         *,
         max_request_bytes: int,
         sidecar: Sidecar | None = None,
-        audit_log: audit.AuditLog | None = None,
+        audit_log: AuditLog | None = None,
         client_cert_auth: bool = False,
     ) -> None:
         """``sidecar`` set: token-less requests from local peers are sent as the sidecar identity
@@ -394,11 +396,6 @@ class Pipeline:
         async for message in WatchProxy(self.store, identify, self.resolver.auth_enabled,
                                         audit.watch_events(self.audit)).serve(identity, requests, context):
             yield message
-
-    async def unimplemented(self, method: Method, requests: Any, context: Context) -> AsyncIterator[bytes]:
-        name = f"{method.service}.{method.name}"
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"raftgate: {name} is not served yet")
-        yield b""  # pragma: no cover - makes this an async generator
 
 
 def check_password_length(password: str) -> None:

@@ -20,10 +20,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from protos.internal import MAX_ANSWER_BYTES
-from proxy.audit import AuditLog
+from proxy.audit.writer import AuditLog
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
 from proxy.gateway import Gateway
+from proxy.gateway_health import PipelineStore
 from proxy.identity import Resolver
 from proxy.identity_file import IdentityFiles
 from proxy.passwords import PasswordHasher
@@ -99,7 +100,8 @@ class ProxyServer:
         self.addresses: list[str] = []
         # The JSON gateway calls the same handlers (never the lending pipeline: no identity over HTTP).
         self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes,
-                               access=config.gateway_access, limits=config.gateway_limits) \
+                               access=config.gateway_access, limits=config.gateway_limits,
+                               members=self.store, health=PipelineStore(self.pipeline)) \
             if config.listen_gateway else None
 
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:

@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from proxy import audit, instrument
+from proxy import instrument
+from proxy.audit import handlers as audit
 from proxy.pipeline import Pipeline
 from raftgate.methods import METHODS, Kind, Method
 
@@ -97,7 +98,9 @@ def _bounded(behaviour: Any, kind: Kind, limit: int) -> Any:
     return stream_stream
 
 
-def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+def handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> grpc.RpcMethodHandler:
+    """The one handler of ``method``: the gRPC server registers it and the JSON gateway calls it,
+    so both paths share token extraction, auditing and errors."""
     log = getattr(pipeline, "audit", None)  # a test stub may have none
 
     def bound(behaviour: Any) -> Any:
@@ -128,8 +131,6 @@ def _handler(pipeline: Pipeline, method: Method, limit: int | None = None) -> gr
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.keepalive))
     if method.kind is Kind.WATCH:
         return grpc.stream_stream_rpc_method_handler(stream(pipeline.watch))
-    if method.kind is Kind.UNIMPLEMENTED:
-        return grpc.stream_stream_rpc_method_handler(stream(pipeline.unimplemented))
     raise AssertionError(f"no handler for {method.kind}")
 
 
@@ -138,5 +139,5 @@ def etcd_handlers(pipeline: Pipeline, max_receive_bytes: int | None = None) -> l
     requests over `max_receive_bytes` (if given) are refused with grpc-go's words."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in METHODS:
-        by_service.setdefault(method.full_service, {})[method.name] = _handler(pipeline, method, max_receive_bytes)
+        by_service.setdefault(method.full_service, {})[method.name] = handler(pipeline, method, max_receive_bytes)
     return [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]

@@ -79,8 +79,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 1 << 20),
 ]
-# Requests that only read: retrying them can never apply anything twice (the method table's column).
-READ_FIELDS = RETRY_FIELDS
 # Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own
 # state), and Range (served by that member as by an etcd member: a follower asks the leader for a
 # read index), so a member whose node is down fails `endpoint health` (its probe is a Get).
@@ -224,6 +222,8 @@ class StoreClient:
         self._turns = itertools.count()
         self._discovery: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
+        #: member ID -> where its proxy serves the JSON gateway, from the newest member list heard
+        self._gateways: dict[int, tuple[str, ...]] = {}
 
     @staticmethod
     def _channel(target: str, tls: InternalTLS | None) -> grpc.aio.Channel:
@@ -277,6 +277,7 @@ class StoreClient:
                 return
             # The leader's own list is the newest; else the list of the answer naming it.
             source = next((a for _, a in got if a.member_id == best.leader_id), best)
+            self._gateways = {m.id: tuple(m.gateway_urls) for m in source.members}
             learners = {m.id for m in source.members if m.is_learner}
             for ep in todo:
                 a = asked[ep.target]
@@ -339,6 +340,33 @@ class StoreClient:
     async def _close_endpoint(ep: _Endpoint) -> None:
         await ep.pipe.close()
         await ep.channel.close()
+
+    def gateway_urls(self) -> dict[int, tuple[str, ...]]:
+        """Member ID -> the gateway URLs it published (``--advertise-gateway-urls``), as of the
+        newest member list heard (refreshed every REFRESH_SECONDS, or by ``refresh_members``)."""
+        return dict(self._gateways)
+
+    async def refresh_members(self) -> None:
+        """Asks the nodes for the member list now (one discovery, shared with concurrent callers)."""
+        await self._rediscover()
+
+    async def leader_id(self, timeout: float) -> int:
+        """The leader the node this proxy stands for follows (a member proxy: its own node, as an
+        etcd member answers /health for itself; else the leader as the cluster names it); 0 when
+        none is known or no node answers within ``timeout``."""
+        async with asyncio.timeout(timeout):
+            for attempt in range(2):
+                ep = self._member or self._leader
+                try:
+                    answer = await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(), timeout=timeout,
+                                                                        metadata=md), timeout)
+                except grpc.aio.AioRpcError:
+                    if self._member is not None or attempt:
+                        return 0
+                    await self._rediscover()  # the leader guessed may be gone: ask the others
+                    continue
+                return answer.leader_id
+        return 0
 
     async def _rediscover(self) -> None:
         """One discovery at a time, shared by every request that noticed the leader is gone."""
@@ -426,7 +454,7 @@ class StoreClient:
             field = request_field(internal_request)
         if self._member is not None and field in MEMBER_FIELDS:
             return await self._on_member(self._member, internal_request, timeout, token)
-        read = field in READ_FIELDS
+        read = field in RETRY_FIELDS  # only reads: retrying one never applies anything twice
         spread = self._spread_reads and field in SPREAD_FIELDS
         return await self._call(lambda ep, t: ep.pipe.do(internal_request, t, token=token), timeout, read=read,
                                 spread=spread)

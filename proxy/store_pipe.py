@@ -37,7 +37,8 @@ import grpc.aio
 
 from protos.internal import ANSWER_ENVELOPE_BYTES, MAX_ANSWER_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
-from proxy import audit, metrics
+from proxy import metrics
+from proxy.audit import handlers as audit
 from raftgate import stages
 from raftgate.secret_proof import STALE_METADATA, Prover
 

@@ -45,9 +45,10 @@ from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb.store_pb2 import WatchBatch
-from proxy.audit import WatchCreate, WatchEvents
+from proxy.audit.handlers import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
+from raftgate.byte_queue import ByteQueue
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
 log = logging.getLogger(__name__)
@@ -60,32 +61,6 @@ RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
-
-
-class _Outbox(asyncio.Queue[Any]):
-    """The answers a client has not taken yet, counted in bytes (errors and ends are not)."""
-
-    def __init__(self, limit: int = CLIENT_BUFFER_BYTES) -> None:
-        super().__init__()
-        self.limit = limit
-        self.bytes = 0
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def put_nowait(self, item: Any) -> None:
-        super().put_nowait(item)
-        if isinstance(item, bytes):
-            self.bytes += len(item)
-            if self.bytes >= self.limit:
-                self.room.clear()
-
-    async def get(self) -> Any:
-        item = await super().get()
-        if isinstance(item, bytes):
-            self.bytes -= len(item)
-            if self.bytes <= self.limit // 2:
-                self.room.set()
-        return item
 
 
 @dataclass
@@ -248,7 +223,7 @@ class WatchProxy:
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         state = _State()
         stamp(state, identity)
-        out = _Outbox()
+        out: ByteQueue[Any] = ByteQueue(CLIENT_BUFFER_BYTES)  # what the client has not taken yet
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out)),
                  loop.create_task(self._expiry(state))]
@@ -273,7 +248,7 @@ class WatchProxy:
                 self.events.abandoned(state.audited)
                 state.audited.clear()
 
-    async def _client(self, state: _State, requests: AsyncIterator[bytes], out: asyncio.Queue[Any]) -> None:
+    async def _client(self, state: _State, requests: AsyncIterator[bytes], out: ByteQueue[Any]) -> None:
         try:
             async for data in requests:
                 await state.room.wait()  # read no more of the client while it has that much unsent
@@ -364,7 +339,7 @@ class WatchProxy:
         except Exception as exc:  # noqa: BLE001 - the reading side notices and reconnects
             log.debug("watch: write to the store failed: %s", exc)
 
-    async def _sessions(self, state: _State, out: asyncio.Queue[Any]) -> None:
+    async def _sessions(self, state: _State, out: ByteQueue[Any]) -> None:
         streams = self.store.watch_streams()
         first = True
         while True:
@@ -418,8 +393,7 @@ class WatchProxy:
                     if state.token_dead and set(state.watches) - state.dead:
                         async with state.lock:  # created after the token died
                             await self._cancel_dead(state)
-                    if isinstance(out, _Outbox):
-                        await out.room.wait()  # the client has not taken enough: read no more
+                    await out.room.wait()  # the client has not taken enough: read no more
             except grpc.aio.AioRpcError as exc:
                 error = exc
             async with state.lock:

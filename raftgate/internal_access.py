@@ -4,7 +4,7 @@ Why one table: the rules used to live in several places (a list of requests a si
 send, a refusal per handler, an interceptor that opened health only), each with its own partial
 list, and one handler (Store.Snapshot) authorized whatever request kind the caller put into it -
 a sidecar's credential downloaded the whole store (issue 21). Here every method the internal port
-serves has one row; the store enforces it in one place (authstore/api/server.py ``admit``, which
+serves has one row; the store enforces it in one place (authstore/api/interceptors.py ``admit``, which
 every handler goes through) and refuses what has no row.
 
 A row names, per caller class, whether that class may call the method and, for a method that

@@ -621,9 +621,6 @@ class KeyRing:
                                snap.generation + 1)
         return True
 
-    def remote_keys(self) -> tuple[VerifyKey, ...]:
-        return self._current().remote
-
     def follow(self, fetched: FetchedKeys[tuple[VerifyKey, ...]]) -> None:
         """Verifies with the keys ``fetched`` holds too (a JWKS URL's), while it trusts them."""
         self._remote = fetched

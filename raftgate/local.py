@@ -9,7 +9,10 @@ each store node and the proxy will read, with their own parsers.
 Besides the proxy on ``--client-port``, each store node has a member proxy of its own (its
 ``--member-store-endpoint``), whose URL is the client URL the node advertises: as with etcd,
 ``etcdctl endpoint status --cluster`` reaches every member through it and each row is that
-member's own answer.
+member's own answer. With ``--gateway-port`` each member proxy also serves etcd's JSON gateway on
+a port of its own (``gateway_port`` in layout.json), which its node advertises
+(``--advertise-gateway-urls``): the gateway's member list names those, so an HTTP client that
+discovers members reaches a gateway, as on etcd's client URLs.
 
 With ``--audit-log PATH`` every proxy keeps its own file (one writer per file): the client proxy
 PATH, member proxy i ``PATH.<node name>``; with ``-`` each writes to its stdout, which local passes
@@ -141,7 +144,9 @@ def _parser() -> FlagParser:
                    help="certificate revocation list (PEM or DER) of --trusted-ca-file: client certificates it "
                         "lists are refused; re-read when it changes")
     p.add_argument("--gateway-port", type=int, default=None,
-                   help="also serve etcd's JSON gateway (POST /v3/kv/range, ...) on this 127.0.0.1 port")
+                   help="also serve etcd's JSON gateway (POST /v3/kv/range, ..., GET /health) on this 127.0.0.1 "
+                        "port; each member proxy serves one too (its port in local.json), which the gateway's "
+                        "member list names")
     p.add_argument("--cors", default=None,
                    help="with --gateway-port: comma list of origins (scheme://host[:port]) whose web pages may call "
                         "the gateway, or '*' for every origin; default: none (no CORS headers; a request with "
@@ -254,7 +259,7 @@ def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]])
         wanted.append((f"--gateway-port {a.gateway_port}", "127.0.0.1", a.gateway_port))
     for n in layout:
         wanted += [(f"port {n[key]} ({n['name']} {key}, kept in {layout_file})", "127.0.0.1", int(n[key]))
-                   for key in _PORT_KEYS if key in n]
+                   for key in _PORT_KEYS if key in n and (key != "gateway_port" or a.gateway_port is not None)]
     roles = [n["name"] for n in layout] + ["the proxy"] + [f"{n['name']}'s member proxy" for n in layout]
     wanted += [(f"--metrics-addr: port {addr.port} (for {role})", addr.host, addr.port)
                for role, addr in zip(roles, a.metrics_addrs(), strict=True) if addr is not None]
@@ -327,19 +332,27 @@ def _layout(data_dir: Path, nodes: int, client_port: int = 2379, gateway_port: i
         if len(layout) != nodes:
             raise SystemExit(f"raftgate local: {data_dir} holds a {len(layout)}-node cluster, not --nodes {nodes}")
         _check_distinct(path, layout, client_port, gateway_port)
-        missing = [n for n in layout if "client_port" not in n]  # a layout from before member proxies
+        # a layout from before member proxies, or before their gateways (chosen once, then kept)
+        missing = [(n, "client_port") for n in layout if "client_port" not in n]
+        if gateway_port is not None:
+            missing += [(n, "gateway_port") for n in layout if "gateway_port" not in n]
         if missing:
             used = {client_port, *reserved} | {int(n[k]) for n in layout for k in _PORT_KEYS if k in n}
             if gateway_port is not None:
                 used.add(gateway_port)
-            for n, port in zip(missing, _free_ports(len(missing), used), strict=True):
-                n["client_port"] = port
+            for (n, key), port in zip(missing, _free_ports(len(missing), used), strict=True):
+                n[key] = port
             _write_layout(path, layout)
         return layout
     avoid = {client_port, *reserved} | (set() if gateway_port is None else {gateway_port})
-    ports = _free_ports(3 * nodes, avoid)
-    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[3 * i],
-               "internal_port": ports[3 * i + 1], "client_port": ports[3 * i + 2]} for i in range(nodes)]  # fmt: skip
+    per_node = 3 if gateway_port is None else 4
+    ports = _free_ports(per_node * nodes, avoid)
+    layout = [{"name": f"node{i + 1}", "data_dir": str(data_dir / f"node{i + 1}"), "peer_port": ports[per_node * i],
+               "internal_port": ports[per_node * i + 1], "client_port": ports[per_node * i + 2]}
+              for i in range(nodes)]  # fmt: skip
+    if gateway_port is not None:
+        for i, n in enumerate(layout):
+            n["gateway_port"] = ports[per_node * i + 3]
     _write_layout(path, layout)
     return layout
 
@@ -363,8 +376,8 @@ def _read_layout(path: Path) -> list[dict[str, Any]]:
             raise damaged("a node without its name or data_dir")
         for key in _PORT_KEYS:
             port = n.get(key)
-            if key == "client_port" and port is None:
-                continue  # a layout from before member proxies: chosen now
+            if key in _LATER_KEYS and port is None:
+                continue  # a layout from before member proxies (or their gateways): chosen when needed
             if type(port) is not int or not 0 < port <= 65535:
                 raise damaged(f"{n['name']} {key} is {port!r}, not a port")
     return layout
@@ -375,8 +388,11 @@ def _write_layout(path: Path, layout: list[dict[str, Any]]) -> None:
     write_private(path, json.dumps(layout, indent=2).encode())
 
 
-#: the ports a node of the layout uses: Raft peers, the internal service, its member proxy
-_PORT_KEYS = ("peer_port", "internal_port", "client_port")
+#: the ports a node of the layout uses: Raft peers, the internal service, its member proxy, and
+#: the member proxy's JSON gateway (with --gateway-port)
+_PORT_KEYS = ("peer_port", "internal_port", "client_port", "gateway_port")
+#: keys an older layout may lack
+_LATER_KEYS = ("client_port", "gateway_port")
 
 
 def _check_distinct(path: Path, layout: list[dict[str, Any]], client_port: int, gateway_port: int | None = None
@@ -441,6 +457,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{n['peer_port']}", "--peer-secret-file", str(secret),
             "--initial-cluster", initial_cluster, "--advertise-client-urls", f"{a.scheme}://127.0.0.1:{n['client_port']}",
         ]  # fmt: skip
+        if a.gateway_port is not None:  # the member proxy's gateway: what the gateway's member list names
+            n["argv"] += ["--advertise-gateway-urls", f"http://127.0.0.1:{n['gateway_port']}"]
         for dest, value in a.store_flags:
             n["argv"] += ["--" + dest.replace("_", "-"), value]
         if a.initial_root_password_file:
@@ -485,6 +503,11 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy
                            "--member-store-endpoint", f"127.0.0.1:{n['internal_port']}"]  # fmt: skip
         if addr is not None:
             n["proxy_argv"] += ["--metrics-addr", str(addr)]
+        if a.gateway_port is not None:
+            n["proxy_argv"] += ["--listen-gateway-urls", f"http://127.0.0.1:{n['gateway_port']}",
+                                "--host-whitelist", a.host_whitelist]
+            if a.cors is not None:
+                n["proxy_argv"] += ["--cors", a.cors]
         member_audit = a.audit_log_of(n["name"])
         if member_audit is not None:
             n["proxy_argv"] += ["--audit-log", member_audit]
@@ -508,6 +531,7 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy
         ]
         processes += [{"role": "member-proxy", "pid": m.proc.pid if m.proc else None, "member": n["name"],
                        "client_port": n["client_port"], "argv": n["proxy_argv"]}
+                      | ({"gateway_port": n["gateway_port"]} if a.gateway_port is not None else {})
                       | ({} if addr is None else {"metrics_addr": str(addr)})
                       for m, n, addr in zip(members, layout, metrics[a.nodes + 1:], strict=True)]  # fmt: skip
         processes.append({"role": "proxy", "pid": proxy.proc.pid if proxy.proc else None,

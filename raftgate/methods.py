@@ -36,8 +36,6 @@ class Kind(enum.Enum):
     SNAPSHOT = "snapshot"
     #: Bidirectional stream, one store call per client message (Lease.LeaseKeepAlive).
     KEEPALIVE = "keepalive"
-    #: Not served (none today).
-    UNIMPLEMENTED = "unimplemented"
     #: Bidirectional stream to the store leader's Store.WatchBatches (proxy/watch.py).
     WATCH = "watch"
     #: Handled by the proxy's Authenticate flow, not forwarded as is.

@@ -31,7 +31,7 @@ from raftgate.internal_access import Caller
 from raftgate.secret_proof import INTERNAL, Challenges
 from raftgate.trust_cache import TrustCache
 
-__all__ = ["Caller", "Classifier", "metadata_value"]
+__all__ = ["Classifier", "metadata_value"]
 
 log = logging.getLogger("raftgate.store.callers")
 
@@ -63,10 +63,6 @@ class Classifier:
         #: certificate -> its class; depends on the CA files, read once at start-up (a change of
         #: them takes a restart, which empties this)
         self._by_cert: TrustCache[Caller] = TrustCache(CACHE_SIZE)
-
-    @property
-    def has_sidecars(self) -> bool:
-        return self._sidecar_secret is not None or self._central_cas is not None
 
     def secrets(self) -> tuple[bytes, ...]:
         """The secrets the internal port accepts (the interceptor checks one is presented)."""

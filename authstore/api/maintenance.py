@@ -47,6 +47,7 @@ class MemberInfo:
     peer_urls: list[str] = field(default_factory=list)
     client_urls: list[str] = field(default_factory=list)
     internal_urls: list[str] = field(default_factory=list)
+    gateway_urls: list[str] = field(default_factory=list)
 
 
 class Maintenance:
@@ -84,7 +85,8 @@ class Maintenance:
         """The members with their internal URLs: what proxies follow (Store.Leader)."""
         with self.applier.env.begin() as txn:
             ms = self.applier.membership
-            return [spb.StoreMember(id=m.ID, internal_urls=ms.internal_urls(txn, m.ID), is_learner=m.isLearner)
+            return [spb.StoreMember(id=m.ID, internal_urls=ms.internal_urls(txn, m.ID), is_learner=m.isLearner,
+                                    gateway_urls=ms.gateway_urls(txn, m.ID))
                     for m in ms.members(txn)]
 
     def member_list_bytes(self) -> bytes:
@@ -92,19 +94,21 @@ class Maintenance:
 
     async def publish_attributes(self) -> None:
         """Records this member's name and client URLs in the replicated member list (etcd does
-        the same once a member starts), and its internal URLs beside it (what proxies follow),
-        retrying until a leader takes it."""
+        the same once a member starts), and its internal and gateway URLs beside it (what proxies
+        follow, and what the JSON gateway's MemberList names), retrying until a leader takes it."""
         while True:
             with self.applier.env.begin() as txn:
                 current = self.applier.membership.get(txn, self.node.id)
                 internal = self.applier.membership.internal_urls(txn, self.node.id)
+                gateway = self.applier.membership.gateway_urls(txn, self.node.id)
             if current is not None and current.name == self.me.name and \
-                    list(current.clientURLs) == self.me.client_urls and internal == self.me.internal_urls:
+                    list(current.clientURLs) == self.me.client_urls and internal == self.me.internal_urls and \
+                    gateway == self.me.gateway_urls:
                 return
             if current is not None and self.node.leader_id:
                 req = ipb.InternalRaftRequest(member_attr_set=ipb.MemberAttrSetRequest(
                     member_ID=self.node.id, name=self.me.name, client_urls=self.me.client_urls,
-                    internal_urls=self.me.internal_urls))
+                    internal_urls=self.me.internal_urls, gateway_urls=self.me.gateway_urls))
                 try:
                     await self.node.propose(req.SerializeToString())
                     continue

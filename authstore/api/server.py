@@ -4,23 +4,21 @@ Requests arrive as InternalRaftRequest bytes stamped by a proxy. Writes and auth
 through the log; reads are answered at a linearizable read point (or from local state when
 serializable) after the same validation and authorization the apply stage uses. Responses go
 back as raw bytes framed as InternalResponse, so nothing is encoded twice.
+
+The parts it serves over (watch hub, quota, simple tokens, token verifiers, the sidecars' login)
+are built by authstore/main.py and passed in. Beside it: the gate every handler runs behind
+(interceptors.py), DoStream's answer framing (outbox.py), decoy hashes for unknown users (decoy.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import contextvars
 import hashlib
-import inspect
 import logging
-import os
-import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,17 +31,14 @@ from grpc_reflection.v1alpha import reflection
 
 from authstore import metrics
 from authstore.api.callers import Classifier, metadata_value
+from authstore.api.decoy import DecoyHashes
+from authstore.api.interceptors import CALLER, Gate, Refusal, admit, health_without_reading
 from authstore.api.login import StoreLogin
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
+from authstore.api.outbox import Outbox
 from authstore.api.quota import Quota
 from authstore.api.simple_tokens import SimpleTokens, now_ms
-from authstore.api.watch.hub import (
-    DEFAULT_MAX_WATCHES_PER_STREAM,
-    DEFAULT_MAX_WATCHES_PER_USER,
-    Vouched,
-    WatchHub,
-    progress_interval_from_env,
-)
+from authstore.api.watch.hub import Vouched, WatchHub
 from authstore.etcd_format.export import command as export_command
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
@@ -52,12 +47,7 @@ from authstore.state.auth.store import token_digest
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.internal import (
-    ANSWER_PART_BYTES,
-    INTERNAL_TOKEN_METADATA,
-    MAX_ANSWER_BYTES,
-    STREAM_BATCH_BYTES,
-)
+from protos.internal import INTERNAL_TOKEN_METADATA, MAX_ANSWER_BYTES
 from protos.storepb import store_pb2 as spb
 from raftgate import secret_proof, stages
 from raftgate.crl import RevocationCheck, RevocationList
@@ -71,17 +61,14 @@ from raftgate.internal_access import (
     STORE_SERVICE,
     UNAUTHENTICATED,
     Caller,
-    decide,
     stream_call,
 )
 from raftgate.methods import Route, requests
 from raftgate.private_files import PRIVATE_DIR_MODE
-from raftgate.simple_token import looks_like_simple_token
-from raftgate.token_verifier import JwtKeys, TokenVerifier, Verified
+from raftgate.token_verifier import TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
 
-SERVICE = STORE_SERVICE
 MAX_MESSAGE = 64 << 20
 #: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
 #: its outbox), and answer bytes waiting: beyond either the store reads no more calls from that
@@ -90,7 +77,6 @@ MAX_MESSAGE = 64 << 20
 #: Secrets - cannot make the store buffer answers without end.
 STREAM_CALLS_HELD = 1024
 STREAM_BYTES_HELD = 64 << 20
-_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 SNAPSHOT_CHUNK = 32 << 10
 #: client snapshots copying or streaming at once on one node; each is a full copy of the store on
 #: the data volume, kept while its client reads, so more wait for a turn instead of filling it
@@ -105,71 +91,45 @@ FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
 READ_KINDS = requests(routes=(Route.READ,))
 #: Each DoStream call method's name in the access table (``stream_call``), by its number.
 _STREAM_CALLS = {number: stream_call(name) for name, number in spb.DoCall.Method.items()}
-#: The class of the caller whose call is being served: set by ``_Gate`` before any handler runs
-#: (a handler reached any other way finds none, and fails).
-CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("raftgate_internal_caller")
-
-
-class Refusal(Exception):
-    """A request the store answers with a gRPC status (etcd's code and message) instead of a result."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def admit(method: str, caller: Caller, kind: str | None = None) -> None:
-    """THE check of the internal port: may ``caller`` call ``method`` (carrying request ``kind``)?
-    Decided by the one table (raftgate/internal_access.py); refused with its answer. Every
-    handler goes through it: ``_Gate`` before the handler runs, then Do, DoStream's calls and
-    Snapshot again with the kind they carry."""
-    refusal = decide(method, caller, kind)
-    if refusal is not None:
-        raise Refusal(*refusal)
 
 
 class StoreService:
-    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *,
-                 max_watches_per_stream: int = DEFAULT_MAX_WATCHES_PER_STREAM,
-                 max_watches_per_user: int = DEFAULT_MAX_WATCHES_PER_USER,
-                 lockout_attempts: int = 0, lockout_duration_ms: int = 0,
-                 classifier: Classifier | None = None, jwt: JwtKeys | None = None,
-                 workload: TokenVerifier | None = None,
-                 simple_ttl_seconds: int = 300, bcrypt_workers: int = 2, bcrypt_cost: int = 10) -> None:
-        """``lockout_*``: the policy stamped into the auth_failures entries this node logs
-        (authstore/state/auth/lockout.py); 0 attempts: failures are not recorded."""
+    """The Store service's handlers over parts built outside it (authstore/main.py builds each
+    and passes it in): the watch hub, the quota, simple tokens and the token verifiers. The
+    sidecars' login (``StoreLogin``) is built on this service's reads and writes, so it comes
+    after, through ``serve_logins``."""
+
+    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *, watch_hub: WatchHub,
+                 quota: Quota, tokens: SimpleTokens, verifiers: Sequence[TokenVerifier], classifier: Classifier,
+                 lockout_attempts: int = 0, lockout_duration_ms: int = 0) -> None:
+        """``verifiers``: how the store verifies a sidecar-class caller's token, the first that
+        recognizes it decides (raftgate/token_verifier.py). ``lockout_*``: the policy stamped into
+        the auth_failures entries this node logs (authstore/state/auth/lockout.py); 0 attempts:
+        failures are not recorded."""
         self.applier = applier
         self.lockout_attempts = lockout_attempts if lockout_duration_ms > 0 else 0
         self.lockout_duration_ms = lockout_duration_ms
         self.node = node
         self.maintenance = maintenance
         self.draining = False
-        #: (auth revision, the users' typical bcrypt cost) for decoy hashes; -1: not computed yet
-        self._decoy_cost: tuple[int, int | None] = (-1, None)
-        self.watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
-                                  max_watches_per_stream=max_watches_per_stream,
-                                  max_watches_per_user=max_watches_per_user)
+        self._decoys = DecoyHashes()
+        self.watch_hub = watch_hub
         # Reads run off the event loop (a large Range must not stall every other request); each
         # LMDB read transaction lives and dies in the worker thread that opened it.
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
-        self.quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
+        self.quota = quota
         self._client_snapshots = asyncio.Semaphore(CLIENT_SNAPSHOTS)
         metrics.AUTH_LOCKED_NAMES.set_function(self._locked_names)
-        self.tokens = SimpleTokens(lambda: self.applier.env, lambda: self.applier.auth, node.propose,
-                                   node.wait_applied, lambda: node.last_index)
-        self.classifier = classifier or Classifier()
-        #: how the store verifies a sidecar-class caller's token: the first that recognizes it
-        #: decides (raftgate/token_verifier.py). Workload tokens (by their ``iss``) before etcd JWTs,
-        #: which recognize any JWT.
-        self.verifiers: list[TokenVerifier] = [_StoreSimpleTokens(self.tokens)]
-        if workload is not None:
-            self.verifiers.append(workload)
-        if jwt is not None:
-            self.verifiers.append(jwt)
-        self.login = StoreLogin(self.credentials, self._commit_authenticate, lead=self._may_login, jwt=jwt,
-                                simple_ttl_seconds=simple_ttl_seconds, workers=bcrypt_workers, cost=bcrypt_cost,
-                                record_failure=self._record_failure)
+        self.tokens = tokens
+        self.classifier = classifier
+        self.verifiers = list(verifiers)
+        #: sidecars' Authenticate calls (DoStream's AUTHENTICATE), once ``serve_logins`` hands it over
+        self.login: StoreLogin | None = None
+
+    def serve_logins(self, login: StoreLogin) -> None:
+        """Sidecars' logins are answered by ``login``, built on this service's ``credentials``,
+        ``commit_authenticate``, ``may_login`` and ``record_failure``."""
+        self.login = login
 
     @property
     def env(self) -> lmdb.Environment:
@@ -188,11 +148,11 @@ class StoreService:
     async def do_stream(self, batches: AsyncIterator[bytes],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Store.DoStream: every call runs as its own task, as a Do call would, and the answers
-        that are ready when the stream can write travel as one batch (``_Outbox``)."""
+        that are ready when the stream can write travel as one batch (``Outbox``)."""
         # Opening the stream at once tells the proxy that whatever fails from now on may have been
         # taken, and whatever failed before was not.
         await context.send_initial_metadata(())
-        ready = _Outbox()
+        ready = Outbox()
         wake = asyncio.Event()
         room = asyncio.Event()
         running: set[asyncio.Task[None]] = set()
@@ -207,6 +167,8 @@ class StoreService:
         peer = _peer_host(context.peer())
 
         async def login(request: bytes) -> bytes:
+            if self.login is None:
+                raise Refusal(grpc.StatusCode.UNIMPLEMENTED, "raftgate: this store takes no logins")
             return await self.login.authenticate(request, peer)
 
         methods: dict[int, Callable[[bytes], Awaitable[bytes]]] = {
@@ -480,7 +442,7 @@ class StoreService:
         return ipb.RequestHeader(username=found.username, auth_revision=revision,
                                  simple_token=found.revocable), found
 
-    async def _may_login(self) -> None:
+    async def may_login(self) -> None:
         """A login (StoreLogin) is taken only by a node that can log its failure: the leader, not
         stopping. Elsewhere the store's `not leader` / `no leader` / `server stopped`, answered
         before the password is read or checked; none was taken, so the sidecar sends it to the
@@ -489,7 +451,7 @@ class StoreService:
             raise EtcdError(Err.STOPPED)
         await self.node.must_lead()
 
-    async def _record_failure(self, name: str) -> None:
+    async def record_failure(self, name: str) -> None:
         """A sidecar's failed Authenticate, logged as the central proxy logs its own (one
         ``auth_failures`` entry, this node's policy stamped by ``_dispatch``). Not recorded (this
         node no longer leads, the proposal timed out, ...): the store's error is raised and is the
@@ -502,7 +464,7 @@ class StoreService:
             log.warning("could not record a failed Authenticate: %s", getattr(exc, "message", type(exc).__name__))
             raise
 
-    async def _commit_authenticate(self, data: bytes) -> Any:
+    async def commit_authenticate(self, data: bytes) -> Any:
         """Proposes the `authenticate` entry of a password the store checked (StoreLogin)."""
         req = ipb.InternalRaftRequest.FromString(data)
         data = self._stamp_lockout(req)
@@ -531,21 +493,8 @@ class StoreService:
                 resp.no_password = user.options.no_password
                 resp.password_hash = user.password
             else:
-                resp.password_hash = self._decoy_hash(txn, resp.auth_revision)
+                resp.password_hash = self._decoys.hash(auth, txn, resp.auth_revision)
         return resp.SerializeToString()
-
-    def _decoy_hash(self, txn: lmdb.Transaction, auth_revision: int) -> bytes:
-        """For an unknown user: a well-formed bcrypt hash that matches nothing, at the cost the
-        users' hashes have, so the proxy's check of a miss takes as long as a real one (no user
-        enumeration by timing). The cost is recomputed only when the auth revision moves."""
-        if self._decoy_cost[0] != auth_revision:
-            self._decoy_cost = (auth_revision, self.applier.auth.typical_bcrypt_cost(txn))
-        cost = self._decoy_cost[1]
-        if cost is None:
-            return b""  # no user has a password: the proxy uses its own decoy
-        salt = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(21)) + secrets.choice(".Oeu")
-        digest = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
-        return f"$2a${cost:02d}${salt}{digest}".encode()
 
     def _locked_names(self) -> int:
         """The gauge, read at scrape time from applied state at this node's clock."""
@@ -598,105 +547,6 @@ class StoreService:
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
                                   members=self.maintenance.store_members()).SerializeToString()
-
-
-class _Outbox:
-    """The answers of one DoStream waiting to be written, taken one bounded message at a time.
-
-    Answers up to ANSWER_PART_BYTES (and refusals) go first, as many as fit STREAM_BATCH_BYTES;
-    larger answers fill what room is left, one part at a time and in turn, so that a large answer
-    never travels as one message (over the gRPC limit it would end the stream for every call) and
-    holds the other calls back by one message at most.
-
-    Whole answers wait encoded (``_result_bytes``: protobuf's bytes for the DoResult, by hand), so
-    a batch is their framing joined, with no message objects built and copied per answer.
-    """
-
-    def __init__(self) -> None:
-        #: (call id, the encoded DoResult, the bytes it counts: response + message)
-        self.whole: collections.deque[tuple[int, bytes, int]] = collections.deque()
-        #: Large answers still being sent: the call id, the answer, how much of it is sent, and
-        #: the verified user (a sidecar's call; sent with the first part).
-        self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
-        #: bytes of answers (and refusal messages) not yet taken
-        self.bytes = 0
-        #: call id -> the stage trace of a sampled call (raftgate/stages.py), until its answer is taken
-        self.traces: dict[int, list[int]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.whole or self.large)
-
-    @property
-    def count(self) -> int:
-        """Calls whose answer is not (wholly) taken yet."""
-        return len(self.whole) + len(self.large)
-
-    def answer(self, call_id: int, response: bytes, user: str = "", trace: list[int] | None = None) -> None:
-        if trace is not None:
-            self.traces[call_id] = trace
-        self.bytes += len(response)
-        if len(response) > ANSWER_PART_BYTES:
-            self.large.append((call_id, response, 0, user))
-        else:
-            self.whole.append((call_id, _result_bytes(call_id, response, user), len(response)))
-
-    def refuse(self, result: spb.DoResult) -> None:
-        n = len(result.response) + len(result.message)
-        self.bytes += n
-        self.whole.append((result.id, result.SerializeToString(), n))
-
-    def take(self) -> bytes:
-        """The next DoResultBatch message (at least one result; none left makes it empty)."""
-        out: list[bytes] = []
-        ids: list[int] = []
-        size = 0
-        while self.whole:
-            call_id, encoded, n = self.whole[0]
-            if out and size + n > STREAM_BATCH_BYTES:
-                break
-            self.whole.popleft()
-            out.append(encoded)
-            ids.append(call_id)
-            size += n
-            self.bytes -= n
-        while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
-            call_id, response, sent, user = self.large.popleft()
-            part = response[sent : sent + ANSWER_PART_BYTES]
-            if sent == 0:
-                out.append(spb.DoResult(id=call_id, response=part, size=len(response), user=user).SerializeToString())
-                ids.append(call_id)
-            else:
-                out.append(spb.DoResult(id=call_id, response=part, rest=True).SerializeToString())
-                ids.append(-1)  # a later part: never carries the trace
-            sent += len(part)
-            size += len(part)
-            self.bytes -= len(part)
-            if sent < len(response):
-                self.large.append((call_id, response, sent, user))  # its next part after the others'
-        if self.traces:
-            for i, call_id in enumerate(ids):
-                trace = self.traces.pop(call_id, None) if call_id >= 0 else None
-                if trace is not None:  # the packed stages field, merged into the encoded result
-                    out[i] += spb.DoResult(stages=stages.store_finish(trace)).SerializeToString()
-        metrics.LINK_ANSWERS_PER_MESSAGE.observe(len(out))
-        return b"".join([wire.length_delimited(_RESULTS_FIELD, encoded) for encoded in out])
-
-
-_RESULTS_FIELD = spb.DoResultBatch.DESCRIPTOR.fields_by_name["results"].number
-_ID_TAG = wire.encode_varint(spb.DoResult.DESCRIPTOR.fields_by_name["id"].number << 3)
-_RESPONSE_FIELD = spb.DoResult.DESCRIPTOR.fields_by_name["response"].number
-_USER_FIELD = spb.DoResult.DESCRIPTOR.fields_by_name["user"].number
-
-
-def _result_bytes(call_id: int, response: bytes, user: str) -> bytes:
-    """``DoResult(id=call_id, response=response, user=user).SerializeToString()``, by hand:
-    protobuf's bytes exactly (fields in number order, defaults left out)."""
-    out = _ID_TAG + wire.encode_varint(call_id) if call_id else b""
-    if response:
-        out += wire.length_delimited(_RESPONSE_FIELD, response)
-    if user:
-        out += wire.length_delimited(_USER_FIELD, user.encode())
-    return out
 
 
 def check_answer_size(body: bytes) -> bytes:
@@ -754,22 +604,6 @@ def _txn_ranges(txn: pb.TxnRequest) -> list[pb.RangeRequest]:
     return out
 
 
-class _StoreSimpleTokens:
-    """Simple tokens, verified by the store that holds them (the TokenVerifier of that kind)."""
-
-    def __init__(self, tokens: SimpleTokens) -> None:
-        self._tokens = tokens
-
-    def recognizes(self, token: str) -> bool:
-        return looks_like_simple_token(token)
-
-    async def verify(self, token: str) -> Verified | None:
-        answer = await self._tokens.resolve(token)
-        if not answer.valid:
-            return None
-        return Verified(answer.username, answer.auth_revision, revocable=True)
-
-
 def _token_metadata(context: grpc.aio.ServicerContext) -> str | None:
     value = metadata_value(context, INTERNAL_TOKEN_METADATA)
     return None if value is None else value.decode("utf-8", "replace")
@@ -778,72 +612,6 @@ def _token_metadata(context: grpc.aio.ServicerContext) -> str | None:
 def _peer_host(peer: str) -> str:
     host, sep, port = (peer or "").rpartition(":")
     return host if sep and port.isdigit() else peer
-
-
-def _health_without_reading(servicer: health.aio.HealthServicer
-                            ) -> Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]:
-    """Health/Check for callers without credentials (probes), answered without reading the
-    request: the status of the whole server (the only one this port reports), whatever service is
-    named. A unary handler would read the request whole first, up to the port's 64 MiB limit.
-    Nothing that stays open is served to them (Health/Watch needs a credential: each open stream
-    is memory the store holds for someone it does not know)."""
-
-    def open_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        if handler.response_streaming:
-            raise ValueError("an open (unauthenticated) method must answer at once, not stream")
-
-        async def check(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-            return await servicer.Check(health_pb2.HealthCheckRequest(), context)
-        return grpc.stream_unary_rpc_method_handler(check, response_serializer=handler.response_serializer)
-
-    return open_handler
-
-
-class _Gate(grpc.aio.ServerInterceptor):
-    """Every handler of the internal port (the Store's, health's and reflection's) runs behind
-    ``admit``: the caller's class (its credential, ``Classifier``) and the method's row decide
-    before the handler does anything, and the handler finds the class in ``CALLER``. A method
-    with no row is refused (deny by default)."""
-
-    def __init__(self, classifier: Classifier) -> None:
-        self._classifier = classifier
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None  # no such method: grpc's UNIMPLEMENTED
-        return handler._replace(**{
-            name: _guarded(getattr(handler, name), details.method, self._classifier)
-            for name in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-            if getattr(handler, name) is not None})
-
-
-def _guarded(behaviour: Callable[..., Any], method: str, classifier: Classifier) -> Callable[..., Any]:
-    """``behaviour`` (a coroutine or async generator function, as gRPC calls it), once ``admit``
-    lets the caller in."""
-
-    async def enter(context: grpc.aio.ServicerContext) -> None:
-        caller = classifier.classify(context)
-        try:
-            admit(method, caller)
-        except Refusal as exc:
-            await context.abort(exc.code, exc.message)
-        CALLER.set(caller)
-
-    if inspect.isasyncgenfunction(behaviour):
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await enter(context)
-            async with contextlib.aclosing(behaviour(request, context)) as items:  # its cleanup, when this ends
-                async for item in items:
-                    yield item
-        return stream
-
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await enter(context)
-        result = behaviour(request, context)
-        return await result if inspect.isawaitable(result) else result
-    return call
 
 
 def store_handlers(service: StoreService) -> dict[str, grpc.RpcMethodHandler]:
@@ -881,16 +649,16 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
         proofs.member_id = service.node.id
         interceptors.append(secret_proof.ProofCheck(proofs, UNAUTHENTICATED[1],
                                                     open_prefixes=tuple(m for m in OPEN_TO_NONE if m != CHALLENGE),
-                                                    open_handler=_health_without_reading(health_servicer)))
-    interceptors.append(_Gate(service.classifier))
+                                                    open_handler=health_without_reading(health_servicer)))
+    interceptors.append(Gate(service.classifier))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = store_handlers(service)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(STORE_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+        (STORE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # grpc reports a failed bind this way

@@ -23,7 +23,8 @@ import lmdb
 from authstore.state.auth.store import AuthStore, token_digest
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.storepb import store_pb2 as spb
-from raftgate.simple_token import token_index
+from raftgate.simple_token import looks_like_simple_token, token_index
+from raftgate.token_verifier import Verified
 
 log = logging.getLogger("raftgate.store.tokens")
 
@@ -108,3 +109,19 @@ class SimpleTokens:
                            if now - self._last_use(d, issued) > ttl * 1000]
             if expired:
                 self._expire_soon(expired)
+
+
+class StoreSimpleTokens:
+    """Simple tokens, verified by the store that holds them (the TokenVerifier of that kind)."""
+
+    def __init__(self, tokens: SimpleTokens) -> None:
+        self._tokens = tokens
+
+    def recognizes(self, token: str) -> bool:
+        return looks_like_simple_token(token)
+
+    async def verify(self, token: str) -> Verified | None:
+        answer = await self._tokens.resolve(token)
+        if not answer.valid:
+            return None
+        return Verified(answer.username, answer.auth_revision, revocable=True)

@@ -179,9 +179,6 @@ class RaftLog:
             return []
         return self.slice(lo, hi, self.max_next_ents_size)
 
-    def unstable_entries(self) -> list[Entry]:
-        return self.unstable
-
     # --- reading entries --------------------------------------------------------------------
     def slice(self, lo: int, hi: int, max_size: int) -> list[Entry]:
         """Entries [lo, hi) from storage and/or the unstable tail, limited to max_size bytes."""

@@ -149,9 +149,6 @@ class Snapshot:
         return f"Snapshot({self.metadata}, {len(self.data)} bytes)"
 
 
-EMPTY_SNAPSHOT = Snapshot()
-
-
 class Message:
     """One Raft message. ``frm`` is the proto's ``from`` (a Python keyword)."""
 
@@ -215,11 +212,5 @@ def is_local_msg(t: int) -> bool:
     return t in _LOCAL
 
 
-def is_response_msg(t: int) -> bool:
-    return t in _RESPONSE
-
-
 _LOCAL = frozenset({MessageType.MsgHup, MessageType.MsgBeat, MessageType.MsgUnreachable, MessageType.MsgSnapStatus,
                     MessageType.MsgCheckQuorum})
-_RESPONSE = frozenset({MessageType.MsgAppResp, MessageType.MsgVoteResp, MessageType.MsgHeartbeatResp,
-                       MessageType.MsgUnreachable, MessageType.MsgPreVoteResp})

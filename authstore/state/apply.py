@@ -17,7 +17,6 @@ nodes apply.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -211,7 +210,7 @@ class Applier:
         store already holds them (a replay after a crash, or entries a snapshot covered).
         """
         results: list[tuple[int, Any]] = []
-        started = time.perf_counter()
+        started = metrics.stopwatch()
         self._nospace = None
         self._membership_changed = False
         with self.env.begin(write=True) as batch:
@@ -236,8 +235,8 @@ class Applier:
                 for hook in self._decided_hooks:
                     hook(last.index, results, self._membership_changed)
             failpoints.hit("applyBeforeCommit")
-            committing = time.perf_counter()
-        committed = time.perf_counter()  # leaving the block committed the batch (and synced it)
+            committing = metrics.stopwatch()
+        committed = metrics.stopwatch()  # leaving the block committed the batch (and synced it)
         metrics.LMDB_COMMIT_DURATION.observe(committed - committing)
         metrics.observe_apply(committed - started, len(entries), auth_revision)
         metrics.observe_alarms(alarms)
@@ -391,7 +390,7 @@ class Applier:
 
     def _member_attr_set(self, txn: lmdb.Transaction, body: ipb.MemberAttrSetRequest, _r: Any) -> Message:
         self.membership.set_attributes(txn, body.member_ID, body.name, list(body.client_urls),
-                                       list(body.internal_urls))
+                                       list(body.internal_urls), list(body.gateway_urls))
         return pb.MemberListResponse()
 
     _ALARMS = b"alarms"

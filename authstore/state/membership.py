@@ -19,6 +19,8 @@ from raftgate.errors import Err, EtcdError
 _ID = struct.Struct(">Q")
 #: key prefix in members_meta: a member's internal URLs (newline-separated)
 _INTERNAL = b"internal/"
+#: key prefix in members_meta: where a member's proxy serves the JSON gateway (newline-separated)
+_GATEWAY = b"gateway/"
 
 
 def member_id(peer_urls: list[str], cluster_token: str, salt: int = 0) -> int:
@@ -78,6 +80,7 @@ class Membership:
         if cc.type == ConfChangeType.REMOVE_NODE:
             txn.delete(key, db=self._db)
             txn.delete(_INTERNAL + key, db=self._meta)
+            txn.delete(_GATEWAY + key, db=self._meta)
             return ctx.request_id
         current = self.get(txn, cc.node_id)
         member = current or ctx.member
@@ -99,7 +102,7 @@ class Membership:
         txn.put(_ID.pack(mid), member.SerializeToString(), db=self._db)
 
     def set_attributes(self, txn: lmdb.Transaction, mid: int, name: str, client_urls: list[str],
-                       internal_urls: list[str] | None = None) -> None:
+                       internal_urls: list[str] | None = None, gateway_urls: list[str] | None = None) -> None:
         member = self.get(txn, mid)
         if member is None:
             return
@@ -108,11 +111,17 @@ class Membership:
         member.clientURLs.extend(client_urls)
         txn.put(_ID.pack(mid), member.SerializeToString(), db=self._db)
         # Beside etcd's record, not in it: MemberList keeps etcd's wire fields.
-        key = _INTERNAL + _ID.pack(mid)
-        if internal_urls:
-            txn.put(key, "\n".join(internal_urls).encode(), db=self._meta)
-        else:
-            txn.delete(key, db=self._meta)
+        for prefix, urls in ((_INTERNAL, internal_urls), (_GATEWAY, gateway_urls)):
+            key = prefix + _ID.pack(mid)
+            if urls:
+                txn.put(key, "\n".join(urls).encode(), db=self._meta)
+            else:
+                txn.delete(key, db=self._meta)
+
+    def gateway_urls(self, txn: lmdb.Transaction, mid: int) -> list[str]:
+        """Where the member's proxy serves the JSON gateway, as it published them (empty: none)."""
+        raw = txn.get(_GATEWAY + _ID.pack(mid), db=self._meta)
+        return raw.decode().split("\n") if raw else []
 
     def internal_urls(self, txn: lmdb.Transaction, mid: int) -> list[str]:
         """Where proxies reach the member's internal service, as it published it (empty: unknown)."""

@@ -144,16 +144,18 @@ class InternalAuthenticateRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., password: _Optional[str] = ..., simple_token: _Optional[str] = ..., checked_revision: _Optional[int] = ..., issued_at_unix_ms: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., lockout_off: _Optional[bool] = ...) -> None: ...
 
 class MemberAttrSetRequest(_message.Message):
-    __slots__ = ("member_ID", "name", "client_urls", "internal_urls")
+    __slots__ = ("member_ID", "name", "client_urls", "internal_urls", "gateway_urls")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CLIENT_URLS_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_URLS_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_URLS_FIELD_NUMBER: _ClassVar[int]
     member_ID: int
     name: str
     client_urls: _containers.RepeatedScalarFieldContainer[str]
     internal_urls: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, member_ID: _Optional[int] = ..., name: _Optional[str] = ..., client_urls: _Optional[_Iterable[str]] = ..., internal_urls: _Optional[_Iterable[str]] = ...) -> None: ...
+    gateway_urls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, member_ID: _Optional[int] = ..., name: _Optional[str] = ..., client_urls: _Optional[_Iterable[str]] = ..., internal_urls: _Optional[_Iterable[str]] = ..., gateway_urls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AuthFailuresEntry(_message.Message):
     __slots__ = ("names", "attempts", "duration_ms")

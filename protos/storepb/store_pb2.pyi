@@ -60,14 +60,16 @@ class LeaderResponse(_message.Message):
     def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ..., members: _Optional[_Iterable[_Union[StoreMember, _Mapping]]] = ...) -> None: ...
 
 class StoreMember(_message.Message):
-    __slots__ = ("id", "internal_urls", "is_learner")
+    __slots__ = ("id", "internal_urls", "is_learner", "gateway_urls")
     ID_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_URLS_FIELD_NUMBER: _ClassVar[int]
     IS_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_URLS_FIELD_NUMBER: _ClassVar[int]
     id: int
     internal_urls: _containers.RepeatedScalarFieldContainer[str]
     is_learner: bool
-    def __init__(self, id: _Optional[int] = ..., internal_urls: _Optional[_Iterable[str]] = ..., is_learner: _Optional[bool] = ...) -> None: ...
+    gateway_urls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., internal_urls: _Optional[_Iterable[str]] = ..., is_learner: _Optional[bool] = ..., gateway_urls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MemberContext(_message.Message):
     __slots__ = ("member", "request_id", "cluster_id")

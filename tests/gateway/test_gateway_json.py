@@ -35,7 +35,7 @@ class _Stub:
         async for _ in requests:
             yield pb.WatchResponse(created=True).SerializeToString()
 
-    range_stream = snapshot = keepalive = unimplemented = watch
+    range_stream = snapshot = keepalive = watch
 
 
 def post(path: str, body: bytes) -> tuple[int, Any]:

@@ -26,7 +26,7 @@ class _Stub:
         async for _ in requests:
             yield pb.WatchResponse(created=True).SerializeToString()
 
-    range_stream = snapshot = keepalive = unimplemented = watch
+    range_stream = snapshot = keepalive = watch
 
 
 def exchange(request: bytes) -> tuple[str, dict[str, str], bytes]:

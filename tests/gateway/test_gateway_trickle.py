@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import proxy.gateway as gateway_module
+import proxy.gateway_json as gateway_json
 from protos.etcdserverpb import rpc_pb2 as pb
 from proxy.gateway import Gateway
 
@@ -31,20 +31,20 @@ class _Stub:
         async for _ in requests:
             yield pb.WatchResponse(created=True).SerializeToString()
 
-    range_stream = snapshot = keepalive = unimplemented = watch
+    range_stream = snapshot = keepalive = watch
 
 
 def trickle(monkeypatch: pytest.MonkeyPatch, values: list[bytes], piece: int) -> tuple[int, int, bytes]:
     """Sends ``values`` as one chunked /v3/watch body, ``piece`` bytes per chunk; returns
     (characters decoded, body size, the answer's first bytes)."""
     decoded = [0]
-    real = gateway_module._raw_decode
+    real = gateway_json._raw_decode
 
     def counting(text: str, start: int = 0) -> Any:
         decoded[0] += len(text) - start
         return real(text, start)
 
-    monkeypatch.setattr(gateway_module, "_raw_decode", counting)
+    monkeypatch.setattr(gateway_json, "_raw_decode", counting)
     body = b"".join(values)
 
     async def scenario() -> bytes:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from authstore.api.callers import Caller, Classifier
-from authstore.api.server import CALLER, StoreService
+from authstore.api.callers import Classifier
+from authstore.api.interceptors import CALLER
+from authstore.api.server import StoreService
 from protos.storepb import store_pb2 as spb
 from protos.storepb.store_pb2 import ChallengeResponse
+from raftgate.internal_access import Caller
 from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
 
 SIDECAR_SECRET = b"sidecar-secret-for-tests-0123456789"

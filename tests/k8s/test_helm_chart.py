@@ -58,6 +58,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
     },
     "cert-manager": {"tls": {"provider": "certManager"}},
+    "gateway": {"gateway": {"enabled": True, "extraHosts": ["etcd.example.com"]}},
     "cert-manager-cluster-issuer": {
         "tls": {"provider": "certManager", "certManager": {
             "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},

@@ -325,18 +325,9 @@ class Running:
         return self.proc.stderr.read() if self.proc.stderr else ""
 
 
-def watch_served(server: Server) -> bool:
-    from raftgate.methods import METHODS, Kind
-
-    watch = [m for m in METHODS if m.service == "Watch"]
-    return isinstance(server, EtcdServer) or all(m.kind is not Kind.UNIMPLEMENTED for m in watch)
-
-
 @pytest.fixture
 def sync_users(authed: tuple[Server, Ctl]) -> tuple[Server, Ctl]:
     server, ctl = authed
-    if not watch_served(server):
-        pytest.skip("etcdctl lock / elect need Watch, which raftgate does not serve yet")
     if ctl.raw("role", "get", "rsync", user=ROOT)[0] != 0:
         ctl("role", "add", "rsync", user=ROOT, out="Role rsync created\n")
         for prefix in ("mylock/", "myelection/"):

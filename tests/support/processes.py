@@ -320,11 +320,6 @@ class RaftgateLocal(Process):
         self.extra_args = list(extra_args)
         self._ready_line = f"raftgate local: ready on 127.0.0.1:{self.port}"
 
-    @staticmethod
-    def available() -> bool:
-        """Whether the product's entry point exists yet (the suite skips raftgate runs otherwise)."""
-        return (REPO_ROOT / "raftgate" / "cli.py").exists()
-
     def command(self) -> list[str]:
         exe = VENV_BIN / "raftgate"
         base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
@@ -407,8 +402,6 @@ BACKENDS = ("etcd", "raftgate")
 def skip_unless_available(kind: str) -> None:
     if kind == "etcd" and not EtcdServer.available():
         pytest.skip("real etcd binary not installed")
-    if kind == "raftgate" and not RaftgateLocal.available():
-        pytest.skip("raftgate local is not implemented yet (raftgate/cli.py missing)")
 
 
 def new_server(kind: str, workdir: Path, **kw: object) -> EtcdServer | RaftgateLocal:
@@ -475,13 +468,6 @@ def proxy_program(workdir: Path, store: str, listen: str, *extra: str, name: str
     args = ["proxy", "--listen-client-urls", listen, "--store-endpoints", store,
             "--internal-secret-file", str(secret_file(workdir)), "--bcrypt-cost", "4", *extra]
     return Program(workdir / name, args, "raftgate proxy:")
-
-
-def store_supports(flag: str) -> bool:
-    """Whether this build's store takes ``flag`` (its flags are wired in authstore/config.py)."""
-    out = subprocess.run([sys.executable, "-m", "raftgate.cli", "store", "--help"], capture_output=True, text=True,
-                         timeout=60, cwd=REPO_ROOT).stdout
-    return flag in out
 
 
 def wait_serving(endpoint: str, timeout: float = 60.0) -> None:

@@ -26,7 +26,6 @@ from tests.support.processes import (
     pem_rsa_keypair,
     proxy_program,
     store_program,
-    store_supports,
     wait_for,
     wait_serving,
 )
@@ -42,8 +41,8 @@ class Deployment:
     endpoint: str
     proxy_metrics: str
     proxy_health: str
-    store_metrics: str | None
-    store_health: str | None
+    store_metrics: str
+    store_health: str
     proxy: Program
     store: Program
 
@@ -51,10 +50,8 @@ class Deployment:
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     priv, pub = pem_rsa_keypair(tmp_path)
-    wired = store_supports("--metrics-addr")
-    store_metrics, store_health = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}") if wired else (None, None)
-    store_extra = ["--metrics-addr", store_metrics, "--health-addr", store_health] if wired else []
-    store, internal = store_program(tmp_path, *store_extra)  # type: ignore[arg-type]
+    store_metrics, store_health = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    store, internal = store_program(tmp_path, "--metrics-addr", store_metrics, "--health-addr", store_health)
     port, metrics, health = free_port(), f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     proxy = proxy_program(tmp_path, internal, f"http://127.0.0.1:{port}", "--metrics-addr", metrics,
                           "--health-addr", health, "--auth-token",
@@ -90,7 +87,7 @@ def test_auth_counters_move_on_success_failure_and_refusals(deployment: Deployme
     d = deployment
     enable_auth(d)
     before = scrape(d.proxy_metrics)
-    store_before = scrape(d.store_metrics) if d.store_metrics else {}
+    store_before = scrape(d.store_metrics)
     with grpc.insecure_channel(d.endpoint) as channel:
         auth, kv = rpc_pb2_grpc.AuthStub(channel), rpc_pb2_grpc.KVStub(channel)
         alice = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="alice", password="alicepw"), timeout=10).token
@@ -134,8 +131,6 @@ def test_auth_counters_move_on_success_failure_and_refusals(deployment: Deployme
     for secret in ("alicepw", "rootpw", "nope", alice, root, "/app/k", "/other"):
         assert secret not in text
 
-    if d.store_metrics is None:
-        pytest.skip("the store's --metrics-addr is not wired yet (authstore/config.py, authstore/main.py)")
     store_after = scrape(d.store_metrics)
 
     def store_moved(name: str, **labels: str) -> float:
@@ -151,8 +146,6 @@ def test_open_watches_gauge_follows_the_watches_open_on_the_store(deployment: De
     """raftgate_store_open_watches is what an operator reads to see watch load on a node: it must
     rise with every watch a client opens through the proxy and fall with every cancel and close."""
     d = deployment
-    if d.store_metrics is None:
-        pytest.skip("the store's --metrics-addr is not wired yet (authstore/config.py, authstore/main.py)")
     address = d.store_metrics
     base = sample(scrape(address), "raftgate_store_open_watches")
     seen = [base]

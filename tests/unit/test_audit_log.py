@@ -1,4 +1,4 @@
-"""The audit log (proxy/audit.py): records never hold a secret, levels, bounds, fail-closed,
+"""The audit log (proxy/audit/): records never hold a secret, levels, bounds, fail-closed,
 reopen. In-process: the wrappers run with the JSON gateway's context (the same handlers)."""
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2 as pb
-from proxy import audit, metrics
-from proxy.audit import AUTH_METHODS, MAX_RECORD_BYTES, MAX_TXN_OPS, AuditLog
+from proxy import metrics
+from proxy.audit import handlers, writer
+from proxy.audit.records import AUTH_METHODS, MAX_KEY_BYTES, MAX_RECORD_BYTES, MAX_TEXT_CHARS, MAX_TXN_OPS, is_refusal
+from proxy.audit.writer import AuditLog
 from proxy.config import ConfigError, load
-from proxy.gateway import Abort, GatewayContext
+from proxy.gateway import GatewayContext
+from proxy.gateway_errors import Abort
 from proxy.watch import _State, track
 from raftgate.errors import Err
 from raftgate.local import check_children, parse
@@ -42,8 +45,8 @@ def call(log: AuditLog, name: str, request: bytes, *, token: str | None = None, 
     method = BY_NAME[name]
 
     async def behaviour(req: bytes, context: Any) -> bytes:
-        audit.noted_token(token)
-        audit.noted_identity(user, revision)
+        handlers.noted_token(token)
+        handlers.noted_identity(user, revision)
         if refuse is not None:
             await context.abort(refuse.code, refuse.message)
         return answer
@@ -53,7 +56,7 @@ def call(log: AuditLog, name: str, request: bytes, *, token: str | None = None, 
 
     async def run() -> None:
         with contextlib.suppress(Abort):
-            await audit.unary(log, method, behaviour)(request, context)
+            await handlers.unary(log, method, behaviour)(request, context)
 
     asyncio.run(run())
 
@@ -102,8 +105,8 @@ def test_records_never_hold_a_value_a_password_or_a_token(key: bytes, value: byt
         for secret in secrets:
             assert secret not in line, (secret, line)
     records = lines(log)
-    assert records[0]["key"] == base64.b64encode(key[:audit.MAX_KEY_BYTES]).decode()
-    assert records[0]["user"] == name[:audit.MAX_TEXT_CHARS] and records[0]["auth_revision"] == 3
+    assert records[0]["key"] == base64.b64encode(key[:MAX_KEY_BYTES]).decode()
+    assert records[0]["user"] == name[:MAX_TEXT_CHARS] and records[0]["auth_revision"] == 3
     assert records[0]["token_fp"] == fingerprint(token)
     assert [op["op"] for op in records[1]["ops"]] == ["put", "txn", "put"]
     assert records[1]["result"] == "etcdserver: permission denied"
@@ -149,7 +152,7 @@ def test_levels(level: str, expected: list[str]) -> None:
 
 
 def test_a_client_that_goes_away_is_not_a_denial() -> None:
-    assert not audit.is_refusal(grpc.StatusCode.CANCELLED) and audit.is_refusal(grpc.StatusCode.UNAVAILABLE)
+    assert not is_refusal(grpc.StatusCode.CANCELLED) and is_refusal(grpc.StatusCode.UNAVAILABLE)
 
 
 # --- bounds --------------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ def test_txn_ops_keys_and_names_are_bounded() -> None:
     call(log, "Txn", deep.SerializeToString(), user="u" * 100_000)
     (record,) = lines(log)
     assert len(record["ops"]) == MAX_TXN_OPS and all(op["op"] == "compare" for op in record["ops"])
-    assert record["truncated"] is True and len(record["user"]) == audit.MAX_TEXT_CHARS
+    assert record["truncated"] is True and len(record["user"]) == MAX_TEXT_CHARS
     assert all(len(line) <= MAX_RECORD_BYTES for line in log._lines)
 
 
@@ -188,7 +191,7 @@ def test_fail_closed_refuses_when_the_queue_has_no_room() -> None:
 
 def test_fail_closed_refuses_once_a_write_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """/dev/full: every write is ENOSPC. The admitted request's record waits; the next is refused."""
-    monkeypatch.setattr(audit, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(writer, "RETRY_SECONDS", 0.05)
     log = AuditLog("/dev/full", "all", fail_closed=True)
     log.start()
     try:
@@ -199,7 +202,7 @@ def test_fail_closed_refuses_once_a_write_fails(monkeypatch: pytest.MonkeyPatch)
 
         async def refused() -> None:
             with pytest.raises(Abort) as caught:
-                await audit.unary(log, BY_NAME["Range"], lambda r, c: asyncio.sleep(0, b""))(b"", context)
+                await handlers.unary(log, BY_NAME["Range"], lambda r, c: asyncio.sleep(0, b""))(b"", context)
             log2.append({"code": caught.value.code, "details": caught.value.details})
 
         asyncio.run(refused())
@@ -211,7 +214,7 @@ def test_fail_closed_refuses_once_a_write_fails(monkeypatch: pytest.MonkeyPatch)
 
 def test_sighup_reopens_and_a_removed_directory_refuses_until_it_is_back(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(audit, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(writer, "RETRY_SECONDS", 0.05)
     directory = tmp_path / "logs"
     directory.mkdir()
     path = directory / "audit.log"
@@ -244,11 +247,11 @@ def test_sighup_reopens_and_a_removed_directory_refuses_until_it_is_back(tmp_pat
 
 def test_watch_records_creates_and_cancels_not_events() -> None:
     log = AuditLog("-", "all")
-    events = audit.WatchEvents(log, audit.Call(BY_NAME["Watch"], PEER, user="bob", auth_revision=2, token_fp="f"))
+    events = handlers.WatchEvents(log, handlers.Call(BY_NAME["Watch"], PEER, user="bob", auth_revision=2, token_fp="f"))
     state = _State()
     create = pb.WatchCreateRequest(key=b"k", range_end=b"l")
     state.keep(create)
-    state.audited.append(audit.WatchCreate("bob", 2, "f"))
+    state.audited.append(handlers.WatchCreate("bob", 2, "f"))
     track(state, pb.WatchResponse(watch_id=5, created=True).SerializeToString(), events)
     track(state, pb.WatchResponse(watch_id=5, events=[]).SerializeToString(), events)
     state.dead.add(5)
@@ -263,7 +266,7 @@ def test_watch_records_creates_and_cancels_not_events() -> None:
 
 def test_fail_closed_watch_creates_need_room_and_give_it_back() -> None:
     log = AuditLog("-", "denials", fail_closed=True, queue_bytes=MAX_RECORD_BYTES)
-    events = audit.WatchEvents(log, audit.Call(BY_NAME["Watch"], PEER))
+    events = handlers.WatchEvents(log, handlers.Call(BY_NAME["Watch"], PEER))
     pending = events.creating()
     assert pending is not None and events.creating() is None  # the stream then ends with Unavailable
     events.created(pending, pb.WatchCreateRequest(key=b"k"), 1, "ok")  # not a denial: the room comes back
@@ -315,14 +318,14 @@ def test_the_fingerprint_is_of_the_token_the_call_ran_with(sent: str | None, ran
     method = BY_NAME["Put"]
 
     async def behaviour(req: bytes, context: Any) -> bytes:
-        audit.noted_token(ran_with)
-        audit.noted_token(ran_with)
+        handlers.noted_token(ran_with)
+        handlers.noted_token(ran_with)
         return b""
 
     metadata = () if sent is None else (("token", sent),)
 
     async def run() -> None:
-        await audit.unary(log, method, behaviour)(b"", GatewayContext(metadata, PEER, None))
+        await handlers.unary(log, method, behaviour)(b"", GatewayContext(metadata, PEER, None))
 
     asyncio.run(run())
     (record,) = lines(log)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.audit import AuditLog
+from proxy.audit.writer import AuditLog
 
 LINE = b"x" * 299 + b"\n"
 

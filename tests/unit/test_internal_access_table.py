@@ -20,7 +20,8 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from authstore.api.callers import Classifier
-from authstore.api.server import CALLER, StoreService, _guarded, store_handlers
+from authstore.api.interceptors import CALLER, guarded
+from authstore.api.server import StoreService, store_handlers
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.storepb import store_pb2 as spb
 from protos.storepb.store_pb2 import ChallengeResponse
@@ -211,7 +212,7 @@ def test_the_store_gate_refuses_before_the_handler_runs(streaming: bool, secret:
     classifier = Classifier(secret=CENTRAL_SECRET, sidecar_secret=SIDECAR_SECRET)
     context = _Context(secret, classifier)
     with pytest.raises(_Aborted):
-        asyncio.run(_run(_guarded(stream if streaming else unary, method, classifier), context))
+        asyncio.run(_run(guarded(stream if streaming else unary, method, classifier), context))
     assert context.aborted is not None and context.aborted == decide(method, caller)
     assert ran == []
 
@@ -231,6 +232,6 @@ def test_the_store_gate_tells_the_handler_who_calls(streaming: bool) -> None:
     classifier = Classifier(secret=CENTRAL_SECRET, sidecar_secret=SIDECAR_SECRET)
     for secret, caller in ((CENTRAL_SECRET, Caller.CENTRAL), (SIDECAR_SECRET, Caller.SIDECAR),
                            (None, Caller.NONE)):
-        behaviour = _guarded(stream if streaming else unary, access.HEALTH_CHECK, classifier)
+        behaviour = guarded(stream if streaming else unary, access.HEALTH_CHECK, classifier)
         assert asyncio.run(_run(behaviour, _Context(secret, classifier))) == [b"answer"]
         assert ran[-1] is caller

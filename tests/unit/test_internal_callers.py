@@ -15,8 +15,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from authstore.api.callers import Caller, Classifier
+from authstore.api.callers import Classifier
 from protos.storepb.store_pb2 import ChallengeResponse
+from raftgate.internal_access import Caller
 from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
 
 NOW = datetime.datetime.now(datetime.UTC)

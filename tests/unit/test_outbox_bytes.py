@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from authstore.api.server import _Outbox
+from authstore.api.outbox import Outbox
 from protos.internal import ANSWER_PART_BYTES
 from protos.storepb import store_pb2 as spb
 from raftgate import stages
@@ -19,7 +19,7 @@ def _expected(results: list[spb.DoResult]) -> bytes:
 def test_whole_answers_and_refusals_are_protobuf_s_bytes() -> None:
     rnd = random.Random(4)
     for _ in range(200):
-        box = _Outbox()
+        box = Outbox()
         want: list[spb.DoResult] = []
         for _ in range(rnd.randrange(1, 20)):
             call_id = rnd.choice((0, 1, 127, 128, 1 << 40))
@@ -40,7 +40,7 @@ def test_whole_answers_and_refusals_are_protobuf_s_bytes() -> None:
 
 
 def test_traced_and_large_answers_keep_their_parts_and_stages() -> None:
-    box = _Outbox()
+    box = Outbox()
     trace = stages.store_trace()
     big = b"b" * (ANSWER_PART_BYTES + 10)
     box.answer(5, b"small", user="u", trace=trace)

@@ -133,19 +133,20 @@ def test_the_rate_limit_applies_in_sidecar_mode_before_the_store() -> None:
 def test_the_audit_record_of_a_login_to_a_locked_name_says_locked() -> None:
     """The client gets the wrong-password answer either way; the operator's audit record tells a
     locked name (`"locked": true`) from a wrong password."""
-    from proxy import audit
+    from proxy.audit import handlers
+    from proxy.audit.records import build
     from raftgate.methods import METHODS
 
     method = next(m for m in METHODS if m.name == "Authenticate")
 
-    async def attempt(store: Store, password: str) -> audit.Call:
-        call = audit.Call(method=method, peer="ipv4:10.0.0.1")
-        audit.CURRENT.set(call)
+    async def attempt(store: Store, password: str) -> handlers.Call:
+        call = handlers.Call(method=method, peer="ipv4:10.0.0.1")
+        handlers.CURRENT.set(call)
         await login(authenticator(store), "alice", password)
         return call
 
     assert asyncio.run(attempt(Store(locked=True), "pw")).locked
     assert not asyncio.run(attempt(Store(), "wrong")).locked
-    line = audit.build(wall=0.0, method=method, user="alice", peer="p", result="x", auth_revision=0,
-                       duration_ms=1.0, token_fp="", extra={"locked": True})
+    line = build(wall=0.0, method=method, user="alice", peer="p", result="x", auth_revision=0,
+                 duration_ms=1.0, token_fp="", extra={"locked": True})
     assert b'"locked":true' in line

@@ -22,7 +22,13 @@ import bcrypt
 import pytest
 
 from authstore import metrics
-from authstore.api.server import Refusal, StoreService
+from authstore.api.callers import Classifier
+from authstore.api.interceptors import Refusal
+from authstore.api.login import StoreLogin
+from authstore.api.quota import Quota
+from authstore.api.server import StoreService
+from authstore.api.simple_tokens import SimpleTokens, StoreSimpleTokens
+from authstore.api.watch.hub import WatchHub
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2
 from protos.storepb import store_pb2
@@ -96,8 +102,18 @@ def _no_gauge_left_behind() -> Iterator[None]:
 
 
 def _service(node: _Node) -> _Service:
-    return _Service(object(), node, _Maintenance(), lockout_attempts=3, lockout_duration_ms=600_000,  # type: ignore[arg-type]
-                    bcrypt_workers=1, bcrypt_cost=4)
+    """Built as authstore/main.py builds it: the parts, the service over them, its login."""
+    applier: Any = object()
+    tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
+                          lambda: node.last_index)
+    service = _Service(applier, node, _Maintenance(), watch_hub=WatchHub(applier, node),  # type: ignore[arg-type]
+                       quota=Quota(applier, _Maintenance.quota_bytes, node.id, node.propose, lambda: 0),
+                       tokens=tokens, verifiers=[StoreSimpleTokens(tokens)], classifier=Classifier(),
+                       lockout_attempts=3, lockout_duration_ms=600_000)
+    service.serve_logins(StoreLogin(service.credentials, service.commit_authenticate, lead=service.may_login,
+                                    jwt=None, simple_ttl_seconds=300, workers=1, cost=4,
+                                    record_failure=service.record_failure))
+    return service
 
 
 def _answer(node: _Node, name: str, password: str) -> tuple[str, str]:

@@ -10,7 +10,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from authstore.api.server import Refusal, _Outbox, check_answer_size
+from authstore.api.interceptors import Refusal
+from authstore.api.outbox import Outbox
+from authstore.api.server import check_answer_size
 from protos.internal import ANSWER_PART_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2
 from proxy.store_client import _CHANNEL_OPTIONS
@@ -52,7 +54,7 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_af
                     asyncio.get_running_loop().create_task(one(call))
 
         reader = asyncio.get_running_loop().create_task(read())
-        outbox = _Outbox()
+        outbox = Outbox()
         try:
             while True:
                 result = await out.get()
@@ -376,7 +378,7 @@ def test_an_answer_over_the_bound_fails_its_call_alone() -> None:
 def test_small_answers_pass_a_large_answer_being_written() -> None:
     """A large answer takes what room the small answers leave in each message: an answer that
     becomes ready while a large one is being written waits for one message at most."""
-    outbox = _Outbox()
+    outbox = Outbox()
     outbox.answer(1, b"x" * (10 * ANSWER_PART_BYTES))
     first = store_pb2.DoResultBatch.FromString(outbox.take()).results
     assert [(r.id, r.size, r.rest) for r in first] == [(1, 10 * ANSWER_PART_BYTES, False)] + [(1, 0, True)] * 3

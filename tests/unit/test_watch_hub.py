@@ -36,7 +36,7 @@ ANY_REV = 1 << 40  # a header auth revision never older than the store's
 
 
 def new_stream() -> Stream:
-    return Stream(asyncio.Queue())
+    return Stream()
 
 
 def watcher(key: bytes, end: bytes = b"", **kw: Any) -> Watcher:
@@ -463,7 +463,7 @@ def test_a_dead_token_ends_only_its_watches_and_is_forgotten(world: World, monke
         return verdicts[token]
 
     async def scenario() -> tuple[list[pb.WatchResponse], Stream]:
-        s = Stream(asyncio.Queue(), judge=judge)
+        s = Stream(judge=judge)
         for i, token in enumerate(["good", "bad", "swapped", "bad"]):
             msg, vouch = vouched(token, b"foo", watch_id=i + 1)
             await world.hub._create(s, msg, vouch)
@@ -496,7 +496,7 @@ def test_a_token_ends_its_watches_at_its_exp_without_asking(world: World) -> Non
         return "alice", None
 
     async def scenario() -> list[pb.WatchResponse]:
-        s = Stream(asyncio.Queue(), judge=judge)
+        s = Stream(judge=judge)
         msg, vouch = vouched("t", b"foo", expires_at=time.time() + 0.2)
         await world.hub._create(s, msg, vouch)
         task = asyncio.get_running_loop().create_task(world.hub._judge_tokens(s))
@@ -519,7 +519,7 @@ def test_with_auth_off_a_dead_token_ends_nothing(world: World, monkeypatch: pyte
         return None
 
     async def scenario() -> Stream:
-        s = Stream(asyncio.Queue(), judge=judge)
+        s = Stream(judge=judge)
         msg, vouch = vouched("t", b"foo", user="")
         await world.hub._create(s, msg, vouch)
         task = asyncio.get_running_loop().create_task(world.hub._judge_tokens(s))

@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from protos import wire
-from proxy.store_client import READ_FIELDS, StoreClient
+from proxy.store_client import StoreClient
 from proxy.store_pipe import OutcomeUnknown, rpc_error
 from raftgate.errors import Err, EtcdError
-from raftgate.methods import METHODS, Kind
+from raftgate.methods import METHODS, RETRY_FIELDS, Kind
 
 #: Requests that change something; none may ever be retried after an unknown outcome.
 WRITES = {"put", "delete_range", "txn", "compaction", "lease_grant", "lease_revoke", "lease_keep_alive",
@@ -37,7 +37,7 @@ FAILURES = {
 
 def test_every_unary_method_is_a_known_read_or_write() -> None:
     assert {m.request for m in UNARY} - WRITES == {m.request for m in UNARY if m.retry}
-    assert not {m.field for m in UNARY if m.request in WRITES} & READ_FIELDS
+    assert not {m.field for m in UNARY if m.request in WRITES} & RETRY_FIELDS
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))

@@ -35,20 +35,18 @@ async def take(stream: Stream) -> pb.WatchResponse:
     async with asyncio.timeout(10):
         item = await stream.queue.get()
     assert isinstance(item, bytes), item
-    stream.taken(len(item))
     return pb.WatchResponse.FromString(item)
 
 
 def test_a_watcher_over_the_bound_is_caught_up_from_history(world: World) -> None:
 
     async def scenario() -> None:
-        s = Stream(asyncio.Queue(), limit=LIMIT)
-        created = await world.create(s, b"k/", b"k0")
-        s.taken(len(created.SerializeToString()))
+        s = Stream(limit=LIMIT)
+        await world.create(s, b"k/", b"k0")  # its `created` answer is taken off the queue
         first = world.hub.rev + 1
         for i in range(20):  # 20 KB of events for a reader that takes nothing
             world.put(b"k/a", value=value(i))
-            assert s.queued <= LIMIT + 1100, s.queued  # the bound and at most one more response
+            assert s.queue.bytes <= LIMIT + 1100, s.queue.bytes  # the bound and at most one more response
         w = s.watchers[0]
         assert not w.synced  # fell behind: its events stay in history, not in memory
         events: list[Any] = []
@@ -56,7 +54,7 @@ def test_a_watcher_over_the_bound_is_caught_up_from_history(world: World) -> Non
             resp = await take(s)
             assert not resp.canceled, resp
             events += resp.events
-            assert s.queued <= LIMIT + 1100
+            assert s.queue.bytes <= LIMIT + 1100
         assert [e.kv.mod_revision for e in events] == list(range(first, first + 20))
         assert [e.kv.value[:4] for e in events] == [b"%04d" % i for i in range(20)]
         async with asyncio.timeout(10):
@@ -71,9 +69,8 @@ def test_a_watcher_over_the_bound_is_caught_up_from_history(world: World) -> Non
 def test_a_watcher_behind_a_compaction_gets_the_compacted_cancel(world: World) -> None:
 
     async def scenario() -> None:
-        s = Stream(asyncio.Queue(), limit=LIMIT)
-        created = await world.create(s, b"k/", b"k0")
-        s.taken(len(created.SerializeToString()))
+        s = Stream(limit=LIMIT)
+        await world.create(s, b"k/", b"k0")  # its `created` answer is taken off the queue
         for i in range(20):
             world.put(b"k/a", value=value(i))
         assert not s.watchers[0].synced

@@ -87,7 +87,7 @@ def test_creates_on_the_apply_thread_while_the_loop_delivers(tmp_path: Path, fas
     node.on_applied(applied)
 
     async def scenario() -> Stream:
-        stream = Stream(asyncio.Queue())
+        stream = Stream()
         await hub._create(stream, create(b"k"))  # the watch that must see every put
         for r in range(ROUNDS):
             batch = asyncio.ensure_future(node.apply(b"k"))

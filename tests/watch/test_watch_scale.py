@@ -50,7 +50,7 @@ def drain(stream: Stream) -> list[pb.WatchResponse]:
 def test_an_unrelated_put_looks_at_no_watcher_of_20000(tmp_world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     world = tmp_world(max_watches_per_stream=20_000, max_watches_per_user=20_000)
     world.put(b"seed")
-    stream = Stream(asyncio.Queue())
+    stream = Stream()
 
     async def open_watches() -> None:
         for i in range(5000):  # one key, a prefix, a range, a from-key interval: all after "w/"
@@ -90,7 +90,7 @@ def test_the_index_finds_what_a_scan_finds(tmp_world: Any) -> None:
     def key() -> bytes:
         return b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
 
-    stream = Stream(asyncio.Queue())
+    stream = Stream()
     ws: dict[int, tuple[bytes, bytes]] = {}
 
     async def scenario() -> None:
@@ -121,7 +121,7 @@ def test_watches_beyond_the_stream_cap_are_refused_and_the_others_go_on(tmp_worl
     world.put(b"seed")
 
     async def scenario() -> None:
-        s, other = Stream(asyncio.Queue()), Stream(asyncio.Queue())
+        s, other = Stream(), Stream()
         ids = [(await world.create(s, b"k%d" % i)).watch_id for i in range(3)]
         assert ids == [0, 1, 2]
         refused = await world.create(s, b"k3")
@@ -142,7 +142,7 @@ def test_watches_beyond_the_user_cap_are_refused_on_every_stream(tmp_world: Any)
     world.put(b"seed")
 
     async def scenario() -> None:
-        s1, s2 = Stream(asyncio.Queue()), Stream(asyncio.Queue())
+        s1, s2 = Stream(), Stream()
         for i in range(2):
             assert not (await world.create(s1, b"k%d" % i, user="")).canceled
             assert not (await world.create(s2, b"k%d" % i, user="")).canceled

@@ -67,6 +67,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import STREAM_BATCH_BYTES
 from protos.mvccpb import kv_pb2
 from protos.storepb import store_pb2 as spb
+from raftgate.byte_queue import ByteQueue
 from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger("raftgate.store.watch")
@@ -214,26 +215,31 @@ class Watcher:
 
 @dataclass(eq=False)
 class Stream:
-    queue: asyncio.Queue[bytes | BaseException | None]
     watchers: dict[int, Watcher] = field(default_factory=dict)
     next_id: int = 0
     progress_pending: bool = False
     failed: bool = False
     limit: int = STREAM_BUFFER_BYTES
-    queued: int = 0  # bytes in `queue`
     key_bytes: int = 0  # keys and range ends of the watchers counted on this stream
-    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: queued <= limit / 2 (or failed)
     #: a sidecar-class stream: judges its vouched tokens again (None: a central caller's stream)
     judge: TokenJudge | None = None
     tokens: dict[str, _Held] = field(default_factory=dict)  # vouched tokens of open watchers
     token_added: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the stream's judging
 
+    #: responses the stream's writer has not taken, bounded in bytes: room while at most `limit`
+    #: bytes wait, and again once half is taken (or the stream failed); errors and the end count nothing
+    queue: ByteQueue[bytes | BaseException | None] = field(init=False)
+
     def __post_init__(self) -> None:
-        self.room.set()
+        self.queue = ByteQueue(self.limit + 1, resume_at=self.limit // 2)
+
+    @property
+    def room(self) -> asyncio.Event:
+        return self.queue.room
 
     def fits(self, size: int) -> bool:
         """Whether `size` more bytes of events may queue (an empty stream takes any one response)."""
-        return self.queued == 0 or self.queued + size <= self.limit
+        return self.queue.fits(size)
 
     def send(self, data: bytes) -> None:
         if self.failed:
@@ -244,15 +250,6 @@ class Stream:
             self.fail(EtcdError(Err.TOO_MANY_REQUESTS))
             return
         self.queue.put_nowait(data)
-        self.queued += len(data)
-        if self.queued > self.limit:
-            self.room.clear()
-
-    def taken(self, size: int) -> None:
-        """The stream's writer took `size` bytes off the queue."""
-        self.queued -= size
-        if self.queued <= self.limit // 2:
-            self.room.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.failed:
@@ -852,7 +849,7 @@ class WatchHub:
             await self.node.wait_applied(await self.node.read_index())
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = Stream(asyncio.Queue(), limit=self.stream_buffer_bytes, judge=judge)
+        stream = Stream(limit=self.stream_buffer_bytes, judge=judge)
         self._streams.add(stream)
 
         async def read() -> None:
@@ -882,7 +879,6 @@ class WatchHub:
                 batch: list[bytes] = []
                 size = 0
                 while isinstance(item, bytes):
-                    stream.taken(len(item))
                     batch.append(item)
                     size += len(item)
                     if len(batch) >= MAX_BATCH or size >= STREAM_BATCH_BYTES or stream.queue.empty():

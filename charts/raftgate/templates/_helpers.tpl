@@ -106,6 +106,9 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 {{- $client := .Values.auth.client -}}
+{{- if and .Values.gateway.enabled $client.secureTransport -}}
+{{- fail "gateway.enabled serves plain HTTP, and auth.client.secureTransport asks for TLS on the client port: passwords and tokens would cross the network in the clear on the gateway; turn one off" -}}
+{{- end -}}
 {{- if and $client.enableAuthentication (not $client.secureTransport) -}}
 {{- fail "auth.client.enableAuthentication needs auth.client.secureTransport (client certificates travel over TLS)" -}}
 {{- end -}}

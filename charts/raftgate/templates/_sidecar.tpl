@@ -146,6 +146,13 @@ securityContext:
 {{- $_ := set $p "resources" .Values.proxy.resources -}}
 {{- $_ := set $p "extraArgs" .Values.proxy.extraArgs -}}
 {{- $_ := set $p "extraEnv" .Values.proxy.extraEnv -}}
+{{- $_ := set $p "gateway" .Values.gateway.enabled -}}
+{{- $_ := set $p "gatewayPort" .Values.ports.gateway -}}
+{{- $svc := include "raftgate.client.service" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $hosts := list "localhost" $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
+{{- $_ := set $p "gatewayHosts" (join "," (concat $hosts (default (list) .Values.gateway.extraHosts))) -}}
+{{- $_ := set $p "gatewayCors" (join "," (default (list) .Values.gateway.cors)) -}}
 {{- $p = merge (include "raftgate.audit.params" .Values.proxy.audit | fromYaml) $p -}}
 {{- toYaml $p -}}
 {{- end -}}
@@ -162,6 +169,12 @@ localhost, which the internal certificate names; everything else goes to the lea
 {{- $_ := set $p "metricsPort" .Values.sidecar.metricsPort -}}
 {{- $_ := set $p "healthPort" .Values.sidecar.healthPort -}}
 {{- $_ := set $p "extraArgs" (concat (list (printf "--member-store-endpoint=localhost:%d" (int .Values.ports.internal))) (default (list) .Values.proxy.extraArgs)) -}}
+{{- if .Values.gateway.enabled -}}
+{{- /* the name this pod advertises for its gateway (the store's --advertise-gateway-urls) */ -}}
+{{- $_ := set $p "gatewayHosts" (printf "%s,$(POD_NAME).%s" (get $p "gatewayHosts") (include "raftgate.store.domain" .)) -}}
+{{- $podName := dict "name" "POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name")) -}}
+{{- $_ := set $p "extraEnv" (prepend (default (list) .Values.proxy.extraEnv) $podName) -}}
+{{- end -}}
 {{- toYaml $p -}}
 {{- end -}}
 
@@ -233,6 +246,13 @@ localhost, which the internal certificate names; everything else goes to the lea
     - --audit-fail-closed=true
     {{- end }}
     {{- end }}
+    {{- if .gateway }}
+    - --listen-gateway-urls=http://0.0.0.0:{{ .gatewayPort }}
+    - --host-whitelist={{ .gatewayHosts }}
+    {{- if .gatewayCors }}
+    - --cors={{ .gatewayCors }}
+    {{- end }}
+    {{- end }}
     {{- range .extraArgs }}
     - {{ . }}
     {{- end }}
@@ -244,6 +264,11 @@ localhost, which the internal certificate names; everything else goes to the lea
     {{- if .clientPort }}
     - name: client
       containerPort: {{ .clientPort }}
+      protocol: TCP
+    {{- end }}
+    {{- if .gateway }}
+    - name: {{ .portPrefix }}gateway
+      containerPort: {{ .gatewayPort }}
       protocol: TCP
     {{- end }}
     - name: {{ .portPrefix }}metrics

@@ -1,0 +1,93 @@
+"""The gateway's /health decides as etcd 3.5's checkV3Health (etcdhttp/metrics.go): an alarm not
+excluded, then no leader (unless serializable), then a one-key read whose "user name is empty" or
+"permission denied" counts as served. Callers without a token cannot multiply the store's work:
+concurrent checks with the same question share one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from protos.etcdserverpb import rpc_pb2 as pb
+from proxy.gateway_health import ALARM, RANGE, HealthChecker, check
+from raftgate.methods import Method
+
+
+class AioError(grpc.aio.AioRpcError):
+    def __init__(self, details: str) -> None:
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class Store:
+    def __init__(self, *, alarms: tuple[int, ...] = (), leader: int = 7, range_error: str | None = None,
+                 gate: asyncio.Event | None = None) -> None:
+        self.alarms = alarms
+        self.leader = leader
+        self.range_error = range_error
+        self.gate = gate
+        self.calls: list[str] = []
+        self.serializable: list[bool] = []
+
+    async def leader_id(self, timeout: float) -> int:
+        self.calls.append("leader")
+        return self.leader
+
+    async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes:
+        self.calls.append(method.name)
+        if self.gate is not None:
+            await self.gate.wait()
+        if method is ALARM:
+            return pb.AlarmResponse(alarms=[pb.AlarmMember(memberID=1, alarm=a) for a in self.alarms]
+                                    ).SerializeToString()
+        assert method is RANGE
+        self.serializable.append(pb.RangeRequest.FromString(request).serializable)
+        if self.range_error is not None:
+            raise AioError(self.range_error)
+        return pb.RangeResponse().SerializeToString()
+
+
+def run(store: Store, excluded: frozenset[str] = frozenset(), serializable: bool = False) -> tuple[bool, str]:
+    return asyncio.run(check(store, excluded, serializable))
+
+
+@pytest.mark.parametrize(("store", "excluded", "serializable", "answer"), [
+    (Store(), frozenset(), False, (True, "")),
+    (Store(alarms=(pb.AlarmType.NOSPACE,)), frozenset(), False, (False, "ALARM NOSPACE")),
+    (Store(alarms=(pb.AlarmType.NOSPACE,)), frozenset({"NOSPACE"}), False, (True, "")),
+    (Store(alarms=(pb.AlarmType.CORRUPT,)), frozenset({"NOSPACE"}), False, (False, "ALARM CORRUPT")),
+    (Store(leader=0), frozenset(), False, (False, "RAFT NO LEADER")),
+    (Store(leader=0), frozenset(), True, (True, "")),
+    (Store(range_error="etcdserver: user name is empty"), frozenset(), False, (True, "")),
+    (Store(range_error="etcdserver: permission denied"), frozenset(), False, (True, "")),
+    (Store(range_error="etcdserver: request timed out"), frozenset(), False,
+     (False, "RANGE ERROR:etcdserver: request timed out")),
+])
+def test_health_is_decided_as_etcd_decides_it(store: Store, excluded: frozenset[str], serializable: bool,
+                                                answer: tuple[bool, str]) -> None:
+    assert run(store, excluded, serializable) == answer
+
+
+def test_a_serializable_check_reads_serializably_and_asks_no_leader() -> None:
+    store = Store()
+    run(store, serializable=True)
+    assert "leader" not in store.calls and store.serializable == [True]
+
+
+def test_concurrent_checks_with_the_same_question_share_one() -> None:
+    async def scenario() -> tuple[list[tuple[bool, str]], Store]:
+        gate = asyncio.Event()
+        store = Store(gate=gate)
+        checker = HealthChecker(store)
+        waiting = [asyncio.ensure_future(checker.check(frozenset({"NOSPACE", "BOGUS"}), False)) for _ in range(50)]
+        while store.calls.count("Alarm") < 1:
+            await asyncio.sleep(0)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        gate.set()
+        return await asyncio.gather(*waiting), store
+
+    answers, store = asyncio.run(scenario())
+    assert answers == [(True, "")] * 50
+    assert store.calls == ["Alarm", "leader", "Range"]  # one check for all fifty callers
