@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2
-from proxy import instrument
+from proxy import instrument, passwords
 from proxy.authenticate import Authenticator
 from proxy.passwords import PasswordHasher
 from proxy.tokens.jwt import JwtProvider
@@ -241,24 +242,43 @@ def test_revision_retries_are_counted() -> None:
     assert value("raftgate_proxy_authenticate_revision_retries_total") == before + 2
 
 
-def test_bcrypt_queue_depth_counts_waiting_jobs() -> None:
+def test_bcrypt_queue_depth_counts_waiting_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four hashes on one worker: while the first runs, three wait, and the gauge says so. The
+    worker is held while the gauge is read: a worker that drains the queue before the read (its
+    thread runs whenever the test's thread drops the GIL) made this test fail once with 0."""
+    held = threading.Event()
+    real = passwords._hashpw
+
+    def hashpw_held(raw: bytes, cost: int) -> bytes:
+        held.wait(30)
+        return real(raw, cost)
+
+    monkeypatch.setattr(passwords, "_hashpw", hashpw_held)
+
     async def go() -> list[float]:
         hasher = PasswordHasher(4, 1)
         seen: list[float] = []
         try:
+            before = value("raftgate_proxy_bcrypt_queue_depth", operation="hash")
+            checks_before = value("raftgate_proxy_bcrypt_queue_depth", operation="check")
             jobs = [asyncio.ensure_future(hasher.hash("pw")) for _ in range(4)]
-            await asyncio.sleep(0)  # let every job reach the pool
-            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash"))
-            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="check"))
+            for _ in range(500):  # until the worker holds the first job (bounded: 5 s)
+                await asyncio.sleep(0.01)
+                if value("raftgate_proxy_bcrypt_queue_depth", operation="hash") - before == 3:
+                    break
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash") - before)
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="check") - checks_before)
+            held.set()
             await asyncio.gather(*jobs)
-            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash"))
+            seen.append(value("raftgate_proxy_bcrypt_queue_depth", operation="hash") - before)
         finally:
+            held.set()
             hasher.close()
         return seen
 
     waiting, checks_waiting, done = asyncio.run(go())
     # Hashing waits in its own lane: the check lane's depth does not move.
-    assert 1 <= waiting <= 4 and checks_waiting == 0 and done == 0
+    assert (waiting, checks_waiting, done) == (3, 0, 0)
 
 
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"  # "Metrics and health"
