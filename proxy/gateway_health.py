@@ -19,7 +19,6 @@ from typing import Protocol
 
 import grpc
 from aiohttp import web
-from multidict import MultiMapping
 
 from protos.etcdserverpb import rpc_pb2
 from proxy import metrics
@@ -103,7 +102,13 @@ async def check(store: Store, excluded: frozenset[str], serializable: bool) -> t
     return True, ""
 
 
-def excluded_alarms(query: MultiMapping[str]) -> frozenset[str]:
+class _Query(Protocol):
+    """A request's query parameters, a name given more than once kept each time (aiohttp's)."""
+
+    def getall(self, key: str, default: list[str], /) -> list[str]: ...
+
+
+def excluded_alarms(query: _Query) -> frozenset[str]:
     """The ``exclude`` values (etcd skips empty ones), at most MAX_EXCLUDED of them."""
     return frozenset(v for v in query.getall("exclude", [])[:MAX_EXCLUDED] if v)
 
