@@ -88,6 +88,7 @@ REVIEWED_CLEAN: dict[str, str] = {
     "prometheus-client": "none (reports against it name the Go client or Prometheus itself)",
     "grpcio-reflection": "advisories are filed against grpcio (same release line, floor equal)",
     "grpcio-health-checking": "advisories are filed against grpcio (same release line, floor equal)",
+    "google-crc32c": "googleapis/python-crc32c: none in the GitHub advisory database (reviewed 2026-12-06)",
 }
 
 

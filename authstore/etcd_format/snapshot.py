@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import google_crc32c
 import lmdb
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
@@ -400,38 +401,10 @@ def load(src: BucketSource, backend: Backend, now_ms: int) -> Loaded:
 # ---------------------------------------------------------------- etcdutl snapshot status
 
 
-def _crc32c_tables() -> tuple[list[int], ...]:
-    """Slicing-by-8 tables of CRC-32C (reflected polynomial 0x82F63B78)."""
-    t0 = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t0.append(c)
-    tables = [t0]
-    for _ in range(7):
-        prev = tables[-1]
-        tables.append([(prev[n] >> 8) ^ t0[prev[n] & 0xFF] for n in range(256)])
-    return tuple(tables)
-
-
-_CRC32C = _crc32c_tables()
-_WORDS = struct.Struct("<II")
-
-
 def crc32c(data: bytes, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli), which etcdutl's status hash is; no library of the project has it, so
-    it is computed here, eight bytes a step (about 5 MB/s on a slow core)."""
-    c = crc ^ 0xFFFFFFFF
-    t0, t1, t2, t3, t4, t5, t6, t7 = _CRC32C
-    whole = len(data) // 8 * 8
-    for lo, hi in _WORDS.iter_unpack(memoryview(data)[:whole]):
-        x = c ^ lo
-        c = (t7[x & 0xFF] ^ t6[(x >> 8) & 0xFF] ^ t5[(x >> 16) & 0xFF] ^ t4[x >> 24]
-             ^ t3[hi & 0xFF] ^ t2[(hi >> 8) & 0xFF] ^ t1[(hi >> 16) & 0xFF] ^ t0[hi >> 24])
-    for b in data[whole:]:
-        c = t0[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    """CRC-32C (Castagnoli), which etcdutl's status hash is: google-crc32c's C code (the pure
+    Python one ran at about 5 MB/s, 30 s for a 52 MiB snapshot)."""
+    return google_crc32c.extend(crc, data)
 
 
 @dataclass(frozen=True)
