@@ -33,7 +33,7 @@ from typing import Any
 from raftgate.config_support import MAX_PROXY_WORKERS, ConfigError, FlagParser, boolean, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
-from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, lock_data_dir, on_sighup, pass_on
+from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, check_listenable, lock_data_dir, on_sighup, pass_on
 from raftgate.process import Child as Process
 from raftgate.stop_signals import stop_on_signals
 
@@ -265,9 +265,8 @@ def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]])
                           "--metrics-addr")
         users[port] = what
     for what, host, port in wanted:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:  # SO_REUSEADDR as the servers do: a port in TIME_WAIT is free
-            socket.create_server((host, port), family=family).close()
+        try:
+            check_listenable(host, port)
         except OSError as exc:
             hint = (" (a member's peer URL is part of its identity: free the port, or start from an empty "
                     "--data-dir)") if "layout" in what else ""

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+from raftgate.process import check_listenable, stop_group
 
 VENV_BIN = Path(sys.executable).parent
 ETCD = str(VENV_BIN / "etcd")
@@ -70,11 +71,11 @@ def _claim(port: int) -> bool:
 
 
 def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+    """Free as the servers see it (raftgate/process.py)."""
+    try:
+        check_listenable("127.0.0.1", port)
+    except OSError:
+        return False
     return True
 
 
@@ -141,19 +142,9 @@ def etcdctl(
 
 
 def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """SIGTERM the process group, then SIGKILL it after `timeout`; return the leader's exit code."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    # Children that outlived the leader still belong to the group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    """The product's stop of a child in its own session (raftgate/process.py): SIGTERM to the group,
+    SIGKILL to what is left after `timeout`. Returns the leader's exit code."""
+    stop_group(proc, timeout)
     return proc.returncode
 
 
