@@ -513,8 +513,7 @@ def store_and_proxy(workdir: Path) -> Iterator[str]:
         wait_serving(f"http://127.0.0.1:{port}")
         yield f"127.0.0.1:{port}"
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from tests.support.processes import (
     etcdctl,
     new_server,
     skip_unless_available,
+    stop_together,
 )
 from tests.support.wclient import WatchStream, login, md
 
@@ -137,8 +138,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
             pytest.skip("raftgate local is not available")
         yield started
     finally:
-        for srv in started.values():
-            srv.stop()
+        stop_together(list(started.values()))
 
 
 @pytest.fixture(scope="module")
