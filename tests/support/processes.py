@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from raftgate.process import check_listenable, stop_group
+from raftgate.process import stop_group
 
 VENV_BIN = Path(sys.executable).parent
 ETCD = str(VENV_BIN / "etcd")
@@ -71,11 +72,14 @@ def _claim(port: int) -> bool:
 
 
 def _bindable(port: int) -> bool:
-    """Free as the servers see it (raftgate/process.py)."""
-    try:
-        check_listenable("127.0.0.1", port)
-    except OSError:
-        return False
+    """Stricter than the product's check (raftgate/process.py check_listenable, with SO_REUSEADDR as
+    the servers bind): tests bind ports of their own without SO_REUSEADDR, and such a bind fails on
+    a port still in TIME_WAIT, so a port handed out must take a plain bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
     return True
 
 
