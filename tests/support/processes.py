@@ -28,11 +28,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from raftgate.process import stop_group
+
+T = TypeVar("T")
 
 VENV_BIN = Path(sys.executable).parent
 ETCD = str(VENV_BIN / "etcd")
@@ -412,6 +416,14 @@ class EtcdServer(Process):
 
 
 BACKENDS = ("etcd", "raftgate")
+
+
+def side_by_side(kinds: Sequence[str], run: Callable[[str], T]) -> dict[str, T]:
+    """``run(kind)`` for each kind at once, in threads: the two sides of a comparison each wait on
+    their own server (watches left open, timeouts), so together they take the time of one."""
+    with ThreadPoolExecutor(max(1, len(kinds))) as pool:
+        futures = {kind: pool.submit(run, kind) for kind in kinds}
+        return {kind: future.result() for kind, future in futures.items()}
 
 
 def skip_unless_available(kind: str) -> None:
