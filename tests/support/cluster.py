@@ -296,27 +296,28 @@ def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None
     cluster = Cluster(workdir, sys.executable, secret.read_text(), members, f"127.0.0.1:{client_port}")
     try:
         errors: list[BaseException] = []
-
-        def start(node: Node) -> None:
-            try:
-                cluster.restart(node)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=start, args=(n,)) for n in members]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
         proxy = Program(workdir / "proxy",
                         ["proxy", "--listen-client-urls", client_url,
                          "--store-endpoints", ",".join(n.internal for n in members),
                          "--internal-secret-file", str(secret), "--bcrypt-cost", "4"],
                         "raftgate proxy:")
         cluster.extra_programs.append(proxy)
-        proxy.start()
+
+        def start(start_one: Callable[[], None]) -> None:
+            try:
+                start_one()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        # every program at once, the proxy too (it needs no store to start), as `raftgate local` does
+        starts: list[Callable[[], None]] = [lambda n=n: cluster.restart(n) for n in members]  # type: ignore[misc]
+        threads = [threading.Thread(target=start, args=(s,)) for s in [*starts, proxy.start]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
         yield cluster
     finally:
         cluster.close()
