@@ -210,7 +210,7 @@ def plan(quick: bool, nodes: list[int], tokens: list[str], costs: list[int]) -> 
 class Runner:
     def __init__(self, settings: Settings, workdir: Path, kinds: tuple[str, ...], only: str | None,
                  floor: bool = True, proxy_workers: int = 1, floor_once: bool = False,
-                 variants: list[Variant] | None = None) -> None:  # fmt: skip
+                 variants: list[Variant] | None = None, targets_per_mode: bool = False) -> None:  # fmt: skip
         self.s = settings
         self.workdir = workdir
         #: the measured columns, in rotation order (``kinds``, or the two of an A/B run)
@@ -225,6 +225,9 @@ class Runner:
         #: rows with the same load (it answers whatever the token, the user or the key), so the
         #: smoke run stays short; a full run measures it on every row, in the rotation.
         self.floor_once = floor_once
+        #: --quick: the rows of a mode share one set of targets instead of fresh ones per group of
+        #: rows (a target start is most of a smoke run; its numbers are not compared)
+        self.targets_per_mode = targets_per_mode
         self._floor_results: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.only = re.compile(only, re.I) if only else None
         ctx = multiprocessing.get_context("spawn")
@@ -276,16 +279,19 @@ class Runner:
         # fresh: no row is measured on a store that earlier rows filled (the 10,000-grant set-up,
         # thousands of logins and writes), whatever the token kind or the rows selected.
         for mode, specs in (("off", off), (phase.token, on)):
+            if self.targets_per_mode and specs:
+                self.run_group(phase, mode, specs)
+                continue
             for group in dict.fromkeys(s.group for s in specs):
                 self.run_group(phase, mode, [s for s in specs if s.group == group])
 
     def run_group(self, phase: Phase, mode: str, specs: list[Spec]) -> None:
         """Starts every target fresh (in parallel), sets them up, measures ``specs``, stops them."""
-        group = specs[0].group
-        tag = f"{phase.nodes}n-{phase.token}-cost{phase.cost}-{mode}-{group}"
+        groups = list(dict.fromkeys(s.group for s in specs))
+        tag = f"{phase.nodes}n-{phase.token}-cost{phase.cost}-{mode}-{'+'.join(groups)}"
         targets: dict[str, Target] = {}
         admins: dict[str, Admin] = {}
-        sizes = phase.grant_sizes if group == "grants" else []
+        sizes = phase.grant_sizes if "grants" in groups else []
 
         def start(v: Variant) -> None:
             t = make_target(v.kind, self.workdir / f"{tag}-{v.name}", phase.nodes, bcrypt_cost=phase.cost,
@@ -515,7 +521,8 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="The latest results and what they say: docs/benchmarks.md.",
     )
-    p.add_argument("--quick", action="store_true", help="a few seconds per row, fewer rows (the CI smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="a few seconds per row, fewer rows, a mode's rows on one set of targets (the CI smoke test)")
     p.add_argument("--out", default="bench-results", help="directory for results.json and chart.png")
     p.add_argument("--duration", type=float, help="seconds per measurement window (default 2, quick 0.5)")
     p.add_argument("--rounds", type=int, help="A B rounds per row (default 2, quick 1)")
@@ -601,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(stop_all)
     old = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGINT)}
     runner = Runner(settings, workdir, kinds, a.only, floor=FLOOR in wanted, proxy_workers=a.proxy_workers,
-                    floor_once=a.quick, variants=variants)  # fmt: skip
+                    floor_once=a.quick, variants=variants, targets_per_mode=a.quick)  # fmt: skip
     started = time.time()
     try:
         for phase in phases:

@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 
@@ -41,7 +40,7 @@ from prometheus_client.registry import CollectorRegistry
 from proxy.config import ConfigError, ProxyConfig, load
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
-from raftgate.process import STOPPED_BY_SIGNAL, Child, on_sighup, pass_on
+from raftgate.process import STOPPED_BY_SIGNAL, Child, check_listenable, on_sighup, pass_on
 from raftgate.stop_signals import stop_on_signals
 
 log = logging.getLogger("proxy.workers")
@@ -72,10 +71,8 @@ def check_ports_free(config: ProxyConfig) -> None:
     with each other only. Raises OSError in the words of a single proxy's failed bind."""
     for address in config.listen:
         host, port = address.rsplit(":", 1)
-        host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:  # SO_REUSEADDR as the servers: a port in TIME_WAIT is free
-            socket.create_server((host, int(port)), family=family).close()
+        try:
+            check_listenable(host.strip("[]"), int(port))
         except OSError:
             raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here"
                           ) from None

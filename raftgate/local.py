@@ -36,7 +36,7 @@ from typing import Any
 from raftgate.config_support import MAX_PROXY_WORKERS, ConfigError, FlagParser, boolean, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
-from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, lock_data_dir, on_sighup, pass_on
+from raftgate.process import STOPPED_BY_SIGNAL, DataDirInUse, check_listenable, lock_data_dir, on_sighup, pass_on
 from raftgate.process import Child as Process
 from raftgate.stop_signals import stop_on_signals
 
@@ -270,9 +270,8 @@ def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]])
                           "--metrics-addr")
         users[port] = what
     for what, host, port in wanted:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:  # SO_REUSEADDR as the servers do: a port in TIME_WAIT is free
-            socket.create_server((host, port), family=family).close()
+        try:
+            check_listenable(host, port)
         except OSError as exc:
             hint = (" (a member's peer URL is part of its identity: free the port, or start from an empty "
                     "--data-dir)") if "layout" in what else ""
@@ -523,8 +522,9 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy
     code = 0
     stopped_starting = False
     try:
-        await asyncio.gather(*(store.start() for store in stores))
-        await asyncio.gather(proxy.start(), *(m.start() for m in members))
+        # all at once: a proxy needs no store to start (it connects when asked), so the proxies'
+        # start-up overlaps the stores' election instead of following it
+        await asyncio.gather(*(store.start() for store in stores), proxy.start(), *(m.start() for m in members))
         processes: list[dict[str, Any]] = [
             {"role": "store", "pid": s.proc.pid if s.proc else None,
              **{k: v for k, v in n.items() if k != "proxy_argv"}} for s, n in zip(stores, layout, strict=True)

@@ -4,8 +4,9 @@
 store (its data-dir lock) and the bench (the systems it measures) each had a copy of these; the
 copies had begun to differ. One place now for: starting a child and waiting for its ready line,
 passing its output on, passing a signal on to it, stopping it (SIGTERM, then SIGKILL after a
-bound), telling a child the stop reached before its own handlers from a failed one, and the
-exclusive lock on a data dir. The graceful stop on SIGTERM/SIGINT itself: raftgate/stop_signals.py.
+bound), whether a port can be listened on before a child is started on it, telling a child the
+stop reached before its own handlers from a failed one, and the exclusive lock on a data dir.
+The graceful stop on SIGTERM/SIGINT itself: raftgate/stop_signals.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -137,6 +139,14 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> 
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+def check_listenable(host: str, port: int) -> None:
+    """Raises OSError unless ``host:port`` can be listened on now, as the servers listen
+    (SO_REUSEADDR: a port in TIME_WAIT is free). Checked before starting a server that would
+    otherwise fail later and less clearly."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socket.create_server((host, port), family=family).close()
 
 
 class DataDirInUse(Exception):

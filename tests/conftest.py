@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import BACKENDS, EtcdServer, RaftgateLocal, new_server, skip_unless_available
+from tests.support.processes import (
+    BACKENDS,
+    EtcdServer,
+    RaftgateLocal,
+    new_server,
+    skip_unless_available,
+    stop_together,
+)
 
 #: Raft timing for every store a test starts (read by `raftgate store` from its environment, also
 #: through `raftgate local`): half of etcd's defaults (100 ms heartbeats, 1 s election timeout),
@@ -52,8 +59,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., EtcdServer | Raftgate
         return server
 
     yield _start
-    for server in started:
-        server.stop()
+    stop_together(started)
 
 
 @pytest.fixture(params=BACKENDS)

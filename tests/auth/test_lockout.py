@@ -19,6 +19,7 @@ from tests.support.processes import (
     RaftgateLocal,
     free_port,
     proxy_program,
+    stop_together,
     store_program,
     wait_for,
     wait_serving,
@@ -87,8 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for channel in c.channels:
             channel.close()
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)
 
 
 def test_failures_over_two_proxies_lock_the_name_on_both(cluster: Cluster) -> None:

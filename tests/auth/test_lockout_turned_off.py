@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.processes import Program, free_port, proxy_program, stop_together, store_program, wait_serving
 
 pytestmark = pytest.mark.slow
 
@@ -52,5 +52,4 @@ def test_restarting_the_store_with_lockout_off_lifts_a_lock_taken_while_it_was_o
             wait_serving(f"http://127.0.0.1:{port}")
             assert login(auth, "root", "rootpw") == OK
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)

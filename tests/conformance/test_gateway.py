@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import BACKENDS, EtcdServer, RaftgateLocal, free_port, new_server, skip_unless_available
+from tests.support.processes import (
+    BACKENDS,
+    EtcdServer,
+    RaftgateLocal,
+    free_port,
+    new_server,
+    side_by_side,
+    skip_unless_available,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -216,14 +224,15 @@ CURL_ETCD_351: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[int, str, Any]]]:
-    """The curl session on each server (fresh, one after the other); each server stopped after."""
+    """The curl session on each server (fresh, both at once); each server stopped after."""
     if CURL is None:
         pytest.skip("curl is not installed")
-    out: dict[str, dict[str, tuple[int, str, Any]]] = {}
-    for kind in BACKENDS:
+
+    def run(kind: str) -> dict[str, tuple[int, str, Any]]:
         with _server(kind, tmp_path_factory) as base:
-            out[kind] = curl_session(base)
-    return out
+            return curl_session(base)
+
+    return side_by_side(BACKENDS, run)
 
 
 class _server:
@@ -291,8 +300,8 @@ def test_watch_stream_matches_etcd(tmp_path_factory: pytest.TempPathFactory) -> 
     for a PUT); a denied watch still gets 200 with created, canceled and the cancel reason."""
     if CURL is None:
         pytest.skip("curl is not installed")
-    seen: dict[str, list[Any]] = {}
-    for kind in BACKENDS:
+
+    def run(kind: str) -> list[Any]:
         with _server(kind, tmp_path_factory) as base:
             c = Curl(base)
             lines: list[Any] = []
@@ -322,7 +331,9 @@ def test_watch_stream_matches_etcd(tmp_path_factory: pytest.TempPathFactory) -> 
                 lines.append(denied.next())
             finally:
                 denied.close()
-            seen[kind] = lines
+            return lines
+
+    seen = side_by_side(BACKENDS, run)
     created, put1, put2, deleted, timed_out, refused = seen["raftgate"]
     assert timed_out[1:] == [{"error": {"grpc_code": 4, "http_code": 504, "message": "context deadline exceeded",
                                         "http_status": "Gateway Timeout"}}, "200"]
@@ -342,16 +353,18 @@ def test_watch_stream_status_line(tmp_path_factory: pytest.TempPathFactory) -> N
     """The stream's HTTP head as curl shows it: 200, application/json, chunked."""
     if CURL is None:
         pytest.skip("curl is not installed")
-    heads: dict[str, list[str]] = {}
-    for kind in BACKENDS:
+
+    def run(kind: str) -> list[str]:
         with _server(kind, tmp_path_factory) as base:
             proc = subprocess.run([CURL, "-s", "-i", "-X", "POST", base + "/v3/lease/keepalive", "-d",
                                    '{"ID": 1}'], capture_output=True, timeout=WAIT, check=True)
             head = proc.stdout.decode().split("\r\n\r\n", 1)[0].split("\r\n")
-            heads[kind] = sorted(h.lower() for h in head
-                                 if h.split(":")[0].lower() in ("content-type", "transfer-encoding",
-                                                                "grpc-metadata-content-type")
-                                 or h.startswith("HTTP/"))
+            return sorted(h.lower() for h in head
+                          if h.split(":")[0].lower() in ("content-type", "transfer-encoding",
+                                                         "grpc-metadata-content-type")
+                          or h.startswith("HTTP/"))
+
+    heads = side_by_side(BACKENDS, run)
     assert heads["raftgate"] == heads["etcd"]
     assert "transfer-encoding: chunked" in heads["raftgate"]
 
@@ -425,10 +438,11 @@ def etcd3gw_session(base: str) -> dict[str, Any]:
 
 
 def test_etcd3gw_matches_etcd(tmp_path_factory: pytest.TempPathFactory) -> None:
-    seen: dict[str, dict[str, Any]] = {}
-    for kind in BACKENDS:
+    def run(kind: str) -> dict[str, Any]:
         with _server(kind, tmp_path_factory) as base:
-            seen[kind] = etcd3gw_session(base)
+            return etcd3gw_session(base)
+
+    seen = side_by_side(BACKENDS, run)
     r = seen["raftgate"]
     assert r["get"] == [b"1"] and r["get_missing"] == []
     assert r["lease_keys"] == [b"/e3/l"] and r["lease_refresh"] == 60 and r["lease_ttl_gone"] == -1

@@ -37,7 +37,7 @@ from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2
 from raftgate.secret_proof import proving_channel
 from tests.support.linearizability import CAS, GET, PUT, History, Op, check
-from tests.support.processes import Program, RaftgateLocal, free_port, wait_for
+from tests.support.processes import Process, Program, RaftgateLocal, free_port, stop_together, wait_for
 
 STORE_SERVICE = "/raftgate.storepb.Store/"
 #: internal responses carry the answer under the request's field number in InternalRaftRequest
@@ -222,15 +222,14 @@ class Cluster:
                                name=node.name, python=self.python)
         node.program.start(timeout=timeout)
 
-    def close(self) -> None:
+    def close(self, *others: Process) -> None:
+        """Stops the nodes we started, the extra programs and ``others``, all at once."""
+        stop_together([*(n.program for n in self.nodes if n.program is not None), *self.extra_programs],
+                      timeout=5, others=others)
         for node in self.nodes:
-            if node.program is not None:
-                node.program.stop(timeout=5)
             if node.channel is not None:
                 node.channel.close()
                 node.channel = None
-        for prog in self.extra_programs:
-            prog.stop(timeout=5)
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -264,8 +263,9 @@ def local_cluster(workdir: Path, nodes: int = 3) -> Iterator[Cluster]:
         yield cluster
     finally:
         if cluster is not None:
-            cluster.close()
-        local.stop()
+            cluster.close(local)
+        else:
+            local.stop()
 
 
 def store_argv(name: str, data_dir: Path, internal_port: int, peer_port: int, secret: Path,
@@ -296,27 +296,28 @@ def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None
     cluster = Cluster(workdir, sys.executable, secret.read_text(), members, f"127.0.0.1:{client_port}")
     try:
         errors: list[BaseException] = []
-
-        def start(node: Node) -> None:
-            try:
-                cluster.restart(node)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=start, args=(n,)) for n in members]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
         proxy = Program(workdir / "proxy",
                         ["proxy", "--listen-client-urls", client_url,
                          "--store-endpoints", ",".join(n.internal for n in members),
                          "--internal-secret-file", str(secret), "--bcrypt-cost", "4"],
                         "raftgate proxy:")
         cluster.extra_programs.append(proxy)
-        proxy.start()
+
+        def start(start_one: Callable[[], None]) -> None:
+            try:
+                start_one()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        # every program at once, the proxy too (it needs no store to start), as `raftgate local` does
+        starts: list[Callable[[], None]] = [lambda n=n: cluster.restart(n) for n in members]  # type: ignore[misc]
+        threads = [threading.Thread(target=start, args=(s,)) for s in [*starts, proxy.start]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
         yield cluster
     finally:
         cluster.close()

@@ -28,9 +28,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+from raftgate.process import stop_group
+
+T = TypeVar("T")
 
 VENV_BIN = Path(sys.executable).parent
 ETCD = str(VENV_BIN / "etcd")
@@ -70,6 +76,9 @@ def _claim(port: int) -> bool:
 
 
 def _bindable(port: int) -> bool:
+    """Stricter than the product's check (raftgate/process.py check_listenable, with SO_REUSEADDR as
+    the servers bind): tests bind ports of their own without SO_REUSEADDR, and such a bind fails on
+    a port still in TIME_WAIT, so a port handed out must take a plain bind."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -141,19 +150,9 @@ def etcdctl(
 
 
 def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """SIGTERM the process group, then SIGKILL it after `timeout`; return the leader's exit code."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    # Children that outlived the leader still belong to the group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    """The product's stop of a child in its own session (raftgate/process.py): SIGTERM to the group,
+    SIGKILL to what is left after `timeout`. Returns the leader's exit code."""
+    stop_group(proc, timeout)
     return proc.returncode
 
 
@@ -297,6 +296,21 @@ class Process:
         return self.endpoint.removeprefix("http://")
 
 
+def stop_together(processes: Sequence[Process], timeout: float = 15.0,
+                  others: Sequence[Process] = ()) -> None:
+    """Stops every process at once, as :meth:`Process.stop` does (``others`` with their own
+    default timeout): a cluster's members stopped one by one wait on each other (a leader hands
+    over, peers retry the stopped one); all at once they stop in about the time of one."""
+    stops = [(p, timeout) for p in processes if p.proc is not None]
+    stops += [(p, None) for p in others if p.proc is not None]
+    threads = [threading.Thread(target=p.stop, kwargs={} if t is None else {"timeout": t}, daemon=True)
+               for p, t in stops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 class RaftgateLocal(Process):
     """`raftgate local` in its own data dir; restartable on the same dir and port."""
 
@@ -399,6 +413,14 @@ class EtcdServer(Process):
 BACKENDS = ("etcd", "raftgate")
 
 
+def side_by_side(kinds: Sequence[str], run: Callable[[str], T]) -> dict[str, T]:
+    """``run(kind)`` for each kind at once, in threads: the two sides of a comparison each wait on
+    their own server (watches left open, timeouts), so together they take the time of one."""
+    with ThreadPoolExecutor(max(1, len(kinds))) as pool:
+        futures = {kind: pool.submit(run, kind) for kind in kinds}
+        return {kind: future.result() for kind, future in futures.items()}
+
+
 def skip_unless_available(kind: str) -> None:
     if kind == "etcd" and not EtcdServer.available():
         pytest.skip("real etcd binary not installed")
@@ -493,8 +515,7 @@ def store_and_proxy(workdir: Path) -> Iterator[str]:
         wait_serving(f"http://127.0.0.1:{port}")
         yield f"127.0.0.1:{port}"
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.processes import Program, free_port, proxy_program, stop_together, store_program, wait_serving
 
 ROOT_PW = "root-pw"
 
@@ -37,8 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=30)
         yield targets
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)
 
 
 def _token(target: str, name: str, password: str) -> str:

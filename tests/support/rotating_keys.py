@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from protos.authpb import auth_pb2
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from tests.support.oidc_issuer import AUDIENCE
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.processes import Program, free_port, proxy_program, stop_together, store_program, wait_serving
 
 SIDECAR_SECRET = "sidecar-secret-for-tests-0123456789"
 ISSUER = "https://issuer.invalid"
@@ -100,5 +100,4 @@ def rotating_key_cluster(work: Path, workload_keys: list[dict[str, Any]]) -> Ite
     finally:
         for ch in channels:
             ch.close()
-        for p in reversed(started):
-            p.stop()
+        stop_together(started)

@@ -17,6 +17,9 @@ from tests.support.processes import EtcdServer, RaftgateLocal, etcdctl, wait_for
 pytestmark = pytest.mark.slow
 
 ROOT = "root:rootpw"
+#: etcdctl waits its whole command timeout (5 s by default) for a member that is down; 2 s is
+#: still long for a live member's answer, and the same on both sides of each comparison
+DOWN_TIMEOUT = "--command-timeout=2s"
 
 
 def _json(endpoint: str, *args: str, user: str | None = None) -> Any:
@@ -52,13 +55,13 @@ def _check_rows(rows: list[dict[str, Any]], url_of: dict[str, int], etcd_row: di
 def _health_of_down(endpoints: str, down: str, user: str | None = None) -> tuple[dict[str, Any], str]:
     """`endpoint health` where the member at `down` is down: its JSON row, and its line of the
     plain output with its URL left out (the rest of `endpoints` must be healthy)."""
-    rc, out, err = etcdctl(endpoints, "endpoint", "health", "-w", "json", user=user)
+    rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "health", "-w", "json", user=user)
     assert rc != 0, out
     rows = json.loads(out)
     assert all(r["health"] for r in rows if r["endpoint"] != down), rows
     row = next(r for r in rows if r["endpoint"] == down)
     assert not row["health"], rows
-    rc, out, err = etcdctl(endpoints, "endpoint", "health", user=user)
+    rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "health", user=user)
     assert rc != 0 and "Error: unhealthy cluster" in err, err
     lines = [line for line in out.splitlines() + err.splitlines() if line.startswith(f"{down} ")]
     assert len(lines) == 1, (out, err)
@@ -116,7 +119,7 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         name = next(m["name"] for m in members if m["ID"] == follower["Status"]["header"]["member_id"])
         store = next(p for p in state["processes"] if p["role"] == "store" and p["name"] == name)  # type: ignore[index]
         os.kill(int(store["pid"]), signal.SIGKILL)
-        rc, out, err = etcdctl(endpoints, "endpoint", "status", "-w", "json", user=ROOT)
+        rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "status", "-w", "json", user=ROOT)
         assert rc != 0 and f"Failed to get the status of endpoint {follower['Endpoint']}" in err, err
         alive = json.loads(out)
         assert sorted(r["Endpoint"] for r in alive) == sorted(u for u in url_of if u != follower["Endpoint"])

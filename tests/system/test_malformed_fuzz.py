@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
-from tests.support.processes import EtcdServer, RaftgateLocal, new_server, skip_unless_available
+from tests.support.processes import EtcdServer, RaftgateLocal, new_server, skip_unless_available, stop_together
 
 UNARY = "grpc: error unmarshalling request: "
 STREAM = "grpc: failed to unmarshal the received message: "
@@ -134,8 +134,7 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Side]
     finally:
         for side in started.values():
             side.channel.close()
-        for server in servers:
-            server.stop()
+        stop_together(servers)
 
 
 @pytest.mark.parametrize(("path", "client_streaming", "server_streaming"), _methods(), ids=lambda v: str(v))

@@ -22,6 +22,7 @@ from tests.support.processes import (
     free_port,
     proxy_program,
     secret_file,
+    stop_together,
     store_program,
     wait_for,
     wait_serving,
@@ -66,8 +67,7 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path,
         wait_serving(f"127.0.0.1:{port}")
         yield f"127.0.0.1:{port}", proxy_metrics, store_metrics
     finally:
-        for program in reversed(started):
-            program.stop()
+        stop_together(started)
 
 
 def _put(target: str, n: int = 3) -> None:

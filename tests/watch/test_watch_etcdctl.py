@@ -10,7 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.processes import ETCDCTL, EtcdServer, RaftgateLocal, etcdctl, new_server, skip_unless_available
+from tests.support.processes import (
+    ETCDCTL,
+    EtcdServer,
+    RaftgateLocal,
+    etcdctl,
+    new_server,
+    side_by_side,
+    skip_unless_available,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -72,17 +80,20 @@ def scenario(srv: Server) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, object]]]:
-    out: dict[str, dict[str, object]] = {}
-    for kind in ("etcd", "raftgate"):
+    kinds = ("etcd", "raftgate")
+    for kind in kinds:
         skip_unless_available(kind)
-        srv = new_server(kind, tmp_path_factory.mktemp(f"ctlwatch-{kind}"),
-                         **({"extra_args": ["--nodes", "1"]} if kind == "raftgate" else {}))
+    dirs = {kind: tmp_path_factory.mktemp(f"ctlwatch-{kind}") for kind in kinds}
+
+    def run(kind: str) -> dict[str, object]:
+        srv = new_server(kind, dirs[kind], **({"extra_args": ["--nodes", "1"]} if kind == "raftgate" else {}))
         srv.start()
         try:
-            out[kind] = scenario(srv)
+            return scenario(srv)
         finally:
             srv.stop()
-    yield out
+
+    yield side_by_side(kinds, run)
 
 
 @pytest.mark.parametrize("case", ["history", "live", "from_key_root", "denied_prefix", "denied_from_key"])

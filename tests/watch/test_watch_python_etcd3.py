@@ -33,7 +33,9 @@ from tests.support.processes import (
     client_script_env,
     etcdctl,
     new_server,
+    side_by_side,
     skip_unless_available,
+    stop_together,
 )
 from tests.support.wclient import WatchStream, login, md
 
@@ -135,19 +137,19 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
                 assert rc == 0, (kind, args, out, err)
         yield started
     finally:
-        for srv in started.values():
-            srv.stop()
+        stop_together(list(started.values()))
 
 
 @pytest.fixture(scope="module")
 def etcd3_results(servers: dict[str, Server]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for kind, srv in servers.items():
+    def run(kind: str) -> dict[str, Any]:
         proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "clients" / "etcd3_watch_client.py"),
-                               srv.target], capture_output=True, text=True, env=client_script_env(), timeout=90)
+                               servers[kind].target], capture_output=True, text=True, env=client_script_env(),
+                              timeout=90)
         assert proc.returncode == 0, f"{kind}: etcd3_watch_client.py failed:\n{proc.stderr[-4000:]}"
-        out[kind] = json.loads(proc.stdout)
-    return out
+        return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+    return side_by_side(list(servers), run)
 
 
 def expected_for(kind: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from protos.storepb import store_pb2 as spb
 from raftgate.errors import Err, EtcdError
 from raftgate.secret_proof import INTERNAL, Prover
 from tests.support.cluster import program_cluster
-from tests.support.processes import Program, free_port, proxy_program, store_program, wait_serving
+from tests.support.processes import Program, free_port, proxy_program, stop_together, store_program, wait_serving
 from tests.support.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
@@ -77,8 +77,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             app = auth.Authenticate(pb.AuthenticateRequest(name="app", password="apppw"), timeout=10).token
         yield Setup(internal, f"127.0.0.1:{port}", app, (("token", root),))
     finally:
-        for p in reversed(started):
-            p.stop()
+        stop_together(started)
 
 
 def _resume(watch_id: int, token: str) -> bytes:
