@@ -9,9 +9,10 @@ import asyncio
 
 import grpc
 import pytest
+from multidict import MultiDict
 
 from protos.etcdserverpb import rpc_pb2 as pb
-from proxy.gateway_health import ALARM, RANGE, HealthChecker, check
+from proxy.gateway_health import ALARM, RANGE, HealthChecker, check, excluded_alarms
 from raftgate.methods import Method
 
 
@@ -91,3 +92,12 @@ def test_concurrent_checks_with_the_same_question_share_one() -> None:
     answers, store = asyncio.run(scenario())
     assert answers == [(True, "")] * 50
     assert store.calls == ["Alarm", "leader", "Range"]  # one check for all fifty callers
+
+
+def test_every_exclude_value_is_read_and_only_alarm_names_are_kept() -> None:
+    """etcd reads every ``exclude``: NOSPACE after sixteen others still counts. What is kept is at
+    most etcd's alarm names, so a long query costs nothing later."""
+    others = [("exclude", f"X{i}") for i in range(500)]
+    query = MultiDict([("exclude", "CORRUPT")] * 16 + [("exclude", "NOSPACE")] + others)
+    assert excluded_alarms(query) == frozenset({"CORRUPT", "NOSPACE"})
+    assert excluded_alarms(MultiDict([("exclude", ""), ("serializable", "true")])) == frozenset()
