@@ -3,8 +3,10 @@
 Kubernetes probes point at it, so it needs no token. ``GET /health`` answers 200
 ``{"health":"true","reason":""}``, or 503 with the reason (``RAFT NO LEADER``, ``ALARM NOSPACE``,
 ``RANGE ERROR:<etcd's error>``) when the store could not serve: the node this proxy stands for
-(a member proxy's own node) must follow a leader, and a one-key read without a token must be
-answered, where etcd's "user name is empty" and "permission denied" count as answered, as in etcd.
+(a member proxy's own node) must have no alarm and follow a leader, which it tells the proxy over
+the internal API (no user: etcd reads its own alarm list, and raftgate's Alarm GET needs a user
+with auth on), and a one-key read without a token must be answered, where etcd's "user name is
+empty" and "permission denied" count as answered, as in etcd.
 ``?serializable=true`` skips the leader check and reads serializably (a liveness probe of this
 member); ``?exclude=NOSPACE`` (repeatable) ignores that alarm. Other methods: 405 with ``Allow: GET``.
 etcd 3.5.1 serves no ``/readyz`` or ``/livez`` (those came with 3.6): they are 404 here too.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 import grpc
@@ -41,13 +44,13 @@ ALARM_NAMES = frozenset(rpc_pb2.AlarmType.keys())
 
 _BY_NAME = {(m.service, m.name): m for m in METHODS}
 RANGE: Method = _BY_NAME[("KV", "Range")]
-ALARM: Method = _BY_NAME[("Maintenance", "Alarm")]
 
 
 class Store(Protocol):
-    """What the check asks: the leader the node follows, and a request as an anonymous client."""
+    """What the check asks: the node's own state (the leader it follows, its alarms; None when it
+    does not answer), and a request as an anonymous client."""
 
-    async def leader_id(self, timeout: float) -> int: ...
+    async def node_state(self, timeout: float) -> tuple[int, Sequence[rpc_pb2.AlarmMember]] | None: ...
 
     async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes: ...
 
@@ -58,8 +61,9 @@ class PipelineStore:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def leader_id(self, timeout: float) -> int:
-        return await self.pipeline.store.leader_id(timeout)
+    async def node_state(self, timeout: float) -> tuple[int, Sequence[rpc_pb2.AlarmMember]] | None:
+        answer = await self.pipeline.store.node_state(timeout)
+        return None if answer is None else (answer.leader_id, answer.alarms)
 
     async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes:
         return await self.pipeline.forward_as(None, method, request, timeout)
@@ -76,23 +80,17 @@ def _details(error: BaseException) -> str:
 async def check(store: Store, excluded: frozenset[str], serializable: bool) -> tuple[bool, str]:
     """(healthy, reason) as etcd's checkV3Health decides them."""
     try:
-        answer = await store.forward_anonymous(ALARM, rpc_pb2.AlarmRequest(
-            action=rpc_pb2.AlarmRequest.GET).SerializeToString(), CHECK_TIMEOUT)
-        alarms = rpc_pb2.AlarmResponse.FromString(answer).alarms
-    except Exception:  # an alarm list this caller may not read (auth on): the read below still decides
-        alarms = []
+        state = await store.node_state(CHECK_TIMEOUT)
+    except Exception:
+        state = None
+    leader, alarms = state if state is not None else (0, ())  # a node that does not answer leads nothing
     for alarm in alarms:
         name = rpc_pb2.AlarmType.Name(alarm.alarm) if alarm.alarm in rpc_pb2.AlarmType.values() else ""
         if name in excluded:
             continue
         return False, f"ALARM {_ALARMS.get(alarm.alarm, 'UNKNOWN')}"
-    if not serializable:
-        try:
-            leader = await store.leader_id(CHECK_TIMEOUT)
-        except Exception:
-            leader = 0
-        if not leader:
-            return False, "RAFT NO LEADER"
+    if not serializable and not leader:
+        return False, "RAFT NO LEADER"
     request = rpc_pb2.RangeRequest(key=b"\x00", keys_only=True, limit=1, serializable=serializable)
     try:
         await store.forward_anonymous(RANGE, request.SerializeToString(), CHECK_TIMEOUT)

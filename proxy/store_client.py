@@ -354,19 +354,24 @@ class StoreClient:
         """The leader the node this proxy stands for follows (a member proxy: its own node, as an
         etcd member answers /health for itself; else the leader as the cluster names it); 0 when
         none is known or no node answers within ``timeout``."""
-        async with asyncio.timeout(timeout):
-            for attempt in range(2):
-                ep = self._member or self._leader
-                try:
-                    answer = await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(), timeout=timeout,
-                                                                        metadata=md), timeout)
-                except grpc.aio.AioRpcError:
-                    if self._member is not None or attempt:
-                        return 0
-                    await self._rediscover()  # the leader guessed may be gone: ask the others
-                    continue
-                return answer.leader_id
-        return 0
+        answer = await self.node_state(timeout)
+        return answer.leader_id if answer is not None else 0
+
+    async def node_state(self, timeout: float) -> store_pb2.LeaderResponse | None:
+        """What the node this proxy stands for says of itself (see ``leader_id``): the leader it
+        follows and the alarms it has applied; None when no node answers within ``timeout``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                for attempt in range(2):
+                    ep = self._member or self._leader
+                    try:
+                        return await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(),
+                                                                           timeout=timeout, metadata=md), timeout)
+                    except grpc.aio.AioRpcError:
+                        if self._member is not None or attempt:
+                            return None
+                        await self._rediscover()  # the leader guessed may be gone: ask the others
+        return None
 
     async def _rediscover(self) -> None:
         """One discovery at a time, shared by every request that noticed the leader is gone."""

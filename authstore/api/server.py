@@ -527,7 +527,8 @@ class StoreService:
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
-                                  members=self.maintenance.store_members()).SerializeToString()
+                                  members=self.maintenance.store_members(),
+                                  alarms=self.maintenance.alarms()).SerializeToString()
 
 
 def check_answer_size(body: bytes) -> bytes:

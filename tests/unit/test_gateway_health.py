@@ -12,7 +12,7 @@ import pytest
 from multidict import MultiDict
 
 from protos.etcdserverpb import rpc_pb2 as pb
-from proxy.gateway_health import ALARM, RANGE, HealthChecker, check, excluded_alarms
+from proxy.gateway_health import RANGE, HealthChecker, check, excluded_alarms
 from raftgate.methods import Method
 
 
@@ -31,17 +31,14 @@ class Store:
         self.calls: list[str] = []
         self.serializable: list[bool] = []
 
-    async def leader_id(self, timeout: float) -> int:
-        self.calls.append("leader")
-        return self.leader
+    async def node_state(self, timeout: float) -> tuple[int, list[pb.AlarmMember]]:
+        self.calls.append("node")
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.leader, [pb.AlarmMember(memberID=1, alarm=a) for a in self.alarms]
 
     async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes:
         self.calls.append(method.name)
-        if self.gate is not None:
-            await self.gate.wait()
-        if method is ALARM:
-            return pb.AlarmResponse(alarms=[pb.AlarmMember(memberID=1, alarm=a) for a in self.alarms]
-                                    ).SerializeToString()
         assert method is RANGE
         self.serializable.append(pb.RangeRequest.FromString(request).serializable)
         if self.range_error is not None:
@@ -70,10 +67,10 @@ def test_health_is_decided_as_etcd_decides_it(store: Store, excluded: frozenset[
     assert run(store, excluded, serializable) == answer
 
 
-def test_a_serializable_check_reads_serializably_and_asks_no_leader() -> None:
-    store = Store()
-    run(store, serializable=True)
-    assert "leader" not in store.calls and store.serializable == [True]
+def test_a_serializable_check_reads_serializably_and_needs_no_leader() -> None:
+    store = Store(leader=0)
+    assert run(store, serializable=True) == (True, "")
+    assert store.serializable == [True]
 
 
 def test_concurrent_checks_with_the_same_question_share_one() -> None:
@@ -82,7 +79,7 @@ def test_concurrent_checks_with_the_same_question_share_one() -> None:
         store = Store(gate=gate)
         checker = HealthChecker(store)
         waiting = [asyncio.ensure_future(checker.check(frozenset({"NOSPACE", "BOGUS"}), False)) for _ in range(50)]
-        while store.calls.count("Alarm") < 1:
+        while store.calls.count("node") < 1:
             await asyncio.sleep(0)
         for _ in range(10):
             await asyncio.sleep(0)
@@ -91,7 +88,7 @@ def test_concurrent_checks_with_the_same_question_share_one() -> None:
 
     answers, store = asyncio.run(scenario())
     assert answers == [(True, "")] * 50
-    assert store.calls == ["Alarm", "leader", "Range"]  # one check for all fifty callers
+    assert store.calls == ["node", "Range"]  # one check for all fifty callers
 
 
 def test_every_exclude_value_is_read_and_only_alarm_names_are_kept() -> None:
