@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 #: etcd's request timeout with its default election timeout (5 s + 2 x 1 s): the read's bound
 CHECK_TIMEOUT = 7.0
-#: at most this many ``exclude`` values are read (a probe names one or two)
-MAX_EXCLUDED = 16
 #: the errors etcd's checkV3Health counts as a served read (auth.ErrUserEmpty, auth.ErrPermissionDenied)
 SERVED = ("etcdserver: user name is empty", "etcdserver: permission denied")
 _ALARMS = {rpc_pb2.AlarmType.NOSPACE: "NOSPACE", rpc_pb2.AlarmType.CORRUPT: "CORRUPT"}
@@ -102,8 +100,10 @@ async def check(store: Store, excluded: frozenset[str], serializable: bool) -> t
 
 
 def excluded_alarms(query: MultiMapping[str]) -> frozenset[str]:
-    """The ``exclude`` values (etcd skips empty ones), at most MAX_EXCLUDED of them."""
-    return frozenset(v for v in query.getall("exclude", [])[:MAX_EXCLUDED] if v)
+    """The alarm names among the ``exclude`` values: every value is read, as etcd reads them (the
+    request line bounds how many), and only etcd's alarm names are kept, as only they can change
+    an answer."""
+    return frozenset(v for v in query.getall("exclude", []) if v in ALARM_NAMES)
 
 
 class HealthChecker:
