@@ -12,6 +12,7 @@ import pytest
 from multidict import MultiDict
 
 from protos.etcdserverpb import rpc_pb2 as pb
+from proxy import gateway_health
 from proxy.gateway_health import RANGE, HealthChecker, check, excluded_alarms
 from raftgate.methods import Method
 
@@ -98,3 +99,42 @@ def test_every_exclude_value_is_read_and_only_alarm_names_are_kept() -> None:
     query = MultiDict([("exclude", "CORRUPT")] * 16 + [("exclude", "NOSPACE")] + others)
     assert excluded_alarms(query) == frozenset({"CORRUPT", "NOSPACE"})
     assert excluded_alarms(MultiDict([("exclude", ""), ("serializable", "true")])) == frozenset()
+
+
+class SilentStore:
+    """A node that never answers (stopped, or cut off with its connections open): every call lasts
+    the whole time it is given; the deadline each call was given is recorded."""
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+
+    async def node_state(self, timeout: float) -> None:
+        self.deadlines.append(asyncio.get_running_loop().time() + timeout)
+        await asyncio.sleep(timeout)
+        return None
+
+    async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes:
+        self.deadlines.append(asyncio.get_running_loop().time() + timeout)
+        await asyncio.sleep(timeout)
+        raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   "Deadline Exceeded")
+
+
+@pytest.mark.parametrize(("serializable", "reason"), [
+    (False, "RAFT NO LEADER"), (True, "RANGE ERROR:context deadline exceeded")])
+def test_a_silent_node_is_answered_within_one_check_timeout_in_etcds_words(
+        monkeypatch: pytest.MonkeyPatch, serializable: bool, reason: str) -> None:
+    """etcd bounds its whole check by its request timeout (its alarms and leader are its own); a
+    read that ran out of time says Go's ``context deadline exceeded``. Before the fix each step
+    had the whole timeout (14 s for a stopped node) and the reason was gRPC's ``Deadline Exceeded``."""
+    monkeypatch.setattr(gateway_health, "CHECK_TIMEOUT", 0.2)
+
+    async def scenario() -> tuple[tuple[bool, str], float, list[float]]:
+        store = SilentStore()
+        started = asyncio.get_running_loop().time()
+        answer = await check(store, frozenset(), serializable)
+        return answer, started, store.deadlines
+
+    answer, started, deadlines = asyncio.run(scenario())
+    assert answer == (False, reason)
+    assert deadlines and all(d <= started + 0.2 + 1e-3 for d in deadlines), [d - started for d in deadlines]
