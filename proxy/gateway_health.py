@@ -67,16 +67,23 @@ class PipelineStore:
         return await self.pipeline.forward_as(None, method, request, timeout)
 
 
+#: Go's context.DeadlineExceeded, as etcd words a read that ran out of time
+DEADLINE = "context deadline exceeded"
+
+
 def _details(error: BaseException) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
-        return error.details() or ""
+        return DEADLINE if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED else error.details() or ""
     if isinstance(error, TimeoutError):
-        return "context deadline exceeded"
+        return DEADLINE
     return str(error) or type(error).__name__
 
 
 async def check(store: Store, excluded: frozenset[str], serializable: bool) -> tuple[bool, str]:
-    """(healthy, reason) as etcd's checkV3Health decides them."""
+    """(healthy, reason) as etcd's checkV3Health decides them, within CHECK_TIMEOUT in all (etcd's
+    alarms and leader are its own; its read has the request timeout): each step has what is left."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CHECK_TIMEOUT
     try:
         state = await store.node_state(CHECK_TIMEOUT)
     except Exception:
@@ -90,8 +97,12 @@ async def check(store: Store, excluded: frozenset[str], serializable: bool) -> t
     if not serializable and not leader:
         return False, "RAFT NO LEADER"
     request = rpc_pb2.RangeRequest(key=b"\x00", keys_only=True, limit=1, serializable=serializable)
+    left = deadline - loop.time()
+    if left <= 0:
+        return False, f"RANGE ERROR:{DEADLINE}"
     try:
-        await store.forward_anonymous(RANGE, request.SerializeToString(), CHECK_TIMEOUT)
+        async with asyncio.timeout(left):
+            await store.forward_anonymous(RANGE, request.SerializeToString(), left)
     except Exception as e:
         details = _details(e)
         if details not in SERVED:
