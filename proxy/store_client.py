@@ -50,7 +50,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -274,6 +274,7 @@ class StoreClient:
             if best is None:
                 for ep in todo:
                     ep.serves_reads = False
+                self._learn_gateways(a for _, a in got)
                 return
             # The leader's own list is the newest; else the list of the answer naming it.
             source = next((a for _, a in got if a.member_id == best.leader_id), best)
@@ -292,6 +293,14 @@ class StoreClient:
                 return
             if not changed:
                 return
+
+    def _learn_gateways(self, answers: Iterable[store_pb2.LeaderResponse]) -> None:
+        """No node names a leader: the gateway URLs of members not heard of yet, from the newest
+        list a node holds (etcd answers its member list without a leader too); what a leader's
+        list said is kept."""
+        newest = max(answers, key=lambda a: a.raft_term, default=None)
+        if newest is not None:
+            self._gateways = {m.id: tuple(m.gateway_urls) for m in newest.members} | self._gateways
 
     def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
         """Makes the endpoints the seeds plus the members' published internal addresses (every URL
