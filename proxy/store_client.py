@@ -359,22 +359,17 @@ class StoreClient:
         """Asks the nodes for the member list now (one discovery, shared with concurrent callers)."""
         await self._rediscover()
 
-    async def leader_id(self, timeout: float) -> int:
-        """The leader the node this proxy stands for follows (a member proxy: its own node, as an
-        etcd member answers /health for itself; else the leader as the cluster names it); 0 when
-        none is known or no node answers within ``timeout``."""
-        answer = await self.node_state(timeout)
-        return answer.leader_id if answer is not None else 0
-
     async def node_state(self, timeout: float) -> store_pb2.LeaderResponse | None:
-        """What the node this proxy stands for says of itself (see ``leader_id``): the leader it
-        follows and the alarms it has applied; None when no node answers within ``timeout``."""
+        """What the node this proxy stands for (a member proxy: its own node, as an etcd member
+        answers /health for itself; else the leader as the cluster names it) says of itself: the
+        leader it follows (0: none) and the alarms it has applied; None when no node answers
+        within ``timeout``."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 for attempt in range(2):
                     ep = self._member or self._leader
                     try:
-                        return await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(),
+                        return await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(alarms=True),
                                                                            timeout=timeout, metadata=md), timeout)
                     except grpc.aio.AioRpcError:
                         if self._member is not None or attempt:

@@ -44,8 +44,10 @@ class WatchBatch(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("alarms",)
+    ALARMS_FIELD_NUMBER: _ClassVar[int]
+    alarms: bool
+    def __init__(self, alarms: _Optional[bool] = ...) -> None: ...
 
 class LeaderResponse(_message.Message):
     __slots__ = ("member_id", "leader_id", "raft_term", "members", "alarms")
