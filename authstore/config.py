@@ -243,10 +243,19 @@ def _read_secret(f: Flags, dest: str) -> bytes | None:
 
 
 def _host_port(source: str, url: str) -> tuple[str, int, bool]:
-    u = urlsplit(url)
-    if u.scheme not in ("http", "https") or not u.hostname or not u.port:
+    """``(host, port, https)`` of an http(s)://host:port URL. A control character is refused as Go's
+    url.Parse refuses it (etcd): urlsplit drops newlines and tabs before it looks, and URLs the
+    store keeps newline-joined (internal, gateway) would be read back as other URLs."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise ConfigError(f"{source}: {url!r}: invalid control character in URL")
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:  # a port that is no number or out of range, a broken [IPv6] host
+        raise ConfigError(f"{source}: {url!r} is not http(s)://host:port") from None
+    if u.scheme not in ("http", "https") or not u.hostname or not port:
         raise ConfigError(f"{source}: {url!r} is not http(s)://host:port")
-    return u.hostname, u.port, u.scheme == "https"
+    return u.hostname, port, u.scheme == "https"
 
 
 #: --advertise-gateway-urls: at most this many (each checked as http(s)://host:port)

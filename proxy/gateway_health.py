@@ -3,8 +3,10 @@
 Kubernetes probes point at it, so it needs no token. ``GET /health`` answers 200
 ``{"health":"true","reason":""}``, or 503 with the reason (``RAFT NO LEADER``, ``ALARM NOSPACE``,
 ``RANGE ERROR:<etcd's error>``) when the store could not serve: the node this proxy stands for
-(a member proxy's own node) must follow a leader, and a one-key read without a token must be
-answered, where etcd's "user name is empty" and "permission denied" count as answered, as in etcd.
+(a member proxy's own node) must have no alarm and follow a leader, which it tells the proxy over
+the internal API (no user: etcd reads its own alarm list, and raftgate's Alarm GET needs a user
+with auth on), and a one-key read without a token must be answered, where etcd's "user name is
+empty" and "permission denied" count as answered, as in etcd.
 ``?serializable=true`` skips the leader check and reads serializably (a liveness probe of this
 member); ``?exclude=NOSPACE`` (repeatable) ignores that alarm. Other methods: 405 with ``Allow: GET``.
 etcd 3.5.1 serves no ``/readyz`` or ``/livez`` (those came with 3.6): they are 404 here too.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 import grpc
@@ -29,8 +32,6 @@ log = logging.getLogger(__name__)
 
 #: etcd's request timeout with its default election timeout (5 s + 2 x 1 s): the read's bound
 CHECK_TIMEOUT = 7.0
-#: at most this many ``exclude`` values are read (a probe names one or two)
-MAX_EXCLUDED = 16
 #: the errors etcd's checkV3Health counts as a served read (auth.ErrUserEmpty, auth.ErrPermissionDenied)
 SERVED = ("etcdserver: user name is empty", "etcdserver: permission denied")
 _ALARMS = {rpc_pb2.AlarmType.NOSPACE: "NOSPACE", rpc_pb2.AlarmType.CORRUPT: "CORRUPT"}
@@ -40,13 +41,13 @@ ALARM_NAMES = frozenset(rpc_pb2.AlarmType.keys())
 
 _BY_NAME = {(m.service, m.name): m for m in METHODS}
 RANGE: Method = _BY_NAME[("KV", "Range")]
-ALARM: Method = _BY_NAME[("Maintenance", "Alarm")]
 
 
 class Store(Protocol):
-    """What the check asks: the leader the node follows, and a request as an anonymous client."""
+    """What the check asks: the node's own state (the leader it follows, its alarms; None when it
+    does not answer), and a request as an anonymous client."""
 
-    async def leader_id(self, timeout: float) -> int: ...
+    async def node_state(self, timeout: float) -> tuple[int, Sequence[rpc_pb2.AlarmMember]] | None: ...
 
     async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes: ...
 
@@ -57,44 +58,50 @@ class PipelineStore:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def leader_id(self, timeout: float) -> int:
-        return await self.pipeline.store.leader_id(timeout)
+    async def node_state(self, timeout: float) -> tuple[int, Sequence[rpc_pb2.AlarmMember]] | None:
+        answer = await self.pipeline.store.node_state(timeout)
+        return None if answer is None else (answer.leader_id, answer.alarms)
 
     async def forward_anonymous(self, method: Method, request: bytes, timeout: float) -> bytes:
         return await self.pipeline.forward_as(None, method, request, timeout)
 
 
+#: Go's context.DeadlineExceeded, as etcd words a read that ran out of time
+DEADLINE = "context deadline exceeded"
+
+
 def _details(error: BaseException) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
-        return error.details() or ""
+        return DEADLINE if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED else error.details() or ""
     if isinstance(error, TimeoutError):
-        return "context deadline exceeded"
+        return DEADLINE
     return str(error) or type(error).__name__
 
 
 async def check(store: Store, excluded: frozenset[str], serializable: bool) -> tuple[bool, str]:
-    """(healthy, reason) as etcd's checkV3Health decides them."""
+    """(healthy, reason) as etcd's checkV3Health decides them, within CHECK_TIMEOUT in all (etcd's
+    alarms and leader are its own; its read has the request timeout): each step has what is left."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CHECK_TIMEOUT
     try:
-        answer = await store.forward_anonymous(ALARM, rpc_pb2.AlarmRequest(
-            action=rpc_pb2.AlarmRequest.GET).SerializeToString(), CHECK_TIMEOUT)
-        alarms = rpc_pb2.AlarmResponse.FromString(answer).alarms
-    except Exception:  # an alarm list this caller may not read (auth on): the read below still decides
-        alarms = []
+        state = await store.node_state(CHECK_TIMEOUT)
+    except Exception:
+        state = None
+    leader, alarms = state if state is not None else (0, ())  # a node that does not answer leads nothing
     for alarm in alarms:
         name = rpc_pb2.AlarmType.Name(alarm.alarm) if alarm.alarm in rpc_pb2.AlarmType.values() else ""
         if name in excluded:
             continue
         return False, f"ALARM {_ALARMS.get(alarm.alarm, 'UNKNOWN')}"
-    if not serializable:
-        try:
-            leader = await store.leader_id(CHECK_TIMEOUT)
-        except Exception:
-            leader = 0
-        if not leader:
-            return False, "RAFT NO LEADER"
+    if not serializable and not leader:
+        return False, "RAFT NO LEADER"
     request = rpc_pb2.RangeRequest(key=b"\x00", keys_only=True, limit=1, serializable=serializable)
+    left = deadline - loop.time()
+    if left <= 0:
+        return False, f"RANGE ERROR:{DEADLINE}"
     try:
-        await store.forward_anonymous(RANGE, request.SerializeToString(), CHECK_TIMEOUT)
+        async with asyncio.timeout(left):
+            await store.forward_anonymous(RANGE, request.SerializeToString(), left)
     except Exception as e:
         details = _details(e)
         if details not in SERVED:
@@ -109,8 +116,10 @@ class _Query(Protocol):
 
 
 def excluded_alarms(query: _Query) -> frozenset[str]:
-    """The ``exclude`` values (etcd skips empty ones), at most MAX_EXCLUDED of them."""
-    return frozenset(v for v in query.getall("exclude", [])[:MAX_EXCLUDED] if v)
+    """The alarm names among the ``exclude`` values: every value is read, as etcd reads them (the
+    request line bounds how many), and only etcd's alarm names are kept, as only they can change
+    an answer."""
+    return frozenset(v for v in query.getall("exclude", []) if v in ALARM_NAMES)
 
 
 class HealthChecker:

@@ -50,7 +50,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -274,6 +274,7 @@ class StoreClient:
             if best is None:
                 for ep in todo:
                     ep.serves_reads = False
+                self._learn_gateways(a for _, a in got)
                 return
             # The leader's own list is the newest; else the list of the answer naming it.
             source = next((a for _, a in got if a.member_id == best.leader_id), best)
@@ -292,6 +293,14 @@ class StoreClient:
                 return
             if not changed:
                 return
+
+    def _learn_gateways(self, answers: Iterable[store_pb2.LeaderResponse]) -> None:
+        """No node names a leader: the gateway URLs of members not heard of yet, from the newest
+        list a node holds (etcd answers its member list without a leader too); what a leader's
+        list said is kept."""
+        newest = max(answers, key=lambda a: a.raft_term, default=None)
+        if newest is not None:
+            self._gateways = {m.id: tuple(m.gateway_urls) for m in newest.members} | self._gateways
 
     def _follow(self, members: list[store_pb2.StoreMember]) -> bool:
         """Makes the endpoints the seeds plus the members' published internal addresses (every URL
@@ -350,23 +359,23 @@ class StoreClient:
         """Asks the nodes for the member list now (one discovery, shared with concurrent callers)."""
         await self._rediscover()
 
-    async def leader_id(self, timeout: float) -> int:
-        """The leader the node this proxy stands for follows (a member proxy: its own node, as an
-        etcd member answers /health for itself; else the leader as the cluster names it); 0 when
-        none is known or no node answers within ``timeout``."""
-        async with asyncio.timeout(timeout):
-            for attempt in range(2):
-                ep = self._member or self._leader
-                try:
-                    answer = await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(), timeout=timeout,
-                                                                        metadata=md), timeout)
-                except grpc.aio.AioRpcError:
-                    if self._member is not None or attempt:
-                        return 0
-                    await self._rediscover()  # the leader guessed may be gone: ask the others
-                    continue
-                return answer.leader_id
-        return 0
+    async def node_state(self, timeout: float) -> store_pb2.LeaderResponse | None:
+        """What the node this proxy stands for (a member proxy: its own node, as an etcd member
+        answers /health for itself; else the leader as the cluster names it) says of itself: the
+        leader it follows (0: none) and the alarms it has applied; None when no node answers
+        within ``timeout``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                for attempt in range(2):
+                    ep = self._member or self._leader
+                    try:
+                        return await ep.proven(lambda md, ep=ep: ep.leader(store_pb2.LeaderRequest(alarms=True),
+                                                                           timeout=timeout, metadata=md), timeout)
+                    except grpc.aio.AioRpcError:
+                        if self._member is not None or attempt:
+                            return None
+                        await self._rediscover()  # the leader guessed may be gone: ask the others
+        return None
 
     async def _rediscover(self) -> None:
         """One discovery at a time, shared by every request that noticed the leader is gone."""

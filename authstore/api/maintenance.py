@@ -89,6 +89,11 @@ class Maintenance:
                                     gateway_urls=ms.gateway_urls(txn, m.ID))
                     for m in ms.members(txn)]
 
+    def alarms(self) -> list[pb.AlarmMember]:
+        """The alarms this node has applied (what the proxies' /health reports, as etcd's does)."""
+        with self.applier.env.begin() as txn:
+            return list(self.applier.alarms(txn).alarms)
+
     def member_list_bytes(self) -> bytes:
         return pb.MemberListResponse(members=self.members()).SerializeToString()
 

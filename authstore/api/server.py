@@ -545,8 +545,12 @@ class StoreService:
         return header.username, found.expires_at
 
     async def leader(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
-                                  members=self.maintenance.store_members()).SerializeToString()
+        answer = spb.LeaderResponse(member_id=self.node.id, leader_id=self.node.leader_id, raft_term=self.node.term,
+                                    members=self.maintenance.store_members())
+        if spb.LeaderRequest.FromString(data).alarms:
+            await self.node.settled()  # an alarm whose ACTIVATE was answered is listed
+            answer.alarms.extend(self.maintenance.alarms())
+        return answer.SerializeToString()
 
 
 def check_answer_size(body: bytes) -> bytes:

@@ -44,20 +44,24 @@ class WatchBatch(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("alarms",)
+    ALARMS_FIELD_NUMBER: _ClassVar[int]
+    alarms: bool
+    def __init__(self, alarms: _Optional[bool] = ...) -> None: ...
 
 class LeaderResponse(_message.Message):
-    __slots__ = ("member_id", "leader_id", "raft_term", "members")
+    __slots__ = ("member_id", "leader_id", "raft_term", "members", "alarms")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    ALARMS_FIELD_NUMBER: _ClassVar[int]
     member_id: int
     leader_id: int
     raft_term: int
     members: _containers.RepeatedCompositeFieldContainer[StoreMember]
-    def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ..., members: _Optional[_Iterable[_Union[StoreMember, _Mapping]]] = ...) -> None: ...
+    alarms: _containers.RepeatedCompositeFieldContainer[_rpc_pb2.AlarmMember]
+    def __init__(self, member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., raft_term: _Optional[int] = ..., members: _Optional[_Iterable[_Union[StoreMember, _Mapping]]] = ..., alarms: _Optional[_Iterable[_Union[_rpc_pb2.AlarmMember, _Mapping]]] = ...) -> None: ...
 
 class StoreMember(_message.Message):
     __slots__ = ("id", "internal_urls", "is_learner", "gateway_urls")

@@ -12,6 +12,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
+from proxy.gateway_access import Access, parse_hosts
 from tests.support.chart_support import NAMESPACE, container_port, flags, lint, render, validate
 
 FULLNAME = "rg-raftgate"
@@ -75,3 +76,21 @@ def test_the_gateway_port_follows_ports_gateway() -> None:
 def test_the_gateway_is_refused_with_an_https_client_port() -> None:
     with pytest.raises(helm.HelmError, match="gateway.enabled"):
         render({**GATEWAY, "auth": {"client": {"secureTransport": True}}})
+
+
+@pytest.mark.parametrize("pod_ip", ["10.1.2.3", "fd00::5"])
+def test_a_probe_or_scrape_by_pod_address_is_answered(pod_ip: str) -> None:
+    """A kubelet httpGet probe of /health (and a scrape of /metrics by pod address) sends ``Host:
+    <pod IP>:<port>``: each gateway's --host-whitelist holds the pod's own address (an address is
+    no name a rebinding page controls). Before the fix: 421 on every proxy's gateway."""
+    r = render(GATEWAY)
+    store = _containers(r, "StatefulSet", STORE)
+    proxy = _containers(r, "Deployment", f"{FULLNAME}-proxy")["proxy"]
+    host = f"[{pod_ip}]:8080" if ":" in pod_ip else f"{pod_ip}:8080"
+    for container in (store["member-proxy"], proxy):
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", container["name"]
+        whitelist = flags(container["args"])["--host-whitelist"].replace("$(POD_IP)", pod_ip)
+        assert Access(hosts=parse_hosts(whitelist)).host_allowed(host), (container["name"], whitelist)
+    member_env = {e["name"] for e in store["member-proxy"]["env"]}
+    assert "POD_NAME" in member_env  # the member proxy's advertised name still expands

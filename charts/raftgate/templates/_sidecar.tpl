@@ -153,6 +153,13 @@ securityContext:
 {{- $hosts := list "localhost" $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
 {{- $_ := set $p "gatewayHosts" (join "," (concat $hosts (default (list) .Values.gateway.extraHosts))) -}}
 {{- $_ := set $p "gatewayCors" (join "," (default (list) .Values.gateway.cors)) -}}
+{{- if .Values.gateway.enabled -}}
+{{- /* the pod's own address: a kubelet httpGet probe of /health, or a scrape by pod address, sends it as
+Host (an address is no name a DNS-rebinding page controls) */ -}}
+{{- $_ := set $p "gatewayHosts" (printf "%s,$(POD_IP)" (get $p "gatewayHosts")) -}}
+{{- $podIP := dict "name" "POD_IP" "valueFrom" (dict "fieldRef" (dict "fieldPath" "status.podIP")) -}}
+{{- $_ := set $p "extraEnv" (prepend (default (list) .Values.proxy.extraEnv) $podIP) -}}
+{{- end -}}
 {{- $p = merge (include "raftgate.audit.params" .Values.proxy.audit | fromYaml) $p -}}
 {{- toYaml $p -}}
 {{- end -}}
@@ -173,7 +180,7 @@ localhost, which the internal certificate names; everything else goes to the lea
 {{- /* the name this pod advertises for its gateway (the store's --advertise-gateway-urls) */ -}}
 {{- $_ := set $p "gatewayHosts" (printf "%s,$(POD_NAME).%s" (get $p "gatewayHosts") (include "raftgate.store.domain" .)) -}}
 {{- $podName := dict "name" "POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name")) -}}
-{{- $_ := set $p "extraEnv" (prepend (default (list) .Values.proxy.extraEnv) $podName) -}}
+{{- $_ := set $p "extraEnv" (prepend (default (list) (get $p "extraEnv")) $podName) -}}
 {{- end -}}
 {{- toYaml $p -}}
 {{- end -}}
