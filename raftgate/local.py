@@ -522,9 +522,8 @@ async def run(a: LocalConfig, check_store: CheckStore | None = None, check_proxy
     code = 0
     stopped_starting = False
     try:
-        # all at once: a proxy needs no store to start (it connects when asked), so the proxies'
-        # start-up overlaps the stores' election instead of following it
-        await asyncio.gather(*(store.start() for store in stores), proxy.start(), *(m.start() for m in members))
+        await asyncio.gather(*(store.start() for store in stores))
+        await asyncio.gather(proxy.start(), *(m.start() for m in members))
         processes: list[dict[str, Any]] = [
             {"role": "store", "pid": s.proc.pid if s.proc else None,
              **{k: v for k, v in n.items() if k != "proxy_argv"}} for s, n in zip(stores, layout, strict=True)
