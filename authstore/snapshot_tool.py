@@ -261,6 +261,7 @@ def _check_target(t: RestoreTarget) -> None:
     d = t.data_dir
     if d.is_symlink():  # the new dir is renamed into place, which replaces no link
         raise SnapshotError(f"data-dir {str(d)!r} is a symbolic link; give the directory it points to")
+    _remove_dead_stagings(d)  # a killed restore's staging inside the dir does not make it "not empty"
     try:
         if d.exists() and (not d.is_dir() or any(d.iterdir())):
             raise SnapshotError(f"data-dir {str(d)!r} not empty or could not be read")
@@ -281,7 +282,12 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         _open_read_only(path).close()
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
-    staging = data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}"
+    # An existing (empty) data dir is filled from inside: it may be a volume's mount point, which
+    # cannot be removed or renamed over (etcdutl too writes into it); a new one is built beside
+    # its place and renamed into it whole.
+    inside = data_dir.is_dir()
+    staging = (data_dir / f".restoring-{os.getpid()}" if inside
+               else data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}")
     _remove_dead_stagings(data_dir)
     if staging.exists():
         shutil.rmtree(staging)
@@ -305,10 +311,14 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
             wal.save(hard_state, entries)
         finally:
             wal.close()
-        if data_dir.exists():
-            data_dir.rmdir()  # checked empty above
-        os.rename(staging, data_dir)
-        _fsync_dir(data_dir.parent)
+        if inside:
+            for part in ("wal", "store"):
+                os.rename(staging / part, data_dir / part)
+            staging.rmdir()
+            _fsync_dir(data_dir)
+        else:
+            os.rename(staging, data_dir)
+            _fsync_dir(data_dir.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -343,9 +353,15 @@ def _load_etcd_file(path: Path, store: Path) -> None:
 
 def _remove_dead_stagings(data_dir: Path) -> None:
     """Removes what restores into the same data dir left when they were killed (a copy as large
-    as the snapshot): staging dirs whose process is gone. A running restore's is left alone."""
-    prefix = f".{data_dir.name}.restoring-"
-    for path in data_dir.parent.glob(glob_escape(prefix) + "*"):
+    as the snapshot): staging dirs whose process is gone, beside the data dir or inside it. A
+    running restore's is left alone."""
+    _remove_dead(data_dir.parent, f".{data_dir.name}.restoring-")
+    if data_dir.is_dir() and not data_dir.is_symlink():
+        _remove_dead(data_dir, ".restoring-")
+
+
+def _remove_dead(directory: Path, prefix: str) -> None:
+    for path in directory.glob(glob_escape(prefix) + "*"):
         pid = path.name[len(prefix):]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
