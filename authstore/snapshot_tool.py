@@ -13,7 +13,8 @@ way (migration from etcd). Start the member with ``raftgate store`` and the same
 ``--initial-cluster*`` and ``--initial-advertise-peer-urls`` flags.
 
 Nothing is changed before every check passed: the data dir is built beside its final place and
-renamed into it at the end, and the snapshot file is only read.
+renamed into it at the end (an existing empty one, perhaps a volume's mount point, is filled from
+a staging dir inside it), and the snapshot file is only read.
 """
 
 from __future__ import annotations
@@ -288,7 +289,6 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
     inside = data_dir.is_dir()
     staging = (data_dir / f".restoring-{os.getpid()}" if inside
                else data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}")
-    _remove_dead_stagings(data_dir)
     if staging.exists():
         shutil.rmtree(staging)
     try:
