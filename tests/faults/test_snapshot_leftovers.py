@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.support.cluster import Client, Cluster, Node, program_cluster, retry_ok
+from tests.support.cluster import Client, Cluster, Node, describe, program_cluster, retry_ok, setup_auth
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
@@ -304,3 +304,48 @@ def test_a_snapshot_cancelled_while_its_file_is_written_keeps_its_turn_until_the
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             client.close()
+
+
+def test_a_snapshot_waiting_for_its_turn_is_refused_once_its_user_lost_root(tmp_path: Path) -> None:
+    """A snapshot waits for the one in progress (a slow reader may hold it for hours). If its user
+    loses the root role meanwhile, it must not then be sent the whole database, with everything
+    written since: etcd's root-only rule holds when the data is read, not only when the call came."""
+    with program_cluster(tmp_path, nodes=1) as cluster:
+        (node,) = cluster.nodes
+        admin = Client(cluster.endpoint)
+        ops = Client(cluster.endpoint)
+        try:
+            admin.auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="ops", password="opspw"), timeout=10)
+            setup_auth(admin)
+            admin.auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="ops", role="root"), metadata=admin.md,
+                                     timeout=10)
+            ops.login("ops", "opspw")
+            _fill(admin)
+            stalled = admin.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), metadata=admin.md, timeout=120)
+            assert next(stalled).remaining_bytes > 0  # one chunk read, then no more: it holds the turn
+            waiting: list[int | BaseException] = []
+
+            def read_whole() -> None:
+                try:
+                    stream = ops.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), metadata=ops.md, timeout=120)
+                    waiting.append(sum(len(c.blob) for c in stream))
+                except BaseException as exc:  # reported below
+                    waiting.append(exc)
+
+            thread = threading.Thread(target=read_whole)
+            thread.start()
+            try:
+                wait_for(lambda: "a client's snapshot waits" in node.output() or waiting, 30,
+                         "ops's snapshot to wait for its turn")
+                assert not waiting, waiting
+                admin.auth.UserRevokeRole(rpc_pb2.AuthUserRevokeRoleRequest(name="ops", role="root"),
+                                          metadata=admin.md, timeout=10)
+            finally:
+                stalled.cancel()
+                thread.join(timeout=150)
+            assert not thread.is_alive()
+            assert isinstance(waiting[0], grpc.RpcError), f"ops, no longer root, was sent {waiting[0]} bytes"
+            assert describe(waiting[0]) == "PERMISSION_DENIED: etcdserver: permission denied", describe(waiting[0])
+        finally:
+            admin.close()
+            ops.close()
