@@ -408,6 +408,13 @@ class StoreService:
         await self._client_snapshots.acquire()
         tmp: Path | None = None
         try:
+            # Checked again once the turn comes, which may be hours later (a slow reader holds it):
+            # a user who lost the root role meanwhile gets no copy of what the store holds now.
+            try:
+                with self.env.begin() as txn:
+                    self.applier.check(txn, req, read=True)
+            except (Refusal, EtcdError) as exc:
+                await context.abort(exc.code, exc.message)
             try:
                 # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes
                 # a small memory-backed volume); what a crash leaves there goes when the node starts.
