@@ -148,3 +148,20 @@ def test_restore_into_an_empty_mount_point(tmp_path: Path, fixed_empty_dir: Path
     assert sorted(p.name for p in fixed_empty_dir.iterdir()) == ["store", "wal"]
     assert (fixed_empty_dir / "store" / "data.mdb").is_file()
     assert not [p for p in fixed_empty_dir.parent.iterdir() if p != fixed_empty_dir]
+
+
+def test_a_file_whose_first_meta_page_is_damaged_is_read_from_the_second(tmp_path: Path) -> None:
+    """bbolt keeps two meta pages and reads the sound one (a torn write of one, in a db file copied
+    from a member after a crash): etcd's tools read such a file, so raftgate must take it as
+    etcd's format too, not call it a damaged LMDB store."""
+    skip_unless_available("etcd")
+    data = bytearray(_file(tmp_path / "good.db", _good()).read_bytes()[:-32])
+    data[16:20] = bytes(4)  # page 0's magic
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(bytes(data) + hashlib.sha256(data).digest())
+    expected = etcd_tools_status(damaged)
+    proc = raftgate("snapshot", "status", str(damaged), "-w", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expected
+    proc = raftgate("snapshot", "restore", str(damaged), "--data-dir", str(tmp_path / "target"), *FLAGS)
+    assert proc.returncode == 0, proc.stderr
