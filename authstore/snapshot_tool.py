@@ -53,6 +53,8 @@ SHA_SIZE = hashlib.sha256().digest_size
 RAFTGATE_DB = b"mvcc_kv"
 #: bbolt's meta page: 16 bytes of page header, then the magic (little-endian)
 _BBOLT_MAGIC = struct.pack("<I", 0xED0CDAED)
+#: the page sizes bbolt may have used (its OS page size), as bbolt.BoltReader accepts them
+_BBOLT_PAGE_SIZES = tuple(1 << n for n in range(10, 17))
 _U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
 #: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
@@ -194,9 +196,21 @@ def status(path: Path) -> Status:
 
 
 def is_etcd_file(path: Path) -> bool:
-    """bbolt's magic in the first meta page: etcd's format (raftgate's since issue 24)."""
+    """bbolt's magic in a meta page: etcd's format (raftgate's since issue 24). The first meta
+    page, else (not an LMDB file, whose magic is at the same place) the second at any page size
+    bbolt uses: bbolt reads a file whose first meta page is damaged from the second, and so do
+    etcd's tools."""
     with open(path, "rb") as f:
-        return f.read(20)[16:20] == _BBOLT_MAGIC
+        magic = f.read(20)[16:20]
+        if magic == _BBOLT_MAGIC:
+            return True
+        if magic == struct.pack("<I", _LMDB_MAGIC):
+            return False
+        for page_size in _BBOLT_PAGE_SIZES:
+            f.seek(page_size + 16)
+            if f.read(4) == _BBOLT_MAGIC:
+                return True
+    return False
 
 
 def _open_etcd(path: Path) -> BoltReader:
