@@ -13,7 +13,8 @@ way (migration from etcd). Start the member with ``raftgate store`` and the same
 ``--initial-cluster*`` and ``--initial-advertise-peer-urls`` flags.
 
 Nothing is changed before every check passed: the data dir is built beside its final place and
-renamed into it at the end, and the snapshot file is only read.
+renamed into it at the end (an existing empty one, perhaps a volume's mount point, is filled from
+a staging dir inside it), and the snapshot file is only read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ SHA_SIZE = hashlib.sha256().digest_size
 RAFTGATE_DB = b"mvcc_kv"
 #: bbolt's meta page: 16 bytes of page header, then the magic (little-endian)
 _BBOLT_MAGIC = struct.pack("<I", 0xED0CDAED)
+#: the page sizes bbolt may have used (its OS page size), as bbolt.BoltReader accepts them
+_BBOLT_PAGE_SIZES = tuple(1 << n for n in range(10, 17))
 _U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
 #: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
@@ -193,9 +196,21 @@ def status(path: Path) -> Status:
 
 
 def is_etcd_file(path: Path) -> bool:
-    """bbolt's magic in the first meta page: etcd's format (raftgate's since issue 24)."""
+    """bbolt's magic in a meta page: etcd's format (raftgate's since issue 24). The first meta
+    page, else (not an LMDB file, whose magic is at the same place) the second at any page size
+    bbolt uses: bbolt reads a file whose first meta page is damaged from the second, and so do
+    etcd's tools."""
     with open(path, "rb") as f:
-        return f.read(20)[16:20] == _BBOLT_MAGIC
+        magic = f.read(20)[16:20]
+        if magic == _BBOLT_MAGIC:
+            return True
+        if magic == struct.pack("<I", _LMDB_MAGIC):
+            return False
+        for page_size in _BBOLT_PAGE_SIZES:
+            f.seek(page_size + 16)
+            if f.read(4) == _BBOLT_MAGIC:
+                return True
+    return False
 
 
 def _open_etcd(path: Path) -> BoltReader:
@@ -261,6 +276,7 @@ def _check_target(t: RestoreTarget) -> None:
     d = t.data_dir
     if d.is_symlink():  # the new dir is renamed into place, which replaces no link
         raise SnapshotError(f"data-dir {str(d)!r} is a symbolic link; give the directory it points to")
+    _remove_dead_stagings(d)  # a killed restore's staging inside the dir does not make it "not empty"
     try:
         if d.exists() and (not d.is_dir() or any(d.iterdir())):
             raise SnapshotError(f"data-dir {str(d)!r} not empty or could not be read")
@@ -281,8 +297,12 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         _open_read_only(path).close()
     length = store_length(path, size, verify=not skip_hash_check)
     data_dir = target.data_dir
-    staging = data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}"
-    _remove_dead_stagings(data_dir)
+    # An existing (empty) data dir is filled from inside: it may be a volume's mount point, which
+    # cannot be removed or renamed over (etcdutl too writes into it); a new one is built beside
+    # its place and renamed into it whole.
+    inside = data_dir.is_dir()
+    staging = (data_dir / f".restoring-{os.getpid()}" if inside
+               else data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
     try:
@@ -305,10 +325,14 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
             wal.save(hard_state, entries)
         finally:
             wal.close()
-        if data_dir.exists():
-            data_dir.rmdir()  # checked empty above
-        os.rename(staging, data_dir)
-        _fsync_dir(data_dir.parent)
+        if inside:
+            for part in ("wal", "store"):
+                os.rename(staging / part, data_dir / part)
+            staging.rmdir()
+            _fsync_dir(data_dir)
+        else:
+            os.rename(staging, data_dir)
+            _fsync_dir(data_dir.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -343,9 +367,15 @@ def _load_etcd_file(path: Path, store: Path) -> None:
 
 def _remove_dead_stagings(data_dir: Path) -> None:
     """Removes what restores into the same data dir left when they were killed (a copy as large
-    as the snapshot): staging dirs whose process is gone. A running restore's is left alone."""
-    prefix = f".{data_dir.name}.restoring-"
-    for path in data_dir.parent.glob(glob_escape(prefix) + "*"):
+    as the snapshot): staging dirs whose process is gone, beside the data dir or inside it. A
+    running restore's is left alone."""
+    _remove_dead(data_dir.parent, f".{data_dir.name}.restoring-")
+    if data_dir.is_dir() and not data_dir.is_symlink():
+        _remove_dead(data_dir, ".restoring-")
+
+
+def _remove_dead(directory: Path, prefix: str) -> None:
+    for path in directory.glob(glob_escape(prefix) + "*"):
         pid = path.name[len(prefix):]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue

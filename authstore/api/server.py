@@ -13,11 +13,13 @@ are built by authstore/main.py and passed in. Beside it: the gate every handler 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,6 +93,44 @@ FIELD_CLASSES = {f.name: type(getattr(ipb.InternalRaftRequest(), f.name))
 READ_KINDS = requests(routes=(Route.READ,))
 #: Each DoStream call method's name in the access table (``stream_call``), by its number.
 _STREAM_CALLS = {number: stream_call(name) for name, number in spb.DoCall.Method.items()}
+
+
+class _Writer:
+    """The process writing one client snapshot in etcd's format, which the call's cancellation
+    ends (from the event loop, while a worker thread waits for it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cancelled = False
+
+    def check(self) -> None:
+        if self._cancelled:
+            raise OSError("the client's snapshot was cancelled")
+
+    def run(self, argv: list[str]) -> tuple[int, bytes]:
+        """(exit code, stderr) of the writer; never started once cancelled."""
+        with self._lock:
+            self.check()
+            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE)
+        _, stderr = self._proc.communicate()
+        return self._proc.returncode, stderr
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+
+
+async def _uncancellable(work: asyncio.Future[Any]) -> None:
+    """Waits for ``work`` to end however often this task is cancelled meanwhile (its outcome is not wanted)."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({work})
+    if not work.cancelled():
+        work.exception()  # retrieved: a cancelled call's failure is not an unhandled one
 
 
 class StoreService:
@@ -368,12 +408,29 @@ class StoreService:
         await self._client_snapshots.acquire()
         tmp: Path | None = None
         try:
+            # Checked again once the turn comes, which may be hours later (a slow reader holds it):
+            # a user who lost the root role meanwhile gets no copy of what the store holds now.
+            try:
+                with self.env.begin() as txn:
+                    self.applier.check(txn, req, read=True)
+            except (Refusal, EtcdError) as exc:
+                await context.abort(exc.code, exc.message)
             try:
                 # On the data volume, beside the copies sent to followers (never /tmp: on Kubernetes
                 # a small memory-backed volume); what a crash leaves there goes when the node starts.
                 self.node.snapshot_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix="client-out-", dir=self.node.snapshot_dir))
-                path = await asyncio.get_running_loop().run_in_executor(None, self._etcd_snapshot, tmp)
+                writer = _Writer()
+                work = asyncio.get_running_loop().run_in_executor(None, self._etcd_snapshot, tmp, writer)
+                try:
+                    path = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # The client went away: its writer is ended, and the copy (LMDB's, which cannot
+                    # be interrupted) finishes, before the turn passes on and the directory goes; a
+                    # client that cancels and retries would otherwise run copies side by side.
+                    writer.cancel()
+                    await _uncancellable(work)
+                    raise
             except (OSError, lmdb.Error, ValueError) as exc:
                 # that call's failure (e.g. a full disk), never the node's
                 log.warning("a client's snapshot failed: %s", exc.__class__.__name__)
@@ -400,21 +457,23 @@ class StoreService:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._client_snapshots.release()
 
-    def _etcd_snapshot(self, tmp: Path) -> Path:
+    def _etcd_snapshot(self, tmp: Path, writer: _Writer) -> Path:
         """A client's snapshot in etcd's own format (a bbolt file), so etcd's tools read and
         restore it: a consistent copy of the store first (the point in time, taken quickly),
         then etcd's file written from the copy by a process of its own (Python work over every
         revision, which here would hold the GIL the event loop needs), then the copy goes."""
+        writer.check()
         copy = self.applier.snapshot(tmp / "store")
         out = tmp / "etcd.db"
-        proc = subprocess.run(export_command(copy.parent, out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-        shutil.rmtree(copy.parent, ignore_errors=True)
-        if proc.returncode != 0:
+        try:
+            returncode, stderr = writer.run(export_command(copy.parent, out))
+        finally:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+        if returncode != 0:
             # its message may name a key or a user: only the kind of error is logged
-            kind = proc.stderr.decode(errors="replace").strip().rsplit("\n", 1)[-1].split(":", 1)[0][:80]
-            log.warning("writing a client's snapshot in etcd's format failed (exit %d, %s)", proc.returncode, kind)
-            raise OSError(f"writing etcd's snapshot format failed (exit {proc.returncode})")
+            kind = stderr.decode(errors="replace").strip().rsplit("\n", 1)[-1].split(":", 1)[0][:80]
+            log.warning("writing a client's snapshot in etcd's format failed (exit %d, %s)", returncode, kind)
+            raise OSError(f"writing etcd's snapshot format failed (exit {returncode})")
         return out
 
     # ---- Credentials and tokens ----

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.support.cluster import Client, Cluster, Node, program_cluster, retry_ok
+from tests.support.cluster import Client, Cluster, Node, describe, program_cluster, retry_ok, setup_auth
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
@@ -230,3 +230,131 @@ def test_a_node_killed_during_catch_up_by_snapshot_leaves_no_copy_behind(victim_
             wait_for(lambda: _snapshot_files(victim) == [], 30, "the restarted node to hold no copy")
         finally:
             client.close()
+
+
+def _writers(node: Node) -> list[int]:
+    """Processes writing one of ``node``'s client snapshots in etcd's format (export.py), by pid."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"authstore.etcd_format.export" in argv and any(str(node.data_dir).encode() in a for a in argv):
+                found.append(int(proc.name))
+    return found
+
+
+def test_a_snapshot_cancelled_while_its_file_is_written_keeps_its_turn_until_the_writer_is_gone(
+        tmp_path: Path) -> None:
+    """The client goes away while the store's writer process still writes etcd's file (here: held
+    stopped). The snapshot's turn must not be handed to the next caller while that writer (and the
+    copy it holds open) lives on: a client that cancels and retries would otherwise run writers and
+    copies side by side without bound. The cancelled writer ends, the next snapshot completes, and
+    nothing is left behind."""
+    with program_cluster(tmp_path, nodes=1) as cluster:
+        (node,) = cluster.nodes
+        client = Client(cluster.endpoint)
+        stopped: list[int] = []
+        try:
+            _fill(client)
+            first = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+
+            def read_one() -> None:
+                with contextlib.suppress(grpc.RpcError):
+                    next(first, None)
+
+            reading = threading.Thread(target=read_one, daemon=True)
+            reading.start()
+            deadline = time.monotonic() + 60
+            while not (stopped := _writers(node)):
+                assert time.monotonic() < deadline, "the store started no writer"
+                time.sleep(0.002)  # a steady poll: wait_for's back-off would miss a short-lived writer
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            first.cancel()
+            reading.join(timeout=30)
+            second: list[int | BaseException] = []
+
+            def read_whole() -> None:
+                try:
+                    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+                    second.append(sum(len(c.blob) for c in stream))
+                except BaseException as exc:  # reported below
+                    second.append(exc)
+
+            thread = threading.Thread(target=read_whole)
+            thread.start()
+            wait_for(lambda: "a client's snapshot waits" in node.output() or set(_writers(node)) - set(stopped)
+                     or second, 60, "the second snapshot to reach the store")
+            alive = [pid for pid in stopped if pid in _writers(node)]
+            assert not (alive and set(_writers(node)) - set(stopped)), "two writers (and copies) at once"
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            stopped = []
+            thread.join(timeout=150)
+            assert not thread.is_alive()
+            assert isinstance(second[0], int) and second[0] > VALUES * VALUE_BYTES, second
+            wait_for(lambda: not _writers(node), 30, "every writer to end")
+            wait_for(lambda: not _database_copies(node), 30, "the store to remove its copies")
+            assert not [p for p in (node.data_dir / "snap").iterdir()], "a snapshot's directory left behind"
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            client.close()
+
+
+@pytest.mark.parametrize("change", ["revoke ops's root role", "add another user"])
+def test_a_snapshot_waiting_for_its_turn_is_refused_once_its_user_lost_root(tmp_path: Path, change: str) -> None:
+    """A snapshot waits for the one in progress (a slow reader may hold it for hours). If its user
+    loses the root role meanwhile, it must not then be sent the whole database, with everything
+    written since: etcd's root-only rule holds when the data is read, not only when the call came.
+    Another auth change meanwhile changes nothing for it."""
+    with program_cluster(tmp_path, nodes=1) as cluster:
+        (node,) = cluster.nodes
+        admin = Client(cluster.endpoint)
+        ops = Client(cluster.endpoint)
+        try:
+            admin.auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="ops", password="opspw"), timeout=10)
+            setup_auth(admin)
+            admin.auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="ops", role="root"), metadata=admin.md,
+                                     timeout=10)
+            ops.login("ops", "opspw")
+            _fill(admin)
+            stalled = admin.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), metadata=admin.md, timeout=120)
+            assert next(stalled).remaining_bytes > 0  # one chunk read, then no more: it holds the turn
+            waiting: list[int | BaseException] = []
+
+            def read_whole() -> None:
+                try:
+                    stream = ops.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), metadata=ops.md, timeout=120)
+                    waiting.append(sum(len(c.blob) for c in stream))
+                except BaseException as exc:  # reported below
+                    waiting.append(exc)
+
+            thread = threading.Thread(target=read_whole)
+            thread.start()
+            try:
+                wait_for(lambda: "a client's snapshot waits" in node.output() or waiting, 30,
+                         "ops's snapshot to wait for its turn")
+                assert not waiting, waiting
+                if change == "add another user":
+                    admin.auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="dev", password="devpw"), metadata=admin.md,
+                                       timeout=10)
+                else:
+                    admin.auth.UserRevokeRole(rpc_pb2.AuthUserRevokeRoleRequest(name="ops", role="root"),
+                                              metadata=admin.md, timeout=10)
+            finally:
+                stalled.cancel()
+                thread.join(timeout=150)
+            assert not thread.is_alive()
+            if change == "add another user":
+                assert isinstance(waiting[0], int) and waiting[0] > VALUES * VALUE_BYTES, waiting
+                return
+            assert isinstance(waiting[0], grpc.RpcError), f"ops, no longer root, was sent {waiting[0]} bytes"
+            assert describe(waiting[0]) == "PERMISSION_DENIED: etcdserver: permission denied", describe(waiting[0])
+        finally:
+            admin.close()
+            ops.close()

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
@@ -109,3 +112,56 @@ def test_status_counts_the_pages_in_use_as_etcdutl(tmp_path: Path) -> None:
     proc = raftgate("snapshot", "status", str(grown), "-w", "json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == expected
+
+
+@pytest.fixture
+def fixed_empty_dir(tmp_path: Path) -> Iterator[Path]:
+    """An empty data dir that can be written into but not removed or replaced: a volume's mount
+    point (as root), else a directory in a parent that is not writable."""
+    parent = tmp_path / "volumes"
+    parent.mkdir()
+    target = parent / "data"
+    target.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        try:
+            yield target
+        finally:
+            subprocess.run(["umount", str(target)], check=True)
+        return
+    parent.chmod(0o555)
+    try:
+        yield target
+    finally:
+        parent.chmod(0o700)
+
+
+def test_restore_into_an_empty_mount_point(tmp_path: Path, fixed_empty_dir: Path) -> None:
+    """`--data-dir` naming an existing empty directory that cannot be replaced (a volume mounted
+    there, as on Kubernetes): etcdutl restores into it; so must raftgate, not answer `Device or
+    resource busy` (or a permission error) because it builds the data dir beside it and renames it over."""
+    path = _file(tmp_path / "good.db", _good())
+    proc = raftgate("snapshot", "restore", str(path), "--data-dir", str(fixed_empty_dir), *FLAGS)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in fixed_empty_dir.iterdir()) == ["store", "wal"]
+    assert (fixed_empty_dir / "store" / "data.mdb").is_file()
+    assert not [p for p in fixed_empty_dir.parent.iterdir() if p != fixed_empty_dir]
+
+
+def test_a_file_whose_first_meta_page_is_damaged_is_read_from_the_second(tmp_path: Path) -> None:
+    """bbolt keeps two meta pages and reads the sound one (a torn write of one, in a db file copied
+    from a member after a crash): etcd's tools read such a file, so raftgate must take it as
+    etcd's format too, not call it a damaged LMDB store."""
+    skip_unless_available("etcd")
+    data = bytearray(_file(tmp_path / "good.db", _good()).read_bytes()[:-32])
+    data[16:20] = bytes(4)  # page 0's magic
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(bytes(data) + hashlib.sha256(data).digest())
+    expected = etcd_tools_status(damaged)
+    proc = raftgate("snapshot", "status", str(damaged), "-w", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expected
+    proc = raftgate("snapshot", "restore", str(damaged), "--data-dir", str(tmp_path / "target"), *FLAGS)
+    assert proc.returncode == 0, proc.stderr

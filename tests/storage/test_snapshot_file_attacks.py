@@ -12,6 +12,7 @@ before the fix).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,25 @@ def test_second_restore_after_a_killed_one_works(tmp_path: Path) -> None:
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 1 and "not empty" in proc.stderr, proc.stderr
     assert raftgate("snapshot", "status", str(snap)).returncode == 0
+
+
+def test_a_restore_killed_inside_an_existing_data_dir_does_not_block_the_next(tmp_path: Path) -> None:
+    """An existing empty data dir (a mount point) is filled from a staging dir inside it: what a
+    killed restore left there does not make the dir "not empty" for the next restore, which
+    removes it; a running restore's staging (a live process) does."""
+    snap = make_snapshot(tmp_path, keys=10)
+    target = tmp_path / "target"
+    stale = target / ".restoring-999999999"
+    (stale / "store").mkdir(parents=True)
+    (stale / "store" / "data.mdb").write_bytes(b"half")
+    proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    shutil.rmtree(target / "store")
+    shutil.rmtree(target / "wal")
+    (target / f".restoring-{os.getpid()}").mkdir()  # this process is alive: its restore may be under way
+    proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
+    assert proc.returncode == 1 and "not empty" in proc.stderr, proc.stderr
 
 
 def test_a_data_dir_the_system_refuses_gets_error_not_a_traceback(tmp_path: Path) -> None:
