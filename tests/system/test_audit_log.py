@@ -58,10 +58,16 @@ def test_audit_log_through_raftgate_local(tmp_path: Path) -> None:
         assert (refused["result"], refused["key"], refused["peer"].startswith("ipv4:127.0.0.1:")) == (
             "etcdserver: permission denied", b64("/secret"), True)
         assert refused["token_fp"] and refused["auth_revision"] > 0
+        failed = ("alice", "etcdserver: authentication failed, invalid user ID or password")
+
+        def logins() -> list[tuple[str, str]]:
+            return [(r["user"], r["result"]) for r in records(path) if r["method"] == "/etcdserverpb.Auth/Authenticate"]
+
+        # The writer thread appends records as it gets to them: the wrong password's came after the
+        # denied Range (make test once read the file between the two).
+        wait_for(lambda: failed in logins(), 60, "alice's failed login in the audit log")
         seen = records(path)
-        logins = [(r["user"], r["result"]) for r in seen if r["method"] == "/etcdserverpb.Auth/Authenticate"]
-        assert ("alice", "ok") in logins
-        assert ("alice", "etcdserver: authentication failed, invalid user ID or password") in logins
+        assert ("alice", "ok") in logins()
         assert any(r["method"] == "/etcdserverpb.Auth/UserAdd" and r["target_user"] == "alice" and r["user"] == "root"
                    for r in seen)
         assert not any(r["method"] == "/etcdserverpb.KV/Put" for r in seen)  # an ok Put is not a denial
