@@ -124,17 +124,7 @@ def test_concurrent_snapshots_hold_one_copy_at_a_time(tmp_path: Path) -> None:
         try:
             _fill(client)
             stalled = _open_snapshot(client)  # read one chunk, then stop reading
-            second: list[int | BaseException] = []
-
-            def read_whole() -> None:
-                try:
-                    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
-                    second.append(sum(len(c.blob) for c in stream))
-                except BaseException as exc:  # reported below
-                    second.append(exc)
-
-            thread = threading.Thread(target=read_whole)
-            thread.start()
+            second, thread = _read_whole_in_background(client)
             try:
                 wait_for(lambda: "a client's snapshot waits" in node.output() or len(_database_copies(node)) > 1,
                          30, "the second snapshot to reach the store")
@@ -274,17 +264,7 @@ def test_a_snapshot_cancelled_while_its_file_is_written_keeps_its_turn_until_the
                 os.kill(pid, signal.SIGSTOP)
             first.cancel()
             reading.join(timeout=30)
-            second: list[int | BaseException] = []
-
-            def read_whole() -> None:
-                try:
-                    stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
-                    second.append(sum(len(c.blob) for c in stream))
-                except BaseException as exc:  # reported below
-                    second.append(exc)
-
-            thread = threading.Thread(target=read_whole)
-            thread.start()
+            second, thread = _read_whole_in_background(client)
             wait_for(lambda: "a client's snapshot waits" in node.output() or set(_writers(node)) - set(stopped)
                      or second, 60, "the second snapshot to reach the store")
             alive = [pid for pid in stopped if pid in _writers(node)]
@@ -358,3 +338,19 @@ def test_a_snapshot_waiting_for_its_turn_is_refused_once_its_user_lost_root(tmp_
         finally:
             admin.close()
             ops.close()
+
+
+def _read_whole_in_background(client: Client) -> tuple[list[int | BaseException], threading.Thread]:
+    """A snapshot read to its end on a thread of its own: (its size or what ended it, the thread)."""
+    result: list[int | BaseException] = []
+
+    def read_whole() -> None:
+        try:
+            stream = client.maintenance.Snapshot(rpc_pb2.SnapshotRequest(), timeout=120)
+            result.append(sum(len(c.blob) for c in stream))
+        except BaseException as exc:  # reported by the caller
+            result.append(exc)
+
+    thread = threading.Thread(target=read_whole)
+    thread.start()
+    return result, thread
