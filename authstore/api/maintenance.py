@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 
-import lmdb
 from google.protobuf.message import Message
 
 from authstore.api.lease_keeper import LeaseKeeper
 from authstore.node.driver import RaftNode
 from authstore.raft.types import ConfChange, ConfChangeType
 from authstore.state.apply import Applier
+from authstore.state.backend import content_hash
 from authstore.state.membership import member_id
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -135,7 +134,7 @@ class Maintenance:
 
     async def _hash(self, _b: pb.HashRequest, _now: int) -> Message:
         with self.applier.env.begin() as txn:
-            crc = _hash_all(self.applier.env, txn)
+            crc = content_hash(self.applier.env, txn)
         return pb.HashResponse(hash=crc)
 
     async def _hash_kv(self, body: pb.HashKVRequest, _now: int) -> Message:
@@ -221,15 +220,3 @@ class Maintenance:
             raise EtcdError(Err.NOT_CAPABLE)
         return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=await self.leases.renew(body.ID))
 
-
-def _hash_all(env: lmdb.Environment, txn: lmdb.Transaction) -> int:
-    """CRC-32 over every sub-database but the node-local meta (applied index, member ID)."""
-    crc = 0
-    with txn.cursor() as names:
-        dbs = [name for name, _ in names if name != b"meta"]
-    for name in dbs:
-        db = env.open_db(name, txn=txn, create=False)
-        with txn.cursor(db=db) as cur:
-            for key, value in cur:
-                crc = zlib.crc32(value, zlib.crc32(key, crc))
-    return crc
