@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from authstore.api.lease_keeper import LeaseKeeper
+from authstore.api.proposer import Proposer
 from authstore.node.driver import RaftNode
 from authstore.raft.types import ConfChange, ConfChangeType
 from authstore.state.apply import Applier
@@ -50,10 +51,11 @@ class MemberInfo:
 
 
 class Maintenance:
-    def __init__(self, applier: Applier, node: RaftNode, me: MemberInfo, quota_bytes: int,
+    def __init__(self, applier: Applier, node: RaftNode, proposer: Proposer, me: MemberInfo, quota_bytes: int,
                  cluster_token: str, leases: LeaseKeeper | None = None) -> None:
         self.applier = applier
         self.node = node
+        self.proposer = proposer
         self.me = me
         self.quota_bytes = quota_bytes
         self.cluster_token = cluster_token
@@ -114,7 +116,7 @@ class Maintenance:
                     member_ID=self.node.id, name=self.me.name, client_urls=self.me.client_urls,
                     internal_urls=self.me.internal_urls, gateway_urls=self.me.gateway_urls))
                 try:
-                    await self.node.propose(req.SerializeToString())
+                    await self.proposer.propose(req.SerializeToString())
                     continue
                 except EtcdError as exc:
                     log.debug("publishing member attributes: %s", exc.message)
@@ -196,7 +198,7 @@ class Maintenance:
         return member
 
     async def _change(self, kind: ConfChangeType, member: pb.Member) -> pb.MemberListResponse:
-        request_id = self.node.new_request_id()
+        request_id = self.proposer.new_id()
         ctx = spb.MemberContext(member=member, request_id=request_id)
         result = await self.node.propose_conf_change(ConfChange(kind, member.ID, ctx.SerializeToString()),
                                                      request_id)

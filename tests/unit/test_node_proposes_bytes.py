@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from authstore.api.proposer import Proposer
 from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.node.ports import SystemClock, Timer
@@ -86,8 +87,6 @@ def test_the_node_logs_the_bytes_it_is_given_and_never_reads_the_wall_clock(tmp_
 
 
 def test_the_api_layer_picks_each_requests_id_and_time(tmp_path: Path) -> None:
-    from authstore.api.proposer import Proposer
-
     async def scenario(node: RaftNode, clock: NoWallClock) -> None:
         proposer = Proposer(node, wall_ms=lambda: 1_700_000_000_456, rng=random.Random(7))
         handed: list[tuple[bytes, int, int]] = []
