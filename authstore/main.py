@@ -20,10 +20,10 @@ from authstore.api.callers import Classifier
 from authstore.api.lease_keeper import LeaseKeeper
 from authstore.api.login import StoreLogin
 from authstore.api.maintenance import Maintenance, MemberInfo
+from authstore.api.proposer import Proposer
 from authstore.api.quota import Quota
 from authstore.api.server import StoreService, build_server
 from authstore.api.simple_tokens import SimpleTokens, StoreSimpleTokens
-from authstore.api.stamp import stamp
 from authstore.api.watch.hub import WatchHub, progress_interval_from_env
 from authstore.node.driver import RaftNode
 from authstore.node.transport import PeerSecurity, Transport, peer_address
@@ -248,7 +248,7 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
 
 
 def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, peers: Transport) -> RaftNode:
-    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, stamp=stamp, applied=rec.applied,
+    return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, applied=rec.applied,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=cfg.heartbeat_interval_ms / 1000,
                     election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
                     snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
@@ -269,18 +269,20 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     applier = Applier(backend, rec.member_id, max_txn_ops=cfg.max_txn_ops, min_lease_ttl=min_lease_ttl(cfg))
     transport = Transport(rec.member_id, security, cfg.data_dir / "snap")
     node = new_node(cfg, rec, applier, transport)
-    leases = LeaseKeeper(node, applier)
+    proposer = Proposer(node)  # the one source of this node's request IDs; stamps each request's time
+    leases = LeaseKeeper(node, applier, propose=proposer.propose)
     me = MemberInfo(cfg.name, cfg.peer_urls, cfg.advertise_client_urls, cfg.advertise_internal_urls,
                     cfg.advertise_gateway_urls)
-    maintenance = Maintenance(applier, node, me, cfg.quota_backend_bytes, cfg.initial_cluster_token, leases=leases)
+    maintenance = Maintenance(applier, node, proposer, me, cfg.quota_backend_bytes, cfg.initial_cluster_token,
+                              leases=leases)
     watch_hub = WatchHub(applier, node, progress_interval=progress_interval_from_env(os.environ),
                          max_watches_per_stream=cfg.max_watches_per_stream,
                          max_watches_per_user=cfg.max_watches_per_user)
-    quota = Quota(applier, maintenance.quota_bytes, node.id, node.propose, lambda: node.applied_index)
-    tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
+    quota = Quota(applier, maintenance.quota_bytes, node.id, proposer.propose, lambda: node.applied_index)
+    tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, proposer.propose, node.wait_applied,
                           lambda: node.last_index)
-    service = StoreService(applier, node, maintenance, watch_hub=watch_hub, quota=quota, tokens=tokens,
-                           classifier=_classifier(cfg), verifiers=_verifiers(cfg, tokens),
+    service = StoreService(applier, node, maintenance, proposer=proposer, watch_hub=watch_hub, quota=quota,
+                           tokens=tokens, classifier=_classifier(cfg), verifiers=_verifiers(cfg, tokens),
                            lockout_attempts=cfg.auth_lockout_attempts,
                            lockout_duration_ms=cfg.auth_lockout_duration_ms)
     login = StoreLogin(service.credentials, service.commit_authenticate, lead=service.may_login, jwt=cfg.jwt,

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import lmdb
 
-from authstore.api.maintenance import _hash_all
 from authstore.config import ConfigError, StoreConfig, parse_initial_cluster
 from authstore.etcd_format.bbolt import BoltError, BoltReader
 from authstore.etcd_format.snapshot import EtcdFormatError, etcd_status, load
@@ -42,7 +41,7 @@ from authstore.main import bootstrap_entries
 from authstore.node.wal import WAL
 from authstore.state.apply import Applier
 from authstore.state.auth.store import DB_TOKENS, DB_USER_TOKENS
-from authstore.state.backend import MEMBER_ID_KEY, Backend
+from authstore.state.backend import MEMBER_ID_KEY, Backend, content_hash
 from authstore.state.membership import member_id
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -183,7 +182,7 @@ def status(path: Path) -> Status:
     env = _open_read_only(path)
     try:
         with env.begin() as txn:
-            crc = _hash_all(env, txn)
+            crc = content_hash(env, txn)
             revision = KVStore(env, txn).current_revision(txn)
             with txn.cursor() as names:
                 dbs = [name for name, _ in names]

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.admin import BENCH, PREFIX, Admin
 from bench.load import run_job
-from bench.targets import VENV_BIN, RaftgateTarget, _spawn, _wait, free_port, stop_all
+from bench.targets import VENV_BIN, RaftgateTarget, free_port, spawn, stop_all, wait_ready
 from raftgate.process import stop_group
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -88,10 +88,10 @@ def start_proxies(setup: Setup, t: RaftgateTarget, workdir: Path, endpoints: str
                       "--internal-secret-file", str(secret), "--bcrypt-cost", "4"]  # fmt: skip
         if setup.workers > 1:
             cmd += ["--workers", str(setup.workers)]
-        proc = _spawn(cmd, log)
+        proc = spawn(cmd, log)
         setup.procs.append(proc)
         setup.ports.append(port)
-        _wait(lambda log=log: log.exists() and "raftgate proxy: serving" in log.read_text(errors="replace"), 90.0,
+        wait_ready(lambda log=log: log.exists() and "raftgate proxy: serving" in log.read_text(errors="replace"), 90.0,
               f"proxy {setup.name}-{i}", [proc], log)  # fmt: skip
 
 

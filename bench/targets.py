@@ -61,7 +61,7 @@ def etcd_binary() -> str | None:
     return None
 
 
-def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None,
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None,
            cwd: Path = REPO_ROOT) -> subprocess.Popen[bytes]:  # fmt: skip
     """``env``: variables set for this process on top of the bench's own environment."""
     with open(log, "wb") as fh:
@@ -70,7 +70,8 @@ def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None,
                                 env={**os.environ, **env} if env else None)  # fmt: skip
 
 
-def _wait(predicate: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
+def wait_ready(predicate: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
+    """Polls ``predicate`` until it holds; fails at once (with the log's tail) if a process exits."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     while not predicate():
@@ -165,14 +166,14 @@ class RaftgateTarget(Target):
     def start(self) -> None:
         log = self.workdir / "raftgate.log"
         ready = f"raftgate local: ready on 127.0.0.1:{self.port}"
-        self.procs = [_spawn(self.command(), log, self.env, self.build or REPO_ROOT)]
+        self.procs = [spawn(self.command(), log, self.env, self.build or REPO_ROOT)]
         _running.append(self)
 
         def is_ready() -> bool:
             return log.exists() and ready in log.read_text(errors="replace") and _status(self.grpc_target) is not None
 
         try:
-            _wait(is_ready, START_TIMEOUT, "raftgate local", self.procs, log)
+            wait_ready(is_ready, START_TIMEOUT, "raftgate local", self.procs, log)
         except BaseException:
             self.stop()
             raise
@@ -212,14 +213,14 @@ class FloorTarget(Target):
         from bench.floor import READY
 
         log = self.workdir / "floor.log"
-        self.procs = [_spawn([sys.executable, "-m", "bench.floor", "--port", str(self.port)], log)]
+        self.procs = [spawn([sys.executable, "-m", "bench.floor", "--port", str(self.port)], log)]
         _running.append(self)
 
         def is_ready() -> bool:
             return log.exists() and READY in log.read_text(errors="replace")
 
         try:
-            _wait(is_ready, START_TIMEOUT, "the floor (bench.floor)", self.procs, log)
+            wait_ready(is_ready, START_TIMEOUT, "the floor (bench.floor)", self.procs, log)
         except BaseException:
             self.stop()
             raise
@@ -266,14 +267,14 @@ class EtcdTarget(Target):
                    "--log-level=error"]  # fmt: skip
             log = self.workdir / f"{m['name']}.log"
             logs.append(log)
-            self.procs.append(_spawn(cmd, log))
+            self.procs.append(spawn(cmd, log))
 
         def is_ready() -> bool:
             statuses = [_status(f"127.0.0.1:{m['client']}") for m in self.members]
             return all(s is not None and s.leader for s in statuses)
 
         try:
-            _wait(is_ready, START_TIMEOUT, "etcd", self.procs, logs[0])
+            wait_ready(is_ready, START_TIMEOUT, "etcd", self.procs, logs[0])
         except BaseException:
             self.stop()
             raise

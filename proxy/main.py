@@ -38,14 +38,15 @@ def main(argv: list[str]) -> int:
             from proxy.workers import supervise
 
             return asyncio.run(supervise(config, argv))
-        return asyncio.run(_serve(config))
+        return asyncio.run(serve(config))
     except OSError as e:
         print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILURE
 
 
-async def _serve(config: ProxyConfig, *, reuse_port: bool = False, name: str = "raftgate proxy") -> int:
-    """Serves until SIGTERM/SIGINT. ``reuse_port`` and ``name``: a worker of ``--workers N``."""
+async def serve(config: ProxyConfig, *, reuse_port: bool = False, name: str = "raftgate proxy") -> int:
+    """Serves until SIGTERM/SIGINT. ``reuse_port`` and ``name``: a worker of ``--workers N``
+    (proxy/workers.py runs each worker through this, as ``main`` runs a single proxy)."""
     stages.configure(os.environ, program="proxy")  # a worker process starts here, not in main
     server = ProxyServer(config, reuse_port=reuse_port)
     stop = asyncio.Event()

@@ -172,7 +172,7 @@ def worker_main(argv: list[str]) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     index, rest = argv[0], argv[1:]
-    from proxy.main import _serve
+    from proxy.main import serve
 
     try:
         config = dataclasses.replace(load(rest), workers=1, observe=ObserveConfig())
@@ -180,7 +180,7 @@ def worker_main(argv: list[str]) -> int:
         print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        return asyncio.run(_serve(config, reuse_port=True, name=f"{WORKER_READY} {index} (pid {os.getpid()})"))
+        return asyncio.run(serve(config, reuse_port=True, name=f"{WORKER_READY} {index} (pid {os.getpid()})"))
     except OSError as e:
         print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
         return 1

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from authstore.api.proposer import wall_ms
 from authstore.raft.types import Entry
 from authstore.state.apply import Applier
 from authstore.state.lease.lessor import LeaseRecord, Lessor
@@ -61,10 +61,6 @@ MAX_EXPIRING = 256
 SWEEP_ROUNDS = 60
 
 
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def slack_ms(ttl: int) -> int:
     return int(ttl * 1000 * RENEW_LOG_FRACTION)
 
@@ -72,9 +68,12 @@ def slack_ms(ttl: int) -> int:
 class LeaseKeeper:
     """Keep-alives, TimeToLive and expiry on the leader; idle on followers."""
 
-    def __init__(self, node: RaftNode, applier: Applier, *, clock: Callable[[], int] = wall_ms,
-                 extend_ms: int | None = None, interval: float = EXPIRY_INTERVAL) -> None:
+    def __init__(self, node: RaftNode, applier: Applier, *, propose: Callable[[bytes], Coroutine[Any, Any, Any]],
+                 clock: Callable[[], int] = wall_ms, extend_ms: int | None = None,
+                 interval: float = EXPIRY_INTERVAL) -> None:
+        """``propose``: the API's (proposer.py), which stamps each entry's ID and time."""
         self.node = node
+        self._propose = propose
         self.applier = applier
         self.clock = clock
         self.extend_ms = int(node.election_seconds * 1000) if extend_ms is None else extend_ms
@@ -176,7 +175,7 @@ class LeaseKeeper:
         task = self._renewing.get(lease_id)
         if task is None:
             data = ipb.InternalRaftRequest(lease_renew=ipb.LeaseRenewEntry(ID=lease_id)).SerializeToString()
-            task = asyncio.get_running_loop().create_task(self.node.propose(data))
+            task = asyncio.get_running_loop().create_task(self._propose(data))
             self._renewing[lease_id] = task
 
             def done(t: asyncio.Task[Any]) -> None:
@@ -252,6 +251,6 @@ class LeaseKeeper:
     async def _propose_expiry(self, lease_id: int, logged_deadline: int) -> None:
         req = ipb.InternalRaftRequest(lease_expire=ipb.LeaseExpireEntry(ID=lease_id, deadline_ms=logged_deadline))
         try:
-            await self.node.propose(req.SerializeToString())
+            await self._propose(req.SerializeToString())
         except EtcdError as exc:
             log.info("revoking expired lease %x: %s (retried next round)", lease_id, exc.message)

@@ -9,16 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 
-import lmdb
 from google.protobuf.message import Message
 
 from authstore.api.lease_keeper import LeaseKeeper
+from authstore.api.proposer import Proposer
 from authstore.node.driver import RaftNode
 from authstore.raft.types import ConfChange, ConfChangeType
 from authstore.state.apply import Applier
+from authstore.state.backend import content_hash
 from authstore.state.membership import member_id
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -51,10 +51,11 @@ class MemberInfo:
 
 
 class Maintenance:
-    def __init__(self, applier: Applier, node: RaftNode, me: MemberInfo, quota_bytes: int,
+    def __init__(self, applier: Applier, node: RaftNode, proposer: Proposer, me: MemberInfo, quota_bytes: int,
                  cluster_token: str, leases: LeaseKeeper | None = None) -> None:
         self.applier = applier
         self.node = node
+        self.proposer = proposer
         self.me = me
         self.quota_bytes = quota_bytes
         self.cluster_token = cluster_token
@@ -115,7 +116,7 @@ class Maintenance:
                     member_ID=self.node.id, name=self.me.name, client_urls=self.me.client_urls,
                     internal_urls=self.me.internal_urls, gateway_urls=self.me.gateway_urls))
                 try:
-                    await self.node.propose(req.SerializeToString())
+                    await self.proposer.propose(req.SerializeToString())
                     continue
                 except EtcdError as exc:
                     log.debug("publishing member attributes: %s", exc.message)
@@ -135,7 +136,7 @@ class Maintenance:
 
     async def _hash(self, _b: pb.HashRequest, _now: int) -> Message:
         with self.applier.env.begin() as txn:
-            crc = _hash_all(self.applier.env, txn)
+            crc = content_hash(self.applier.env, txn)
         return pb.HashResponse(hash=crc)
 
     async def _hash_kv(self, body: pb.HashKVRequest, _now: int) -> Message:
@@ -197,7 +198,7 @@ class Maintenance:
         return member
 
     async def _change(self, kind: ConfChangeType, member: pb.Member) -> pb.MemberListResponse:
-        request_id = self.node.new_request_id()
+        request_id = self.proposer.new_id()
         ctx = spb.MemberContext(member=member, request_id=request_id)
         result = await self.node.propose_conf_change(ConfChange(kind, member.ID, ctx.SerializeToString()),
                                                      request_id)
@@ -221,15 +222,3 @@ class Maintenance:
             raise EtcdError(Err.NOT_CAPABLE)
         return pb.LeaseKeepAliveResponse(ID=body.ID, TTL=await self.leases.renew(body.ID))
 
-
-def _hash_all(env: lmdb.Environment, txn: lmdb.Transaction) -> int:
-    """CRC-32 over every sub-database but the node-local meta (applied index, member ID)."""
-    crc = 0
-    with txn.cursor() as names:
-        dbs = [name for name, _ in names if name != b"meta"]
-    for name in dbs:
-        db = env.open_db(name, txn=txn, create=False)
-        with txn.cursor(db=db) as cur:
-            for key, value in cur:
-                crc = zlib.crc32(value, zlib.crc32(key, crc))
-    return crc

@@ -38,6 +38,7 @@ from authstore.api.interceptors import CALLER, Gate, Refusal, admit, health_with
 from authstore.api.login import StoreLogin
 from authstore.api.maintenance import STORAGE_VERSION, Maintenance
 from authstore.api.outbox import Outbox
+from authstore.api.proposer import Proposer
 from authstore.api.quota import Quota
 from authstore.api.simple_tokens import SimpleTokens, now_ms
 from authstore.api.watch.hub import Vouched, WatchHub
@@ -139,14 +140,16 @@ class StoreService:
     sidecars' login (``StoreLogin``) is built on this service's reads and writes, so it comes
     after, through ``serve_logins``."""
 
-    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *, watch_hub: WatchHub,
-                 quota: Quota, tokens: SimpleTokens, verifiers: Sequence[TokenVerifier], classifier: Classifier,
-                 lockout_attempts: int = 0, lockout_duration_ms: int = 0) -> None:
+    def __init__(self, applier: Applier, node: RaftNode, maintenance: Maintenance, *, proposer: Proposer,
+                 watch_hub: WatchHub, quota: Quota, tokens: SimpleTokens, verifiers: Sequence[TokenVerifier],
+                 classifier: Classifier, lockout_attempts: int = 0, lockout_duration_ms: int = 0) -> None:
         """``verifiers``: how the store verifies a sidecar-class caller's token, the first that
         recognizes it decides (raftgate/token_verifier.py). ``lockout_*``: the policy stamped into
         the auth_failures entries this node logs (authstore/state/auth/lockout.py); 0 attempts:
-        failures are not recorded."""
+        failures are not recorded. ``proposer``: how requests reach the log (stamped with their ID
+        and time)."""
         self.applier = applier
+        self.proposer = proposer
         self.lockout_attempts = lockout_attempts if lockout_duration_ms > 0 else 0
         self.lockout_duration_ms = lockout_duration_ms
         self.node = node
@@ -338,7 +341,7 @@ class StoreService:
         if kind == "auth_failures":
             if not self.lockout_attempts:
                 return pb.AuthStatusResponse()  # lockout is off here: nothing to count
-            # this node's policy, whatever the proxy put there; the time is stamped by propose
+            # this node's policy, whatever the proxy put there; the time is stamped by the proposer
             req.auth_failures.attempts = self.lockout_attempts
             req.auth_failures.duration_ms = self.lockout_duration_ms
             data = req.SerializeToString()
@@ -357,7 +360,7 @@ class StoreService:
             handed.append(payload)
 
         try:
-            return await self.node.propose(data, trace, prepared=prepared)
+            return await self.proposer.propose(data, trace, prepared=prepared)
         finally:
             if handed:
                 self.applier.forget(handed[0])
@@ -529,7 +532,7 @@ class StoreService:
         data = self._stamp_lockout(req)
         await self.node.must_lead()
         await self.quota.check(req, len(data))
-        return await self.node.propose(data)
+        return await self.proposer.propose(data)
 
     def _stamp_lockout(self, req: ipb.InternalRaftRequest) -> bytes:
         """An authenticate entry carries this node's lockout switch, whatever the proxy put there:

@@ -1,6 +1,6 @@
 """The request ID and time every logged request carries, stamped by the API layer (as etcdserver
-does): the node logs bytes it never reads. main.py hands ``stamp`` to the node, which calls it with
-the ID it waits on and its clock's time once it is ready to log the request."""
+does): the node logs bytes it never reads. proposer.py calls ``stamp`` with the ID it picked and
+the time, once the node may log the request."""
 
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import random
@@ -99,7 +98,7 @@ class _DefaultExecutor:
 
 class RaftNode:
     def __init__(self, member_id: int, storage: MemoryStorage, wal: Log, fsm: StateMachine, peers: Peers, *,
-                 stamp: Callable[[bytes, int, int], bytes], applied: int, snapshot_dir: Path,
+                 applied: int, snapshot_dir: Path,
                  tick_seconds: float = 0.1, election_ticks: int = 10,
                  request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000,
                  clock: Clock | None = None, log_worker: Worker | None = None, apply_worker: Worker | None = None,
@@ -107,10 +106,10 @@ class RaftNode:
                  fail_stop: Callable[[], NoReturn] = _exit_process) -> None:
         """``clock``, the workers and ``rng`` default to the real ones (system time, one thread
         each, a fresh seed); the simulation passes deterministic ones. ``fail_stop`` ends the
-        process when the node can no longer persist or apply. ``stamp(data, request ID, time)``
-        is the API layer's: the bytes to log for a proposed request (the node reads none of them)."""
+        process when the node can no longer persist or apply. Proposals arrive as bytes the API
+        layer stamped with their request ID and time (authstore/api/proposer.py); the node reads
+        none of them."""
         self.id = member_id
-        self._stamp_request = stamp
         self.storage = storage
         self.wal = wal
         self.fsm = fsm
@@ -147,7 +146,6 @@ class RaftNode:
         self._to_apply: asyncio.Queue[list[Entry]] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._ticks = 0
-        self._ids = itertools.count((rng.getrandbits(40) if seeded else secrets.randbits(40)) << 20)
         self._waiters = Waiters()
         #: log index -> the stage trace of a sampled proposal in flight (raftgate/stages.py; else empty)
         self._traced: dict[int, list[int]] = {}
@@ -483,26 +481,25 @@ class RaftNode:
         log.info("snapshot at index %d; log compacted", index)
 
     # ---- the API the store service uses ----
-    async def propose(self, data: bytes, trace: list[int] | None = None,
-                      prepared: Callable[[bytes, int, int], None] | None = None) -> Any:
-        """Puts a request into the log; returns the apply stage's answer (or raises its error).
-        ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way.
-        ``prepared(payload, request ID, time)``: told the entry's bytes before they are logged."""
+    async def admit(self) -> None:
+        """Returns once this node may log a request: a leader is known (waited for as
+        ``_await_leader`` does) and apply is not too far behind the log (else etcd's back-pressure,
+        `too many requests`). The API layer stamps the request after this, so its time is the
+        time it is logged, then hands it to ``propose`` without awaiting anything in between."""
         await self._await_leader()
         if self.storage.hard_state.commit - self.applied_index > MAX_APPLY_LAG:
-            raise EtcdError(Err.TOO_MANY_REQUESTS)  # etcd's back-pressure when apply falls behind
-        request_id = next(self._ids)
-        now = self.clock.wall_ms()
-        payload = self._stamp_request(data, request_id, now)
-        if prepared is not None:
-            prepared(payload, request_id, now)
+            raise EtcdError(Err.TOO_MANY_REQUESTS)
+
+    async def propose(self, payload: bytes, request_id: int, trace: list[int] | None = None) -> Any:
+        """Logs ``payload`` as it is (the API layer stamped it with ``request_id`` and its time);
+        returns the apply stage's answer for the entry carrying ``request_id`` (or raises its
+        error). The ID must be unique among this node's requests in flight (the API's generator).
+        ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way."""
         return await self._propose(request_id, lambda: self.rn.propose(payload), trace)
 
     async def propose_conf_change(self, cc: ConfChange, request_id: int) -> Any:
+        """Logs a membership change whose context carries ``request_id`` (the API's)."""
         return await self._propose(request_id, lambda: self.rn.propose_conf_change(cc))
-
-    def new_request_id(self) -> int:
-        return next(self._ids)
 
     async def _propose(self, request_id: int, put: Callable[[], None], trace: list[int] | None = None) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

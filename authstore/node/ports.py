@@ -74,11 +74,10 @@ class Timer(Protocol):
 
 
 class Clock(Protocol):
-    """Time as the node sees it: timeouts, the tick, and the wall clock stamped into entries."""
+    """Time as the node sees it: timeouts and the tick. No wall clock: the time a request
+    carries is stamped by the API layer before the node sees its bytes."""
 
     def monotonic(self) -> float: ...
-
-    def wall_ms(self) -> int: ...
 
     def sleep(self, seconds: float) -> Awaitable[None]: ...
 
@@ -96,9 +95,6 @@ class Worker(Protocol):
 class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
-
-    def wall_ms(self) -> int:
-        return time.time_ns() // 1_000_000
 
     def sleep(self, seconds: float) -> Awaitable[None]:
         return asyncio.sleep(seconds)

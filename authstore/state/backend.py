@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -20,6 +21,8 @@ _APPLIED = b"applied_index"
 #: this node's member ID: node-local, although it lives in the store (and so in its copies)
 MEMBER_ID_KEY = b"member_id"
 _TERM = b"applied_term"
+#: the node-local sub-database (applied index and term, member ID): not part of the replicated state
+META_DB = b"meta"
 _U64 = struct.Struct(">Q")
 
 DEFAULT_MAP_SIZE = 8 << 30
@@ -32,7 +35,7 @@ def set_member_id(store_file: Path, member_id: int) -> None:
     env = lmdb.open(str(store_file), subdir=False, lock=False, max_dbs=32,
                     map_size=store_file.stat().st_size + (64 << 20))
     try:
-        meta = env.open_db(b"meta")
+        meta = env.open_db(META_DB)
         with env.begin(write=True) as txn:
             txn.put(MEMBER_ID_KEY, _U64.pack(member_id), db=meta)
         env.sync(True)
@@ -52,7 +55,7 @@ class Backend:
         # under umask 022, readable by every local user)
         self.env = lmdb.open(str(self.path), max_dbs=32, map_size=self.map_size, subdir=True, sync=True,
                              metasync=False, writemap=False, max_readers=1024, mode=PRIVATE_FILE_MODE)
-        self._meta = self.env.open_db(b"meta")
+        self._meta = self.env.open_db(META_DB)
         self._page_size = self.env.stat()["psize"]
 
     def copy_to(self, directory: Path) -> Path:
@@ -122,3 +125,17 @@ class Backend:
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+
+
+def content_hash(env: lmdb.Environment, txn: lmdb.Transaction) -> int:
+    """CRC-32 over every sub-database but the node-local meta: equal on members that applied the
+    same entries (Maintenance.Hash; ``raftgate snapshot status`` on an LMDB snapshot)."""
+    crc = 0
+    with txn.cursor() as names:
+        dbs = [name for name, _ in names if name != META_DB]
+    for name in dbs:
+        db = env.open_db(name, txn=txn, create=False)
+        with txn.cursor(db=db) as cur:
+            for key, value in cur:
+                crc = zlib.crc32(value, zlib.crc32(key, crc))
+    return crc

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from authstore.api.stamp import stamp
+from authstore.api.proposer import Proposer
 from authstore.node.driver import RaftNode
 from authstore.raft import ConfChange, ConfChangeType, Entry, EntryType, MemoryStorage, Snapshot, StateType
 from authstore.raft.codec import decode_conf_change, encode_conf_change
@@ -145,6 +145,8 @@ class Member:
     snap_dir: Path
     clock: ManualClock = field(default_factory=ManualClock)
     node: RaftNode | None = None
+    #: the API's side of the node's proposals (request IDs and time), one per incarnation as in the store
+    proposer: Proposer | None = None
     workers: list[SimWorker] = field(default_factory=list)
     clients: dict[asyncio.Task[None], None] = field(default_factory=dict)
     checked_commit: int = 0
@@ -267,13 +269,17 @@ class NodeSimulation:
         m.workers = [SimWorker(f"{m.id}/{name}", rng, self.cfg.immediate, self.runnable,
                                hold=self.cfg.hold_apply if name == "apply" else 0.0)
                      for name in ("log", "apply", "copy")]
-        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir), stamp=stamp,
+        node_rng = random.Random(rng.getrandbits(32))
+        node = RaftNode(m.id, storage, m.wal, m.fsm, self.net.peers(m.id, m.snap_dir),
                         applied=st.snapshot.index,
                         snapshot_dir=m.snap_dir, tick_seconds=TICK, election_ticks=10, request_timeout=7.0,
                         snapshot_count=self.cfg.snapshot_count, catchup_entries=self.cfg.catchup_entries,
                         clock=m.clock, log_worker=m.workers[0], apply_worker=m.workers[1], copy_worker=m.workers[2],
-                        rng=random.Random(rng.getrandbits(32)), fail_stop=self._fail_stop)
+                        rng=node_rng, fail_stop=self._fail_stop)
         m.node = node
+        # the IDs' seed from the node's generator, drawn after the node's own draws (as the node
+        # drew it before the API layer picked IDs: a seed replays the same run as then)
+        m.proposer = Proposer(node, wall_ms=m.clock.wall_ms, rng=node_rng)
         m.checked_commit = st.snapshot.index
         m.leader_term = 0
         node.start()
@@ -282,7 +288,7 @@ class NodeSimulation:
         """The process dies: its tasks and pending work vanish, unsynced writes are lost."""
         node = m.node
         assert node is not None
-        m.node = None
+        m.node = m.proposer = None
         node.crash()
         for worker in m.workers:
             worker.kill()
@@ -483,8 +489,8 @@ class NodeSimulation:
 
     async def _client(self, client: int, op: Op, m: Member, uid: int) -> None:
         """As the store's service: reads at a ReadIndex once applied; writes on the leader only."""
-        node = m.node
-        assert node is not None
+        node, proposer = m.node, m.proposer
+        assert node is not None and proposer is not None
         try:
             if op.kind == GET:
                 try:
@@ -501,7 +507,7 @@ class NodeSimulation:
                 return
             self.writes.append((op, uid))
             try:
-                result = await node.propose(self._request(op, uid))
+                result = await proposer.propose(self._request(op, uid))
             except EtcdError:
                 self.history.timeout(op)  # perhaps applied, perhaps not
                 return
@@ -578,7 +584,8 @@ class NodeSimulation:
                 self.next_node_id += 1
                 self._start(self._member(nid))
             cc = ConfChange(ConfChangeType.ADD_LEARNER_NODE, nid)
-        rid = node.new_request_id()
+        assert leader.proposer is not None
+        rid = leader.proposer.new_id()
         cc = ConfChange(cc.type, cc.node_id, spb.MemberContext(request_id=rid).SerializeToString())
         self.stats["conf_changes"] += 1
         self.trace.append((self.step_no, "conf", leader.id, cc.type.name, cc.node_id))

@@ -19,7 +19,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import Config, Entry, HardState, Message, MessageType, RawNode, StateType
 from tests.support.raft_helpers import storage_with
@@ -103,7 +102,7 @@ def test_a_new_leader_sends_the_acks_it_made_as_a_follower_only_after_its_write(
     rn, st = _follower_turned_leader()
     events = Events()
     node = RaftNode(2, st, FakeWAL(events), FakeStateMachine(), FakePeers(events),  # type: ignore[arg-type]
-                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap")
+                    applied=0, snapshot_dir=tmp_path / "snap")
     node.rn = rn
     rd = rn.ready()
     assert rd is not None and rd.soft_state is not None and rd.soft_state.state == StateType.LEADER

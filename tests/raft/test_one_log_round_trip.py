@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import Entry, HardState, StateType
 from tests.raft.test_ack_before_persist import Events, FakePeers, FakeStateMachine
@@ -47,7 +46,7 @@ class CountingWorker:
 def test_a_put_on_a_single_node_takes_one_log_thread_round_trip(tmp_path: Path) -> None:
     wal, log_worker = RecordingWAL(), CountingWorker()
     node = RaftNode(1, storage_with([1], []), wal, FakeStateMachine(), FakePeers(Events()),  # type: ignore[arg-type]
-                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap", log_worker=log_worker,
+                    applied=0, snapshot_dir=tmp_path / "snap", log_worker=log_worker,
                     apply_worker=CountingWorker())
 
     async def drive() -> None:

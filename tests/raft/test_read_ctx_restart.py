@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from authstore.api.stamp import stamp
 from authstore.node.driver import RaftNode
 from authstore.raft import ReadState
 from tests.raft.test_ack_before_persist import Events, FakePeers, FakeStateMachine
@@ -20,7 +19,7 @@ def test_a_late_answer_to_an_earlier_incarnations_read_answers_no_read_of_the_ne
 
     def incarnation() -> RaftNode:
         return RaftNode(1, storage_with([1, 2, 3], []), RecordingWAL(), FakeStateMachine(),  # type: ignore[arg-type]
-                        FakePeers(Events()), stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap")
+                        FakePeers(Events()), applied=0, snapshot_dir=tmp_path / "snap")
 
     async def main() -> bool:
         loop = asyncio.get_running_loop()

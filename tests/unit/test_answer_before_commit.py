@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from authstore.api.stamp import stamp
+from authstore.api.proposer import Proposer
 from authstore.node.driver import RaftNode
 from authstore.raft import HardState, Message
 from authstore.raft.storage import MemoryStorage
@@ -59,7 +59,7 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
     backend = Backend(tmp_path / "db", map_size=64 << 20)
     applier = Applier(backend, member_id=1)
     node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), applier, NoPeers(),  # type: ignore[arg-type]
-                    stamp=stamp, applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
+                    applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
     commit_may_go = threading.Event()
     holding = threading.Event()
 
@@ -79,7 +79,7 @@ def test_a_put_is_answered_before_its_commit_and_local_reads_wait_for_it(tmp_pat
         node.start()
         try:
             put = ipb.InternalRaftRequest(put=pb.PutRequest(key=b"k", value=b"v"))
-            resp = await asyncio.wait_for(node.propose(put.SerializeToString()), 30)
+            resp = await asyncio.wait_for(Proposer(node).propose(put.SerializeToString()), 30)
             assert isinstance(resp, pb.PutResponse) and resp.header.revision == 2
             assert await asyncio.to_thread(holding.wait, 30)
             assert committed_value() is None  # answered; its batch is not committed yet

@@ -83,7 +83,7 @@ class World:
         """This node becomes leader (again): a new keeper, then its first, empty entry."""
         for old in self.node.keepers:
             old.on_leader_change(2, 1)
-        keeper = LeaseKeeper(self.node, self.applier, clock=self.node.clock)  # type: ignore[arg-type]
+        keeper = LeaseKeeper(self.node, self.applier, propose=self.node.propose, clock=self.node.clock)  # type: ignore[arg-type]
         self.node.keepers = [keeper]
         self.node.last_index = self.node.index + 1
         keeper.on_leader_change(self.node.id, 1)

@@ -106,9 +106,9 @@ def test_random_mixtures_of_fields_get_the_parsed_message_s_answer() -> None:
 
 
 class _Node:
-    """The driver's proposal path in one step: the payload it logs (the request's bytes, its ID
-    and time appended), the hand-off, then the entry applied by the leader's applier; a follower
-    applies the same bytes alone."""
+    """The proposal path (the proposer's, then the driver's) in one step: the payload logged (the
+    request's bytes, its ID and time appended), the hand-off, then the entry applied by the
+    leader's applier; a follower applies the same bytes alone."""
 
     id = 1
     leader_id = 1
@@ -163,6 +163,7 @@ def _service(node: _Node, applier: Applier) -> StoreService:
     service = StoreService.__new__(StoreService)  # the write path alone
     service.applier = applier
     service.node = node  # type: ignore[assignment]
+    service.proposer = node  # type: ignore[assignment]
     service.draining = False
     service.quota = _Quota()  # type: ignore[assignment]
     service.maintenance = _Maintenance()  # type: ignore[assignment]

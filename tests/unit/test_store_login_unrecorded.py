@@ -106,7 +106,7 @@ def _service(node: _Node) -> _Service:
     applier: Any = object()
     tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
                           lambda: node.last_index)
-    service = _Service(applier, node, _Maintenance(), watch_hub=WatchHub(applier, node),  # type: ignore[arg-type]
+    service = _Service(applier, node, _Maintenance(), proposer=node, watch_hub=WatchHub(applier, node),  # type: ignore[arg-type]
                        quota=Quota(applier, _Maintenance.quota_bytes, node.id, node.propose, lambda: 0),
                        tokens=tokens, verifiers=[StoreSimpleTokens(tokens)], classifier=Classifier(),
                        lockout_attempts=3, lockout_duration_ms=600_000)
