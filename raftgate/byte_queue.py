@@ -14,30 +14,25 @@ share of room, not for every item taken (``resume_at = pause_at - 1`` wakes it a
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, Protocol, TypeVar
+import threading
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
-
-
-class Room(Protocol):
-    """The event ``room`` is: ``asyncio.Event`` (the default) or ``threading.Event``."""
-
-    def set(self) -> None: ...
-    def clear(self) -> None: ...
-    def is_set(self) -> bool: ...
 
 
 class ByteBudget:
     """A count of held bytes against ``pause_at``, with a ``room`` event for the producer.
 
     Not locked: a budget that threads share is used under its owner's lock, with a
-    ``threading.Event`` for ``room`` (an ``asyncio.Event`` may only be set on its loop's thread).
+    ``threading.Event`` for ``room`` (an ``asyncio.Event`` may only be set on its loop's thread;
+    typed as one for the coroutines that wait on it, which a thread's budget has none of).
     Nothing is refused here: a producer that adds without asking ``fits`` goes over the bound.
     """
 
     __slots__ = ("pause_at", "resume_at", "bytes", "room")
 
-    def __init__(self, pause_at: int, resume_at: int | None = None, room: Room | None = None) -> None:
+    def __init__(self, pause_at: int, resume_at: int | None = None,
+                 room: asyncio.Event | threading.Event | None = None) -> None:
         if pause_at < 1:
             raise ValueError("pause_at must be at least one byte")
         self.pause_at = pause_at
@@ -47,7 +42,7 @@ class ByteBudget:
         #: bytes held
         self.bytes = 0
         #: set while the producer may add: cleared at ``pause_at`` bytes, set again at ``resume_at``
-        self.room: Room = asyncio.Event() if room is None else room
+        self.room = asyncio.Event() if room is None else cast(asyncio.Event, room)
         self.room.set()
 
     def fits(self, size: int) -> bool:
