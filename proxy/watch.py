@@ -48,7 +48,7 @@ from protos.storepb.store_pb2 import WatchBatch
 from proxy.audit.handlers import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
-from raftgate.byte_queue import ByteQueue
+from raftgate.byte_queue import ByteBudget, ByteQueue
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
 log = logging.getLogger(__name__)
@@ -85,39 +85,29 @@ class _State:
     #: with an audit log: who sent each create in ``pending`` (in step with it)
     audited: collections.deque[WatchCreate] = field(default_factory=collections.deque)
     held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
-    unsent: int = 0  # bytes in `pending` and `held`
-    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: unsent < UNSENT_BYTES
-
-    def __post_init__(self) -> None:
-        self.room.set()
+    #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
+    unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
 
     def keep(self, create: pb.WatchCreateRequest | None = None, held: bytes = b"") -> None:
         """A create sent (or to send) that the store has not answered, or a request held."""
         if create is not None:
             self.pending.append(create)
-            self.unsent += create.ByteSize()
+            self.unsent.charge(create.ByteSize())
         if held:
             self.held.append(held)
-            self.unsent += len(held)
-        if self.unsent >= UNSENT_BYTES:
-            self.room.clear()
+            self.unsent.charge(len(held))
 
     def answered(self) -> pb.WatchCreateRequest:
         """The oldest create the store had not answered: answered now."""
         if not self.pending:
             return pb.WatchCreateRequest()
         create = self.pending.popleft()
-        self._less(create.ByteSize())
+        self.unsent.release(create.ByteSize())
         return create
 
     def release_held(self) -> None:
-        self._less(sum(len(data) for data in self.held))
+        self.unsent.release(sum(len(data) for data in self.held))
         self.held.clear()
-
-    def _less(self, size: int) -> None:
-        self.unsent -= size
-        if self.unsent < UNSENT_BYTES:
-            self.room.set()
     canceling: set[int] = field(default_factory=set)
     call: Any = None
     connected: bool = False
@@ -251,7 +241,7 @@ class WatchProxy:
     async def _client(self, state: _State, requests: AsyncIterator[bytes], out: ByteQueue[Any]) -> None:
         try:
             async for data in requests:
-                await state.room.wait()  # read no more of the client while it has that much unsent
+                await state.unsent.room.wait()  # read no more of the client while it has that much unsent
                 try:
                     req = pb.WatchRequest.FromString(data)
                 except DecodeError as exc:  # its reason names the type, never the client's bytes

@@ -14,9 +14,15 @@ from protos import wire
 from protos.internal import ANSWER_PART_BYTES, STREAM_BATCH_BYTES
 from protos.storepb import store_pb2 as spb
 from raftgate import stages
+from raftgate.byte_queue import ByteBudget
+
+#: Answer bytes one DoStream's outbox holds before the store reads no more calls from that stream
+#: (the server's STREAM_CALLS_HELD bounds the calls): a caller that never reads cannot make the
+#: store buffer answers without end.
+STREAM_BYTES_HELD = 64 << 20
 
 
-class Outbox:
+class Outbox(ByteBudget):
     """The answers of one DoStream waiting to be written, taken one bounded message at a time.
 
     Answers up to ANSWER_PART_BYTES (and refusals) go first, as many as fit STREAM_BATCH_BYTES;
@@ -26,16 +32,18 @@ class Outbox:
 
     Whole answers wait encoded (``_result_bytes``: protobuf's bytes for the DoResult, by hand), so
     a batch is their framing joined, with no message objects built and copied per answer.
+
+    The budget (``bytes``: answers and refusal messages not yet taken) pauses the stream's reader
+    at ``pause_at`` and lets it go on as soon as a take brings it below.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pause_at: int = STREAM_BYTES_HELD) -> None:
+        super().__init__(pause_at, pause_at - 1)
         #: (call id, the encoded DoResult, the bytes it counts: response + message)
         self.whole: collections.deque[tuple[int, bytes, int]] = collections.deque()
         #: Large answers still being sent: the call id, the answer, how much of it is sent, and
         #: the verified user (a sidecar's call; sent with the first part).
         self.large: collections.deque[tuple[int, bytes, int, str]] = collections.deque()
-        #: bytes of answers (and refusal messages) not yet taken
-        self.bytes = 0
         #: call id -> the stage trace of a sampled call (raftgate/stages.py), until its answer is taken
         self.traces: dict[int, list[int]] = {}
 
@@ -50,15 +58,16 @@ class Outbox:
     def answer(self, call_id: int, response: bytes, user: str = "", trace: list[int] | None = None) -> None:
         if trace is not None:
             self.traces[call_id] = trace
-        self.bytes += len(response)
-        if len(response) > ANSWER_PART_BYTES:
+        n = len(response)
+        self.charge(n)
+        if n > ANSWER_PART_BYTES:
             self.large.append((call_id, response, 0, user))
         else:
-            self.whole.append((call_id, _result_bytes(call_id, response, user), len(response)))
+            self.whole.append((call_id, _result_bytes(call_id, response, user), n))
 
     def refuse(self, result: spb.DoResult) -> None:
         n = len(result.response) + len(result.message)
-        self.bytes += n
+        self.charge(n)
         self.whole.append((result.id, result.SerializeToString(), n))
 
     def take(self) -> bytes:
@@ -74,7 +83,6 @@ class Outbox:
             out.append(encoded)
             ids.append(call_id)
             size += n
-            self.bytes -= n
         while self.large and (not out or size + ANSWER_PART_BYTES <= STREAM_BATCH_BYTES):
             call_id, response, sent, user = self.large.popleft()
             part = response[sent : sent + ANSWER_PART_BYTES]
@@ -86,9 +94,9 @@ class Outbox:
                 ids.append(-1)  # a later part: never carries the trace
             sent += len(part)
             size += len(part)
-            self.bytes -= len(part)
             if sent < len(response):
                 self.large.append((call_id, response, sent, user))  # its next part after the others'
+        self.release(size)  # once per message: what this take took
         if self.traces:
             for i, call_id in enumerate(ids):
                 trace = self.traces.pop(call_id, None) if call_id >= 0 else None

@@ -74,12 +74,11 @@ log = logging.getLogger("raftgate.store.server")
 
 MAX_MESSAGE = 64 << 20
 #: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
-#: its outbox), and answer bytes waiting: beyond either the store reads no more calls from that
-#: stream until the caller reads answers (HTTP/2 flow control then holds the sender back), so a
-#: caller that never reads - a sidecar's credential is held by whoever reads its namespace's
-#: Secrets - cannot make the store buffer answers without end.
+#: its outbox), and answer bytes waiting (the outbox's STREAM_BYTES_HELD): beyond either the store
+#: reads no more calls from that stream until the caller reads answers (HTTP/2 flow control then
+#: holds the sender back), so a caller that never reads - a sidecar's credential is held by whoever
+#: reads its namespace's Secrets - cannot make the store buffer answers without end.
 STREAM_CALLS_HELD = 1024
-STREAM_BYTES_HELD = 64 << 20
 SNAPSHOT_CHUNK = 32 << 10
 #: client snapshots copying or streaming at once on one node; each is a full copy of the store on
 #: the data volume, kept while its client reads, so more wait for a turn instead of filling it
@@ -250,9 +249,14 @@ class StoreService:
                     calls = spb.DoBatch.FromString(raw).calls
                     metrics.LINK_CALLS_PER_MESSAGE.observe(len(calls))
                     for call in calls:
-                        while len(running) + ready.count >= STREAM_CALLS_HELD or ready.bytes >= STREAM_BYTES_HELD:
-                            room.clear()
-                            await room.wait()
+                        while True:
+                            if not ready.room.is_set():  # STREAM_BYTES_HELD of answers untaken
+                                await ready.room.wait()
+                            elif len(running) + ready.count >= STREAM_CALLS_HELD:
+                                room.clear()
+                                await room.wait()
+                            else:
+                                break
                         task = loop.create_task(one(call.id, call))
                         running.add(task)
                         task.add_done_callback(finished)

@@ -22,6 +22,7 @@ import grpc
 
 from proxy import metrics
 from proxy.audit.records import AUTH_METHODS, MAX_RECORD_BYTES, is_refusal
+from raftgate.byte_queue import ByteBudget
 from raftgate.methods import Method
 
 log = logging.getLogger("proxy.audit")
@@ -56,8 +57,11 @@ class AuditLog:
         self.queue_bytes = queue_bytes
         self._lock = threading.Condition(threading.Lock())
         self._lines: collections.deque[bytes] = collections.deque()
-        self._queued = 0  # bytes in _lines and _unwritten
-        self._reserved = 0  # bytes promised to admitted requests
+        #: bytes in _lines and _unwritten, and MAX_RECORD_BYTES per reservation: at most
+        #: ``queue_bytes`` (a record that does not fit is dropped, a request refused; nobody waits
+        #: on its room, which the writer thread sets: a threading.Event)
+        self._budget = ByteBudget(queue_bytes + 1, queue_bytes, room=threading.Event())
+        self._reservations = 0  # rooms promised to admitted requests
         self._unwritten = b""  # the rest of a batch whose write failed: written first, never dropped
         self._writable = True
         self._reopen = False
@@ -111,8 +115,9 @@ class AuditLog:
         if not self.fail_closed:
             return True
         with self._lock:
-            if self._writable and self._queued + self._reserved + MAX_RECORD_BYTES <= self.queue_bytes:
-                self._reserved += MAX_RECORD_BYTES
+            if self._writable and self._budget.fits(MAX_RECORD_BYTES):
+                self._budget.charge(MAX_RECORD_BYTES)
+                self._reservations += 1
                 return True
         metrics.AUDIT_REFUSALS.inc()
         return False
@@ -120,14 +125,14 @@ class AuditLog:
     def release(self, count: int = 1) -> None:
         if self.fail_closed and count:
             with self._lock:
-                self._reserved = max(0, self._reserved - count * MAX_RECORD_BYTES)
+                self._unreserve(count)
 
     def submit(self, line: bytes, *, reserved: bool = False) -> bool:
         """Queues one record; False (dropped, counted) when it does not fit."""
         with self._lock:
             if reserved and self.fail_closed:
-                self._reserved = max(0, self._reserved - MAX_RECORD_BYTES)
-            elif self._queued + self._reserved + len(line) > self.queue_bytes:
+                self._unreserve(1)  # the record takes its place
+            elif not self._budget.fits(len(line)):
                 first = not self._dropping
                 self._dropping = True
                 metrics.AUDIT_DROPPED.inc()
@@ -136,10 +141,21 @@ class AuditLog:
                                 "raftgate_proxy_audit_records_dropped_total", self.queue_bytes)
                 return False
             self._lines.append(line)
-            self._queued += len(line)
+            self._budget.charge(len(line))
             metrics.AUDIT_QUEUE_BYTES.set(self._queued)
             self._lock.notify_all()
             return True
+
+    def _unreserve(self, count: int) -> None:
+        """Under the lock: ``count`` reservations given back (no more than are held)."""
+        count = min(count, self._reservations)
+        self._reservations -= count
+        self._budget.release(count * MAX_RECORD_BYTES)
+
+    @property
+    def _queued(self) -> int:
+        """Bytes of records waiting (in _lines and _unwritten), reservations left out."""
+        return self._budget.bytes - self._reservations * MAX_RECORD_BYTES
 
     @property
     def writable(self) -> bool:
@@ -182,7 +198,7 @@ class AuditLog:
             written, error = self._write(batch, reopen)
             with self._lock:
                 self._unwritten = batch[written:]
-                self._queued -= written
+                self._budget.release(written)
                 metrics.AUDIT_QUEUE_BYTES.set(self._queued)
                 if written:
                     metrics.AUDIT_WRITTEN.inc(batch.count(b"\n", 0, written))

@@ -50,10 +50,19 @@ class Context:
 
 
 def test_a_stream_whose_answers_are_not_read_is_not_read_without_end() -> None:
-    asyncio.run(_scenario())
+    asyncio.run(_scenario(b"a" * 1024, PER_BATCH, HELD_AT_MOST))
 
 
-async def _scenario() -> None:
+#: answers of 1 MiB: the calls' bound (far above 100 of them) would let the store hold GiBs
+LARGE_ANSWER = b"a" * (1 << 20)
+
+
+def test_a_stream_whose_large_answers_are_not_read_holds_a_bounded_number_of_bytes() -> None:
+    """The outbox's bytes stop the reading: 64 MiB of answers, and the calls of the batch being read."""
+    asyncio.run(_scenario(LARGE_ANSWER, 50, (64 + 2 * 50)))
+
+
+async def _scenario(response: bytes, per_batch: int, held_at_most: int) -> None:
     service = StoreService.__new__(StoreService)  # only what DoStream uses
     service.classifier = Classifier(secret=b"central-secret-for-tests-0123456789", sidecar_secret=SIDECAR_SECRET)
     assert service.classifier.proofs is not None
@@ -65,7 +74,7 @@ async def _scenario() -> None:
     async def answer(_data: bytes, **_how: object) -> bytes:
         nonlocal answered
         answered += 1
-        return b"a" * 1024
+        return response
 
     async def unused(_data: bytes) -> bytes:
         raise AssertionError("not called")
@@ -76,16 +85,16 @@ async def _scenario() -> None:
     service.login = None  # type: ignore[assignment]
 
     async def batches() -> AsyncIterator[bytes]:
-        for first in range(0, CALLS, PER_BATCH):
-            calls = [spb.DoCall(id=first + i, method=spb.DoCall.DO, request=b"") for i in range(PER_BATCH)]
+        for first in range(0, CALLS, per_batch):
+            calls = [spb.DoCall(id=first + i, method=spb.DoCall.DO, request=b"") for i in range(per_batch)]
             yield spb.DoBatch(calls=calls).SerializeToString()
             await asyncio.sleep(0)
 
     stream = service.do_stream(batches(), context)  # type: ignore[arg-type]
     try:
         await anext(stream)  # the caller reads one message, then never again
-        for _ in range(2 * CALLS // PER_BATCH + 100):  # every batch had its turn to be read
+        for _ in range(2 * CALLS // per_batch + 100):  # every batch had its turn to be read
             await asyncio.sleep(0)
-        assert answered <= HELD_AT_MOST, f"the store took {answered} calls whose answers nobody reads"
+        assert answered <= held_at_most, f"the store took {answered} calls whose answers nobody reads"
     finally:
         await stream.aclose()

@@ -189,6 +189,32 @@ def test_fail_closed_refuses_when_the_queue_has_no_room() -> None:
     assert log.admit()
 
 
+def test_records_and_reservations_share_the_bound_and_written_records_give_room_back(tmp_path: Path) -> None:
+    """The queue's bound counts the records waiting and the rooms admitted requests hold; the
+    queue's gauge the records only; what the writer has written is room again."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(str(path), "all", fail_closed=True, queue_bytes=3 * MAX_RECORD_BYTES)
+    line = b"r" * (MAX_RECORD_BYTES // 2 - 1) + b"\n"
+    assert log.admit() and log.admit()
+    assert log.submit(line)  # unreserved: fits beside the two rooms
+    assert metrics.AUDIT_QUEUE_BYTES._value.get() == len(line)
+    assert not log.admit()  # 2 rooms and half a room queued: no third room
+    assert log.submit(line, reserved=True)  # takes its room's place: half a room back
+    assert metrics.AUDIT_QUEUE_BYTES._value.get() == 2 * len(line)
+    assert log.admit()  # 1 room + 2 halves + 1 room: full again
+    assert not log.submit(line)
+    log.release(5)  # more than are held: both rooms back, no more
+    assert log.admit() and log.admit() and not log.admit()
+    log.release(2)
+    log.start()
+    try:
+        wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") == 2, 10, "the records written")
+        wait_for(lambda: metrics.AUDIT_QUEUE_BYTES._value.get() == 0, 10, "the queue to be empty")
+        assert log.admit() and log.admit() and log.admit() and not log.admit()  # the whole bound again
+    finally:
+        log.close()
+
+
 def test_fail_closed_refuses_once_a_write_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """/dev/full: every write is ENOSPC. The admitted request's record waits; the next is refused."""
     monkeypatch.setattr(writer, "RETRY_SECONDS", 0.05)

@@ -1,12 +1,109 @@
-"""raftgate/byte_queue.py: the FIFO bounded in bytes that watch streams (proxy and store) fill."""
+"""raftgate/byte_queue.py: the byte budget every buffer a slow reader fills counts against (a
+DoStream's outbox, the audit log's queue, a proxy watch's unanswered creates), and the FIFO bounded
+in bytes that watch streams (proxy and store) fill."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from raftgate.byte_queue import ByteQueue
+from raftgate.byte_queue import ByteBudget, ByteQueue
+
+# --- ByteBudget ----------------------------------------------------------------------------------
+
+#: a producer adding an item (of 0..300 bytes) when the budget ``fits`` it or while there is
+#: ``room`` (the two ways the budget's users ask), and a consumer taking the oldest item held
+_ops = st.lists(st.one_of(st.tuples(st.sampled_from(("fits", "room")), st.integers(0, 300)),
+                          st.tuples(st.just("take"), st.just(0))), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 1000), st.data(), _ops)
+def test_a_budget_never_goes_negative_nor_past_its_bound_and_one_item(pause_at: int, data: st.DataObject,
+                                                                       ops: list[tuple[str, int]]) -> None:
+    resume_at = data.draw(st.integers(0, pause_at - 1))
+    budget = ByteBudget(pause_at, resume_at)
+    held: collections.deque[int] = collections.deque()
+    room = True  # the model: cleared at pause_at, set at resume_at, kept in between
+    for op, size in ops:
+        if op == "take":
+            if held:
+                budget.release(held.popleft())
+        elif budget.fits(size) if op == "fits" else budget.room.is_set():
+            before = budget.bytes
+            budget.charge(size)
+            held.append(size)
+            assert budget.bytes < pause_at + size  # the bound and this one item at most
+            if op == "fits":
+                assert before == 0 or budget.bytes < pause_at
+        assert budget.bytes == sum(held) >= 0
+        if budget.bytes >= pause_at:
+            room = False
+        elif budget.bytes <= resume_at:
+            room = True
+        assert budget.room.is_set() is room
+        assert budget.fits(10**9) is (budget.bytes == 0)  # nothing held takes any one item
+
+
+def test_a_budget_pauses_at_its_bound_and_resumes_at_resume_at() -> None:
+    budget = ByteBudget(100, resume_at=30)
+    budget.charge(99)
+    assert budget.room.is_set() and budget.fits(0) and not budget.fits(1)
+    budget.charge(1)
+    assert budget.bytes == 100 and not budget.room.is_set()
+    budget.release(60)
+    assert budget.bytes == 40 and not budget.room.is_set()  # not yet down to resume_at
+    budget.release(10)
+    assert budget.room.is_set()
+    budget.charge(50)  # 80: below the bound again, the room stays
+    assert budget.room.is_set()
+
+
+def test_resume_one_below_the_bound_gives_room_back_at_once() -> None:
+    budget = ByteBudget(100, resume_at=99)
+    budget.charge(150)
+    assert not budget.room.is_set()
+    budget.release(51)
+    assert budget.room.is_set() and budget.bytes == 99
+
+
+def test_a_producer_waiting_on_a_budget_is_woken_when_enough_is_released() -> None:
+    async def scenario() -> None:
+        budget = ByteBudget(100)
+        budget.charge(100)
+        woken = asyncio.get_running_loop().create_task(budget.room.wait())
+        budget.release(40)
+        await asyncio.sleep(0)
+        assert not woken.done()  # 60 held: above half
+        budget.release(10)
+        await asyncio.wait_for(woken, 5)
+
+    asyncio.run(scenario())
+
+
+def test_a_budget_shared_by_threads_takes_a_threading_event() -> None:
+    """The audit log's budget: the writer thread releases what it wrote (under the log's lock)."""
+    budget = ByteBudget(100, resume_at=99, room=threading.Event())
+    budget.charge(100)
+    assert not budget.room.is_set()
+    writer = threading.Thread(target=budget.release, args=(100,))
+    writer.start()
+    writer.join()
+    assert budget.room.is_set() and budget.bytes == 0
+
+
+@pytest.mark.parametrize(("pause_at", "resume_at"), [(0, None), (10, 10), (10, -1)])
+def test_budget_bounds_that_make_no_sense_are_refused(pause_at: int, resume_at: int | None) -> None:
+    with pytest.raises(ValueError):
+        ByteBudget(pause_at, resume_at)
+
+
+# --- ByteQueue -----------------------------------------------------------------------------------
 
 
 def test_it_counts_bytes_not_items_and_pauses_at_the_bound() -> None:

@@ -1,12 +1,12 @@
 """proxy/watch.py's `track`: what the proxy learns from each store answer to resume a watch on a new
 leader from the first revision the client has not seen, and the guard that drops an event the client
-already has (no duplicate after a resume)."""
+already has (no duplicate after a resume); and the byte bound on what it keeps for the store."""
 
 from __future__ import annotations
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
-from proxy.watch import _State, track
+from proxy.watch import UNSENT_BYTES, _State, track
 
 
 def resp(watch_id: int, rev: int, *event_revs: int, **kw: object) -> bytes:
@@ -83,3 +83,20 @@ def test_a_watch_canceled_because_its_token_died_gets_etcds_reason_and_no_more_e
     assert (out.watch_id, out.canceled, out.cancel_reason) == (0, True, INVALID_TOKEN_REASON)
     assert INVALID_TOKEN_REASON == "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
     assert set(st.watches) == {1} and not st.dead
+
+
+def test_unanswered_creates_and_held_requests_share_one_byte_bound() -> None:
+    """A client's creates the store has not answered and requests held for the next store stream
+    count against UNSENT_BYTES together: the proxy reads no more of the client at the bound and
+    reads on as soon as an answer or a new stream brings it below."""
+    st = _State()
+    create = pb.WatchCreateRequest(key=b"k" * (UNSENT_BYTES // 2))
+    st.keep(create)
+    assert st.unsent.room.is_set()
+    st.keep(held=b"h" * (UNSENT_BYTES - create.ByteSize()))  # the bound, reached
+    assert st.unsent.bytes == UNSENT_BYTES and not st.unsent.room.is_set()
+    assert st.answered() == create and st.unsent.room.is_set()
+    st.keep(create)
+    assert not st.unsent.room.is_set()
+    st.release_held()
+    assert st.unsent.bytes == create.ByteSize() and st.unsent.room.is_set() and not st.held
