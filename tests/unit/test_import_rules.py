@@ -109,3 +109,23 @@ def test_the_check_finds_both_forms() -> None:
     names = [v.split(": ")[1] for v in found]
     assert names == ["proxy.main._serve", "authstore.api.maintenance._hash_all", "authstore.api.stamp._x",
                      "proxy.main._serve"], found
+
+
+def _test_modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        yield ".".join(path.relative_to(ROOT).with_suffix("").parts), path
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Issue 23: what two test modules share lives in ``tests/support/`` (or a folder's non-test
+    module such as ``tests/raft/fakes.py``), so running, moving or deleting one test file never
+    breaks another."""
+    found = []
+    for name, path in _test_modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for target in targets:
+                if target.startswith("tests.") and target.rsplit(".", 1)[-1].startswith("test_"):
+                    found.append(f"{name}:{node.lineno} imports {target}")
+    assert not found, "move what is shared into tests/support/:\n" + "\n".join(found)
