@@ -20,62 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from authstore.node.driver import RaftNode
-from authstore.raft import Config, Entry, HardState, Message, MessageType, RawNode, StateType
+from authstore.raft import Config, Entry, Message, MessageType, RawNode, StateType
+from tests.support.node_ports import Events, FakePeers, FakeStateMachine, FakeWAL
 from tests.support.raft_helpers import storage_with
 
 M = MessageType
 PROMISES = frozenset({M.MsgAppResp, M.MsgVoteResp})
-
-
-class Events:
-    def __init__(self) -> None:
-        self.log: list[Any] = []
-
-
-class FakeWAL:
-    def __init__(self, events: Events) -> None:
-        self.events = events
-
-    def save(self, hard_state: HardState | None, entries: list[Entry], must_sync: bool) -> None:
-        self.events.log.append(("save", [e.index for e in entries], must_sync))
-
-
-class FakePeers:
-    """The node's ``Peers`` port: records what is sent, in order with the WAL's writes."""
-
-    def __init__(self, events: Events) -> None:
-        self.events = events
-
-    def bind(self, receiver: Any) -> None:
-        pass
-
-    def send(self, m: Message) -> None:
-        self.events.log.append(m)
-
-    async def send_snapshot(self, msg: Message, path: Path) -> bool:
-        return False
-
-    async def close(self) -> None:
-        pass
-
-
-class FakeStateMachine:
-    """Nothing is committed in the one Ready handled here."""
-
-    def apply(self, entries: Any, term: int) -> tuple[list[tuple[int, Any]], bool]:
-        return [], False
-
-    def on_decided(self, fn: Any) -> None:
-        pass
-
-    def snapshot(self, directory: Path) -> Path:
-        raise AssertionError("no snapshot in this test")
-
-    def restore(self, path: Path) -> int:
-        raise AssertionError("no snapshot in this test")
-
-    def sync(self) -> None:
-        pass
 
 
 def _follower_turned_leader() -> tuple[RawNode, Any]:

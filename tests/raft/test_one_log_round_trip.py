@@ -6,41 +6,12 @@ before, without an fsync): a commit index is never a promise, Raft learns it aga
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from authstore.node.driver import RaftNode
-from authstore.raft import Entry, HardState, StateType
-from tests.raft.test_ack_before_persist import Events, FakePeers, FakeStateMachine
+from authstore.raft import HardState, StateType
+from tests.support.node_ports import CountingWorker, Events, FakePeers, FakeStateMachine, RecordingWAL
 from tests.support.raft_helpers import storage_with
-
-
-class RecordingWAL:
-    def __init__(self) -> None:
-        self.saves: list[tuple[HardState | None, list[int], bool]] = []
-
-    def save(self, hard_state: HardState | None, entries: list[Entry], sync: bool = True) -> None:
-        self.saves.append((hard_state, [e.index for e in entries], sync))
-
-    def close(self) -> None:
-        pass
-
-
-class CountingWorker:
-    """ports.Worker that runs jobs at once and counts them (each is a thread round trip in the store)."""
-
-    def __init__(self) -> None:
-        self.jobs = 0
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        self.jobs += 1
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        fut.set_result(fn(*args))
-        return fut
-
-    def shutdown(self) -> None:
-        pass
 
 
 def test_a_put_on_a_single_node_takes_one_log_thread_round_trip(tmp_path: Path) -> None:

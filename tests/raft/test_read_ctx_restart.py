@@ -9,8 +9,7 @@ from pathlib import Path
 
 from authstore.node.driver import RaftNode
 from authstore.raft import ReadState
-from tests.raft.test_ack_before_persist import Events, FakePeers, FakeStateMachine
-from tests.raft.test_one_log_round_trip import RecordingWAL
+from tests.support.node_ports import Events, FakePeers, FakeStateMachine, RecordingWAL
 from tests.support.raft_helpers import storage_with
 
 

@@ -18,37 +18,12 @@ from typing import Any
 
 from authstore.api.proposer import Proposer
 from authstore.node.driver import RaftNode
-from authstore.raft import HardState, Message
 from authstore.raft.storage import MemoryStorage
 from authstore.state.apply import Applier
 from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-
-
-class NoWAL:
-    def save(self, hard_state: HardState | None, entries: list[Any], must_sync: bool = True) -> None:
-        pass
-
-    def checkpoint(self, *args: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class NoPeers:
-    def bind(self, receiver: Any) -> None:
-        pass
-
-    def send(self, m: Message) -> None:
-        pass
-
-    async def send_snapshot(self, msg: Message, path: Path) -> bool:
-        return False
-
-    async def close(self) -> None:
-        pass
+from tests.support.node_ports import NoPeers, NoWAL
 
 
 def _no_exit() -> Any:

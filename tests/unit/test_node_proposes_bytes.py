@@ -20,7 +20,7 @@ from authstore.state.apply import Applier
 from authstore.state.backend import Backend
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from tests.unit.test_answer_before_commit import NoPeers, NoWAL
+from tests.support.node_ports import NoPeers, NoWAL
 
 
 class NoWallClock:
