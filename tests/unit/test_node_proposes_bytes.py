@@ -102,3 +102,27 @@ def test_the_api_layer_picks_each_requests_id_and_time(tmp_path: Path) -> None:
         assert clock.wall_reads == 0
 
     _run(tmp_path, scenario)
+
+
+def test_a_second_proposal_under_an_id_in_flight_is_refused_and_nobody_gets_anothers_answer(
+        tmp_path: Path) -> None:
+    """The node answers whoever waits on an entry's ID. Two callers under one ID (the ID is the
+    API's to pick) must not cross: the second is refused before anything is logged, and the first
+    gets its own answer (not a timeout while the second takes the first's result)."""
+
+    async def scenario(node: RaftNode, _clock: NoWallClock) -> None:
+        node.request_timeout = 2.0  # before the fix the first caller waits it out
+        await node.admit()
+        puts = [stamp(ipb.InternalRaftRequest(put=pb.PutRequest(key=b"k", value=v)).SerializeToString(), 5, 1)
+                for v in (b"first", b"second")]
+        first = asyncio.create_task(node.propose(puts[0], 5))
+        second = asyncio.create_task(node.propose(puts[1], 5))
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert isinstance(results[0], pb.PutResponse), results[0]  # its own answer: the put it logged
+        assert results[0].header.revision == 2
+        assert isinstance(results[1], ValueError), results[1]  # refused, not handed the first's answer
+        storage = node.storage
+        logged = [e.data for e in storage.entries(storage.first_index(), storage.last_index() + 1, 1 << 62)]
+        assert puts[0] in logged and puts[1] not in logged  # the refused one never reached the log
+
+    _run(tmp_path, scenario)
