@@ -102,4 +102,4 @@ def test_requests_sent_during_an_outage_are_held_within_the_bound_and_sent_once_
         await asyncio.gather(client, return_exceptions=True)
         await stream.aclose()
 
-    asyncio.run(scenario())
+    asyncio.run(asyncio.wait_for(scenario(), 30))  # a wait that never ends fails, not hangs
