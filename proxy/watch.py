@@ -249,11 +249,15 @@ class WatchProxy:
                     return
                 which = req.WhichOneof("request_union")
                 identity = await self._identify() if which == "create_request" else None
-                audited = self.events.creating() if self.events is not None and which == "create_request" else None
-                if self.events is not None and which == "create_request" and audited is None:
-                    await out.put(EtcdError(Err.AUDIT_UNAVAILABLE))  # --audit-fail-closed: the stream ends
-                    return
                 async with state.lock:
+                    audited = None
+                    if which == "create_request" and self.events is not None:
+                        # admitted under the lock: nothing is awaited between the room reserved and
+                        # its place in state.audited, which a stream that ends gives back (abandoned)
+                        audited = self.events.creating()
+                        if audited is None:  # --audit-fail-closed: the stream ends
+                            out.put_nowait(EtcdError(Err.AUDIT_UNAVAILABLE))
+                            return
                     if identity is not None:
                         stamp(state, identity)
                     if which == "create_request":

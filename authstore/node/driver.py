@@ -493,7 +493,8 @@ class RaftNode:
     async def propose(self, payload: bytes, request_id: int, trace: list[int] | None = None) -> Any:
         """Logs ``payload`` as it is (the API layer stamped it with ``request_id`` and its time);
         returns the apply stage's answer for the entry carrying ``request_id`` (or raises its
-        error). The ID must be unique among this node's requests in flight (the API's generator).
+        error). The ID must be unique among this node's requests in flight (the API's generator;
+        a ValueError, nothing logged, if it is not).
         ``trace``: a sampled request's stage trace (raftgate/stages.py), stamped on the way."""
         return await self._propose(request_id, lambda: self.rn.propose(payload), trace)
 

@@ -12,6 +12,11 @@ class Waiters:
         self._indexes: list[tuple[int, asyncio.Future[None]]] = []
 
     def add(self, request_id: int, fut: asyncio.Future[Any]) -> None:
+        """A ValueError if ``request_id`` is already waited on: an entry's answer goes to whoever
+        waits on its ID, so a second caller under it would take the first's answer (and the first
+        time out); the ID is the API's to pick (authstore/api/proposer.py), the node holds it to it."""
+        if request_id in self._proposals:
+            raise ValueError(f"request ID {request_id:x} is already in flight")
         self._proposals[request_id] = fut
 
     def discard(self, request_id: int) -> None:

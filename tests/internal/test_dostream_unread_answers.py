@@ -19,6 +19,7 @@ from authstore.api.interceptors import CALLER
 from authstore.api.server import StoreService
 from protos.storepb import store_pb2 as spb
 from protos.storepb.store_pb2 import ChallengeResponse
+from raftgate.errors import Err, EtcdError
 from raftgate.internal_access import Caller
 from raftgate.secret_proof import INTERNAL, Challenges, proof_metadata
 
@@ -98,3 +99,76 @@ async def _scenario(response: bytes, per_batch: int, held_at_most: int) -> None:
         assert answered <= held_at_most, f"the store took {answered} calls whose answers nobody reads"
     finally:
         await stream.aclose()
+
+
+def _answer_of(call_id: int) -> bytes | None:
+    """Call ``call_id``'s answer: by turns none (a refusal), empty, small, several parts, one part
+    (each its own bytes, so an answer given to the wrong call or twice shows)."""
+    size = (None, 0, 100, 3 * (1 << 20) + 7, 1 << 20)[call_id % 5]
+    if size is None:
+        return None
+    return (call_id.to_bytes(4, "big") * (size // 4 + 1))[:size]
+
+
+def test_a_paused_stream_resumes_and_answers_every_call_once_with_its_own_answer() -> None:
+    """Paused at the outbox's bound (answers, parts of large ones, empty ones and refusals mixed),
+    the stream reads on once the caller reads, and every call gets its own answer exactly once."""
+    asyncio.run(_resume_scenario(calls=120, per_batch=10))
+
+
+async def _resume_scenario(calls: int, per_batch: int) -> None:
+    service = StoreService.__new__(StoreService)  # only what DoStream uses
+    service.classifier = Classifier(secret=b"central-secret-for-tests-0123456789", sidecar_secret=SIDECAR_SECRET)
+    assert service.classifier.proofs is not None
+    context = Context(service.classifier.proofs)
+    CALLER.set(Caller.SIDECAR)
+    answered = 0
+
+    async def answer(data: bytes, **_how: object) -> bytes:
+        nonlocal answered
+        answered += 1
+        response = _answer_of(int.from_bytes(data, "big"))
+        if response is None:
+            raise EtcdError(Err.TOO_MANY_REQUESTS)
+        return response
+
+    service.answer = answer  # type: ignore[method-assign]
+    service.login = None  # type: ignore[assignment]
+
+    async def batches() -> AsyncIterator[bytes]:
+        for first in range(0, calls, per_batch):
+            yield spb.DoBatch(calls=[spb.DoCall(id=i, method=spb.DoCall.DO, request=i.to_bytes(4, "big"))
+                                     for i in range(first, first + per_batch)]).SerializeToString()
+            await asyncio.sleep(0)
+
+    got: dict[int, list[spb.DoResult]] = {}
+    parts: dict[int, bytearray] = {}
+    sizes: dict[int, int] = {}
+
+    def take(message: bytes) -> None:
+        for result in spb.DoResultBatch.FromString(message).results:
+            if result.rest:
+                parts[result.id] += result.response
+            else:
+                got.setdefault(result.id, []).append(result)
+                parts[result.id] = bytearray(result.response)
+                sizes[result.id] = result.size or len(result.response)
+
+    stream = service.do_stream(batches(), context)  # type: ignore[arg-type]
+    try:
+        take(await anext(stream))  # one message read, then none for a while
+        for _ in range(2 * calls // per_batch + 100):
+            await asyncio.sleep(0)
+        assert answered < calls  # paused at the outbox's bound
+        async for message in stream:  # the caller reads again: to the end of the stream
+            take(message)
+    finally:
+        await stream.aclose()
+    assert sorted(got) == list(range(calls)) and answered == calls
+    for call_id, results in got.items():
+        assert len(results) == 1, f"call {call_id} answered {len(results)} times"
+        expected = _answer_of(call_id)
+        if expected is None:
+            assert results[0].code == Err.TOO_MANY_REQUESTS.code.value[0] and not parts[call_id]
+        else:
+            assert results[0].code == 0 and sizes[call_id] == len(expected) and bytes(parts[call_id]) == expected

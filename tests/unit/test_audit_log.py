@@ -268,6 +268,39 @@ def test_sighup_reopens_and_a_removed_directory_refuses_until_it_is_back(tmp_pat
         log.close()
 
 
+def test_fail_closed_through_an_outage_loses_no_record_and_gives_every_room_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests admitted before the log became unwritable finish during the outage: their records
+    wait (never dropped), a flood of new requests is refused, and once the log is writable again
+    every record is written once and the whole bound is free (no room kept by the flood)."""
+    monkeypatch.setattr(writer, "RETRY_SECONDS", 0.05)
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    path = directory / "audit.log"
+    log = AuditLog(str(path), "all", fail_closed=True, queue_bytes=8 * MAX_RECORD_BYTES)
+    log.start()
+    try:
+        assert all(log.admit() for _ in range(4))  # under way when the log goes
+        path.unlink()
+        directory.rmdir()
+        log.reopen()
+        wait_for(lambda: not log.writable, 10, "the reopen to fail")
+        assert not any(log.admit() for _ in range(200))  # the flood: refused, nothing reserved
+        records = [b'{"n":%d}\n' % i for i in range(6)]
+        assert all(log.submit(line, reserved=True) for line in records[:4])  # the admitted ones end
+        assert all(log.submit(line) for line in records[4:])  # records nobody reserved for, within the bound
+        assert not log.admit()
+        directory.mkdir()
+        wait_for(lambda: log.writable, 10, "the log to be writable again")
+        wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") == len(records), 10, "every record")
+        assert path.read_bytes() == b"".join(records)  # each once, in order
+        wait_for(lambda: metrics.AUDIT_QUEUE_BYTES._value.get() == 0, 10, "the queue to be empty")
+        assert all(log.admit() for _ in range(8)) and not log.admit()  # the whole bound again
+        log.release(8)
+    finally:
+        log.close()
+
+
 # --- watch creates and cancels -------------------------------------------------------------------
 
 

@@ -102,3 +102,57 @@ def test_the_api_layer_picks_each_requests_id_and_time(tmp_path: Path) -> None:
         assert clock.wall_reads == 0
 
     _run(tmp_path, scenario)
+
+
+def test_a_second_proposal_under_an_id_in_flight_is_refused_and_nobody_gets_anothers_answer(
+        tmp_path: Path) -> None:
+    """The node answers whoever waits on an entry's ID. Two callers under one ID (the ID is the
+    API's to pick) must not cross: the second is refused before anything is logged, and the first
+    gets its own answer (not a timeout while the second takes the first's result)."""
+
+    async def scenario(node: RaftNode, _clock: NoWallClock) -> None:
+        node.request_timeout = 2.0  # before the fix the first caller waits it out
+        await node.admit()
+        puts = [stamp(ipb.InternalRaftRequest(put=pb.PutRequest(key=b"k", value=v)).SerializeToString(), 5, 1)
+                for v in (b"first", b"second")]
+        first = asyncio.create_task(node.propose(puts[0], 5))
+        second = asyncio.create_task(node.propose(puts[1], 5))
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert isinstance(results[0], pb.PutResponse), results[0]  # its own answer: the put it logged
+        assert results[0].header.revision == 2
+        assert isinstance(results[1], ValueError), results[1]  # refused, not handed the first's answer
+        storage = node.storage
+        logged = [e.data for e in storage.entries(storage.first_index(), storage.last_index() + 1, 1 << 62)]
+        assert puts[0] in logged and puts[1] not in logged  # the refused one never reached the log
+
+    _run(tmp_path, scenario)
+
+
+def test_a_request_proposed_before_a_leader_is_known_is_stamped_with_the_time_it_is_logged(
+        tmp_path: Path) -> None:
+    """The proposer waits for the node to take a request (a leader known) before it reads the time:
+    a request that waited out an election carries the time it entered the log, not the time it
+    arrived (the lease checks and lockouts that apply it compare that time)."""
+    backend = Backend(tmp_path / "db", map_size=64 << 20)
+    node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), Applier(backend, member_id=1),  # type: ignore[arg-type]
+                    NoPeers(), applied=0, snapshot_dir=tmp_path / "snap", clock=NoWallClock(), fail_stop=_no_exit)
+    proposer = Proposer(node, wall_ms=lambda: 2_000 if node.leader_id else 1_000, rng=random.Random(3))
+    put = ipb.InternalRaftRequest(put=pb.PutRequest(key=b"k", value=b"v")).SerializeToString()
+    handed: list[tuple[bytes, int, int]] = []
+
+    async def main() -> None:
+        proposing = asyncio.create_task(proposer.propose(put, prepared=lambda *told: handed.append(told)))
+        await asyncio.sleep(0)  # it arrived before the node had a leader
+        assert not node.leader_id and not handed
+        node.start()
+        try:
+            await asyncio.wait_for(proposing, 30)
+        finally:
+            await node.stop()
+        ((payload, _request_id, time_ms),) = handed
+        assert time_ms == 2_000 and ipb.InternalRaftRequest.FromString(payload).time_unix_ms == 2_000
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
