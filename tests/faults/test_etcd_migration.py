@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from protos.etcdserverpb import rpc_pb2
-from tests.faults.test_snapshot_restore import _etcdctl_view, _fill, _restored_cluster
 from tests.support.cluster import Client, kv_state, retry_ok
 from tests.support.processes import (
     EtcdServer,
@@ -34,6 +33,7 @@ from tests.support.processes import (
     skip_unless_available,
     store_and_proxy,
 )
+from tests.support.restored_cluster import etcdctl_view, fill_cluster, restored_cluster
 from tests.support.snapshots import etcd_tools_status, etcdutl, raftgate
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def _state(target: str) -> dict[str, Any]:
                                 for p in a.RoleGet(rpc_pb2.AuthRoleGetRequest(role=r), metadata=md, timeout=10).perm)
                       for r in roles if r != "root"},  # etcd 3.5.1 shows root's no permission, 3.7 all
         }
-        view = _etcdctl_view(target)
+        view = etcdctl_view(target)
         view["role"].pop("root")  # as above
         return {"kv": kv_state(client), "auth": auth, "etcdctl": view,
                 "revision": client.kv.Range(rpc_pb2.RangeRequest(key=b"/"), metadata=md, timeout=10).header.revision}
@@ -98,7 +98,7 @@ def _fill_and_compact(target: str) -> None:
     client = Client(target)
     try:
         retry_ok(lambda: client.put(b"/warm", b"up", timeout=10), 30, "a first write")
-        _fill(client)
+        fill_cluster(client)
         client.kv.Compact(rpc_pb2.CompactionRequest(revision=3), metadata=client.md, timeout=10)
     finally:
         client.close()
@@ -143,7 +143,7 @@ def test_etcd_to_raftgate_and_back(tmp_path: Path) -> None:
                     "--initial-cluster-token", "from-etcd")
     assert proc.returncode == 0, proc.stderr
     back = tmp_path / "back.db"
-    with _restored_cluster(tmp_path / "new", [("solo", data_dir, peer_port)]) as new:
+    with restored_cluster(tmp_path / "new", [("solo", data_dir, peer_port)]) as new:
         after = retry_ok(lambda: _state(new.endpoint), 30, "the restored cluster to answer")
         assert _history(new.endpoint) == history
         rc, _, err = etcdctl(new.endpoint, "snapshot", "save", str(back), user=ROOT, timeout=60)

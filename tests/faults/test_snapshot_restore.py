@@ -8,35 +8,26 @@ compared with the original. Bad inputs get a clear error, a non-zero exit and to
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
-from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+from protos.etcdserverpb import rpc_pb2
 from tests.support.cluster import (
     Client,
-    Cluster,
-    Node,
-    Program,
     auth_state,
     kv_state,
     program_cluster,
     retry_ok,
-    setup_auth,
-    store_argv,
 )
 from tests.support.processes import etcdctl, free_port
+from tests.support.restored_cluster import etcdctl_view, fill_cluster, restored_cluster
 from tests.support.snapshots import etcd_tools_status
 
 pytestmark = pytest.mark.slow
@@ -49,103 +40,17 @@ def raftgate(*args: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _fill(client: Client) -> int:
-    """Keys (some with history), a lease with a key, users, roles, grants; then auth enable.
-    Returns the lease ID."""
-    for i in range(5):
-        client.put(b"/app/a", b"v%d" % i, timeout=10)
-    client.put(b"/app/b", b"bee", timeout=10)
-    client.put(b"/other/x", b"ex", timeout=10)
-    client.kv.DeleteRange(rpc_pb2.DeleteRangeRequest(key=b"/app/b"), timeout=10)
-    client.put(b"/app/c", b"sea", timeout=10)
-    lease = rpc_pb2_grpc.LeaseStub(client.channel).LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=600), timeout=10).ID
-    client.kv.Put(rpc_pb2.PutRequest(key=b"/leased", value=b"l", lease=lease), timeout=10)
-    a = client.auth
-    a.UserAdd(rpc_pb2.AuthUserAddRequest(name="alice", password="alicepw"), timeout=10)
-    a.UserAdd(rpc_pb2.AuthUserAddRequest(name="bob", password="bobpw"), timeout=10)
-    a.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="reader"), timeout=10)
-    a.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="writer"), timeout=10)
-    a.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
-        name="reader", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"/app/", range_end=b"/app0")),
-        timeout=10)
-    a.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
-        name="writer", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"/other/x")), timeout=10)
-    a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="alice", role="reader"), timeout=10)
-    a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="bob", role="writer"), timeout=10)
-    a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="bob", role="reader"), timeout=10)
-    setup_auth(client)
-    return lease
-
-
-def _etcdctl_view(endpoint: str) -> dict[str, Any]:
-    """What etcdctl shows of the cluster (as root): keys, users, roles, grants, leases."""
-
-    def run(*args: str) -> str:
-        rc, out, err = etcdctl(endpoint, *args, user=ROOT)
-        assert rc == 0, (args, err)
-        return out
-
-    users = run("user", "list").split()
-    roles = run("role", "list").split()
-    leases = run("lease", "list").splitlines()[1:]
-    return {
-        "keys": run("get", "", "--from-key"),
-        "users": users,
-        "user": {u: run("user", "get", u) for u in users},
-        "roles": roles,
-        "role": {r: run("role", "get", r) for r in roles},
-        "leases": leases,
-        "lease_keys": {line: run("lease", "timetolive", line.split()[-1], "--keys").split("attached keys")[-1]
-                       for line in leases},
-        "auth": run("auth", "status").splitlines()[0],
-    }
-
-
 def _state(endpoint: str) -> dict[str, Any]:
     client = Client(endpoint)
     try:
         client.login("root", "rootpw")
         auth = auth_state(client)
         auth.pop("auth_revision")
-        return {"kv": kv_state(client), "auth": auth, "etcdctl": _etcdctl_view(endpoint),
+        return {"kv": kv_state(client), "auth": auth, "etcdctl": etcdctl_view(endpoint),
                 "revision": client.kv.Range(rpc_pb2.RangeRequest(key=b"/"), metadata=client.md,
                                             timeout=10).header.revision}
     finally:
         client.close()
-
-
-@contextlib.contextmanager
-def _restored_cluster(workdir: Path, members: list[tuple[str, Path, int]]) -> Iterator[Cluster]:
-    """`raftgate store` on each restored data dir (flags as the restore was given), and a proxy."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    secret = workdir / "internal-secret"
-    secret.write_text(os.urandom(32).hex())
-    os.chmod(secret, 0o600)
-    client_url = f"http://127.0.0.1:{free_port()}"
-    initial = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, _, peer in members)
-    nodes = []
-    for name, data_dir, peer_port in members:
-        internal = free_port()
-        argv = store_argv(name, data_dir, internal, peer_port, secret, initial, client_url, [])
-        nodes.append(Node(name=name, argv=argv, data_dir=data_dir, internal=f"127.0.0.1:{internal}"))
-    cluster = Cluster(workdir, sys.executable, secret.read_text(), nodes, client_url.removeprefix("http://"))
-    try:
-        # all at once, as program_cluster does: a member may wait for the others to come up
-        threads = [threading.Thread(target=cluster.restart, args=(node,)) for node in nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert all(node.running for node in nodes), [node.output()[-2000:] for node in nodes]
-        proxy = Program(workdir / "proxy",
-                        ["proxy", "--listen-client-urls", client_url,
-                         "--store-endpoints", ",".join(n.internal for n in nodes),
-                         "--internal-secret-file", str(secret), "--bcrypt-cost", "4"], "raftgate proxy:", name="proxy")
-        cluster.extra_programs.append(proxy)
-        proxy.start()
-        yield cluster
-    finally:
-        cluster.close()
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -158,7 +63,7 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
         client = Client(old.endpoint)
         try:
             retry_ok(lambda: client.put(b"/warm", b"up", timeout=10), 30, "a first write")
-            lease = _fill(client)
+            lease = fill_cluster(client)
         finally:
             client.close()
         rc, out, err = etcdctl(old.endpoint, "snapshot", "save", str(saved), user=ROOT, timeout=60)
@@ -211,7 +116,7 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
     assert rc != 0 and "Error:" in err and str(data_dir) in err, err
     assert _tree(data_dir) == restored_files
 
-    with _restored_cluster(tmp_path / "new", [("solo", data_dir, peer_port)]) as new:
+    with restored_cluster(tmp_path / "new", [("solo", data_dir, peer_port)]) as new:
         after = retry_ok(lambda: _state(new.endpoint), 30, "the restored cluster to answer")
         members = new.do(new.nodes[0], _member_list()).members
         client = Client(new.endpoint)
@@ -243,7 +148,7 @@ def test_restore_a_saved_snapshot_into_a_new_cluster(tmp_path: Path) -> None:
                                 "--initial-cluster", initial, "--initial-advertise-peer-urls",
                                 f"http://127.0.0.1:{port}", "--initial-cluster-token", "trio")
         assert rc == 0, err
-    with _restored_cluster(tmp_path / "trio", trio) as new:
+    with restored_cluster(tmp_path / "trio", trio) as new:
         after = retry_ok(lambda: _state(new.endpoint), 30, "the restored 3-member cluster to answer")
         members = new.do(new.nodes[0], _member_list()).members
     assert after["kv"] == before["kv"] and after["auth"] == before["auth"]

@@ -24,60 +24,19 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster, Node, store_argv
+from tests.support.cluster import Cluster
 from tests.support.discovering_client import DiscoveringClient
-from tests.support.processes import Program, etcdctl, free_port, wait_for, wait_serving
+from tests.support.gateway_members import World, start_member
+from tests.support.processes import etcdctl, free_port, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow
 
 WAIT = 120.0  # upper bound on a loaded machine, never a timing assertion
 ROOT = ("root", "rootpw")
 APP = ("app", "apppw")
-
-
-@dataclass
-class Member:
-    name: str
-    node: Node
-    proxy: Program
-    grpc: str  # host:port
-    gateway: str  # http://host:port
-
-
-@dataclass
-class World:
-    cluster: Cluster
-    tmp: Path
-    secret: Path
-    members: list[Member] = field(default_factory=list)
-
-    def grpc_endpoints(self) -> str:
-        return ",".join(m.grpc for m in self.members)
-
-
-def _start_member(world: World, name: str, initial: str, peer: int, *extra: str) -> Member:
-    internal, grpc_port, gateway_port = free_port(), free_port(), free_port()
-    grpc_url, gateway_url = f"http://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{gateway_port}"
-    node = Node(name=name, data_dir=world.tmp / name, internal=f"127.0.0.1:{internal}",
-                argv=store_argv(name, world.tmp / name, internal, peer, world.secret, initial, grpc_url,
-                                ["--advertise-gateway-urls", gateway_url, *extra]))
-    world.cluster.nodes.append(node)
-    world.cluster.restart(node)
-    proxy = Program(world.tmp / f"{name}-proxy",
-                    ["proxy", "--listen-client-urls", grpc_url, "--listen-gateway-urls", gateway_url,
-                     "--store-endpoints", node.internal, "--member-store-endpoint", node.internal,
-                     "--internal-secret-file", str(world.secret), "--bcrypt-cost", "4"],
-                    "raftgate proxy:", name=f"{name}-proxy")
-    world.cluster.extra_programs.append(proxy)
-    proxy.start()
-    member = Member(name, node, proxy, f"127.0.0.1:{grpc_port}", gateway_url)
-    world.members.append(member)
-    return member
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     world = World(cluster, tmp, secret)
     try:
         for name, peer in peers.items():
-            _start_member(world, name, initial, peer)
+            start_member(world, name, initial, peer)
         cluster.endpoint = world.members[0].grpc
         wait_serving(world.members[0].grpc, WAIT)
         ep = world.members[0].grpc
@@ -182,7 +141,7 @@ def test_a_client_that_discovers_follows_a_member_removed_and_one_added(world: W
     assert rc == 0, err
     initial = re.search(r'ETCD_INITIAL_CLUSTER="([^"]+)"', out)
     assert initial, out
-    added = _start_member(world, "node4", initial.group(1), peer, "--initial-cluster-state", "existing")
+    added = start_member(world, "node4", initial.group(1), peer, "--initial-cluster-state", "existing")
 
     def listed() -> bool:
         members = {m["name"]: m.get("clientURLs", []) for m in client.refresh()}

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.test_gateway_discovery import World, _start_member
 from tests.support.cluster import Cluster
+from tests.support.gateway_members import World, start_member
 from tests.support.processes import free_port, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_a_member_proxy_restarted_without_a_leader_names_gateways(tmp_path: Path
     world = World(Cluster(tmp_path, sys.executable, secret.read_text(), [], ""), tmp_path, secret)
     try:
         for name, peer in peers.items():
-            _start_member(world, name, initial, peer)
+            start_member(world, name, initial, peer)
         survivor, *others = world.members
         wait_serving(survivor.grpc, WAIT)
         gateways = {m.name: [m.gateway] for m in world.members}
