@@ -18,6 +18,7 @@ from proxy.audit.writer import AuditLog
 from proxy.identity import Identity
 from proxy.watch import WatchProxy
 from raftgate.methods import METHODS
+from tests.support.away_store import AwayStore, NoAbortContext
 
 WATCH = next(m for m in METHODS if m.name == "Watch")
 
@@ -39,34 +40,6 @@ class StalledCall:
         return True
 
 
-class Streams:
-    """The store is away until ``back`` is set; then its stream stalls."""
-
-    def __init__(self) -> None:
-        self.back = asyncio.Event()
-        self.call = StalledCall()
-
-    async def open(self) -> StalledCall:
-        await self.back.wait()
-        return self.call
-
-    def served(self) -> None:
-        return None
-
-
-class Store:
-    def __init__(self) -> None:
-        self.streams = Streams()
-
-    def watch_streams(self) -> Streams:
-        return self.streams
-
-
-class Context:
-    async def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted: {code} {details}")
-
-
 def _create(key: bytes) -> bytes:
     return pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)).SerializeToString()
 
@@ -75,7 +48,7 @@ def test_a_create_admitted_while_the_stream_resumes_gives_its_room_back_when_the
     async def scenario() -> None:
         log = AuditLog("-", "all", fail_closed=True, queue_bytes=2 * MAX_RECORD_BYTES)  # two rooms
         call = handlers.Call(WATCH, "ipv4:10.0.0.9:5000", user="bob", auth_revision=1)
-        store = Store()
+        store = AwayStore(StalledCall())
         proxy = WatchProxy(store, events=handlers.WatchEvents(log, call))  # type: ignore[arg-type]
         sent: asyncio.Queue[bytes] = asyncio.Queue()
         read: list[int] = []
@@ -86,7 +59,7 @@ def test_a_create_admitted_while_the_stream_resumes_gives_its_room_back_when_the
                 read.append(1)
                 yield data
 
-        stream = proxy.serve(Identity("bob", 1), requests(), Context())  # type: ignore[arg-type]
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
         client = asyncio.get_running_loop().create_task(anext(stream))
         await sent.put(_create(b"a"))  # sent while the store is away: kept for the next stream
         while len(read) < 1:

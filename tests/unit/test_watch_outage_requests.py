@@ -8,21 +8,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from proxy.identity import Identity
 from proxy.watch import UNSENT_BYTES, WatchProxy
+from tests.support.away_store import AwayStore, NoAbortContext
 
 KEY = 1 << 20  # creates of 1 MiB keys: the bound is a handful of them
-
-
-class Context:
-    """The handler's context: this test ends no stream by an abort."""
-
-    async def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted: {code} {details}")
 
 
 class RecordingCall:
@@ -46,30 +38,6 @@ class RecordingCall:
         return True
 
 
-class Streams:
-    def __init__(self) -> None:
-        self.back = asyncio.Event()
-        self.call = RecordingCall()
-
-    async def open(self) -> RecordingCall:
-        await self.back.wait()
-        return self.call
-
-    def served(self) -> None:
-        return None
-
-    async def ended(self, _error: grpc.aio.AioRpcError | None, _started: float) -> BaseException | None:
-        raise AssertionError("the store's stream never ends here")
-
-
-class Store:
-    def __init__(self) -> None:
-        self.streams = Streams()
-
-    def watch_streams(self) -> Streams:
-        return self.streams
-
-
 def test_requests_sent_during_an_outage_are_held_within_the_bound_and_sent_once_when_the_store_is_back() -> None:
     creates = [pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"%d" % i + b"k" * KEY)) for i in range(8)]
     others = [pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=100 + i)) for i in range(8)]
@@ -77,7 +45,7 @@ def test_requests_sent_during_an_outage_are_held_within_the_bound_and_sent_once_
     sent = [r for pair in zip(creates, others, strict=False) for r in pair] + others[len(creates):]
 
     async def scenario() -> None:
-        store = Store()
+        store = AwayStore(RecordingCall())
         proxy = WatchProxy(store)  # type: ignore[arg-type]
         taken = 0
 
@@ -88,7 +56,7 @@ def test_requests_sent_during_an_outage_are_held_within_the_bound_and_sent_once_
                 yield request.SerializeToString()
             await asyncio.Event().wait()  # the client stays
 
-        stream = proxy.serve(Identity("bob", 1), requests(), Context())  # type: ignore[arg-type]
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
         client = asyncio.get_running_loop().create_task(anext(stream))
         for _ in range(200):
             await asyncio.sleep(0)
