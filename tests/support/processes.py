@@ -345,6 +345,30 @@ def stop_together(processes: Sequence[Process], timeout: float = 15.0,
         t.join()
 
 
+#: stops handed over by :func:`stop_in_background` and not yet joined
+_background_stops: list[threading.Thread] = []
+
+
+def stop_in_background(processes: Sequence[Process], timeout: float = 15.0, others: Sequence[Process] = ()) -> None:
+    """:func:`stop_together` in a thread of its own, for a teardown that looks at nothing the stop
+    does: the next test starts meanwhile (a cluster's stop is mostly waiting: a store node waits up
+    to a second for its peers' streams to close). :func:`join_background_stops` waits for them."""
+    thread = threading.Thread(target=stop_together, args=(list(processes), timeout, list(others)), daemon=True)
+    thread.start()
+    with _running_lock:
+        _background_stops[:] = [t for t in _background_stops if t.is_alive()]
+        _background_stops.append(thread)
+
+
+def join_background_stops() -> None:
+    """Waits for every stop :func:`stop_in_background` handed over (each is bounded: SIGKILL after its timeout)."""
+    with _running_lock:
+        pending = list(_background_stops)
+        _background_stops.clear()
+    for thread in pending:
+        thread.join()
+
+
 class RaftgateLocal(Process):
     """`raftgate local` in its own data dir; restartable on the same dir and port."""
 
