@@ -16,9 +16,10 @@ from tests.support.processes import (
     BACKENDS,
     EtcdServer,
     RaftgateLocal,
+    join_background_stops,
     new_server,
     skip_unless_available,
-    stop_together,
+    stop_in_background,
 )
 
 #: Raft timing for every store a test starts (read by `raftgate store` from its environment, also
@@ -47,6 +48,13 @@ def _test_raft_timing(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _background_stops_joined() -> Iterator[None]:
+    """Every server a teardown stopped in the background is gone before the session ends."""
+    yield
+    join_background_stops()
+
+
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., EtcdServer | RaftgateLocal]]:
     """Factory: start_server(kind, **kw) -> a started server, stopped at the end of the test."""
@@ -59,7 +67,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., EtcdServer | Raftgate
         return server
 
     yield _start
-    stop_together(started)
+    stop_in_background(started)  # nothing looks at the stop: the next test starts meanwhile
 
 
 @pytest.fixture(params=BACKENDS)

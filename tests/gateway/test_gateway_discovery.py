@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.cluster import Cluster
 from tests.support.discovering_client import DiscoveringClient
-from tests.support.gateway_members import World, start_member
+from tests.support.gateway_members import World, start_member, start_members
 from tests.support.processes import etcdctl, free_port, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow
@@ -50,8 +50,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     cluster = Cluster(tmp, sys.executable, secret.read_text(), [], "")
     world = World(cluster, tmp, secret)
     try:
-        for name, peer in peers.items():
-            start_member(world, name, initial, peer)
+        start_members(world, initial, peers)
         cluster.endpoint = world.members[0].grpc
         wait_serving(world.members[0].grpc, WAIT)
         ep = world.members[0].grpc

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.gateway_members import World, start_member
+from tests.support.gateway_members import World, start_members
 from tests.support.processes import free_port, wait_for, wait_serving
 
 pytestmark = pytest.mark.slow
@@ -53,8 +53,7 @@ def test_a_member_proxy_restarted_without_a_leader_names_gateways(tmp_path: Path
     initial = ",".join(f"{name}=http://127.0.0.1:{port}" for name, port in peers.items())
     world = World(Cluster(tmp_path, sys.executable, secret.read_text(), [], ""), tmp_path, secret)
     try:
-        for name, peer in peers.items():
-            start_member(world, name, initial, peer)
+        start_members(world, initial, peers)
         survivor, *others = world.members
         wait_serving(survivor.grpc, WAIT)
         gateways = {m.name: [m.gateway] for m in world.members}

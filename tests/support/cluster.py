@@ -37,7 +37,15 @@ from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from protos.storepb import store_pb2
 from raftgate.secret_proof import proving_channel
 from tests.support.linearizability import CAS, GET, PUT, History, Op, check
-from tests.support.processes import Process, Program, RaftgateLocal, free_port, stop_together, wait_for
+from tests.support.processes import (
+    Process,
+    Program,
+    RaftgateLocal,
+    free_port,
+    stop_in_background,
+    stop_together,
+    wait_for,
+)
 
 STORE_SERVICE = "/raftgate.storepb.Store/"
 #: internal responses carry the answer under the request's field number in InternalRaftRequest
@@ -222,10 +230,14 @@ class Cluster:
                                name=node.name, python=self.python)
         node.program.start(timeout=timeout)
 
-    def close(self, *others: Process) -> None:
-        """Stops the nodes we started, the extra programs and ``others``, all at once."""
-        stop_together([*(n.program for n in self.nodes if n.program is not None), *self.extra_programs],
-                      timeout=5, others=others)
+    def close(self, *others: Process, background: bool = False) -> None:
+        """Stops the nodes we started, the extra programs and ``others``, all at once (``background``:
+        in a thread of its own, for the end of a test that looks at nothing the stop does)."""
+        programs = [*(n.program for n in self.nodes if n.program is not None), *self.extra_programs]
+        if background:
+            stop_in_background(programs, timeout=5, others=others)
+        else:
+            stop_together(programs, timeout=5, others=others)
         for node in self.nodes:
             if node.channel is not None:
                 node.channel.close()
@@ -263,7 +275,7 @@ def local_cluster(workdir: Path, nodes: int = 3) -> Iterator[Cluster]:
         yield cluster
     finally:
         if cluster is not None:
-            cluster.close(local)
+            cluster.close(local, background=True)
         else:
             local.stop()
 
@@ -320,7 +332,7 @@ def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None
             raise errors[0]
         yield cluster
     finally:
-        cluster.close()
+        cluster.close(background=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,6 +183,10 @@ class Process:
         self.lines: list[str] = []
         self._ready_line: str | None = None
         self._ready = threading.Event()
+        #: notified when the output may have made the process ready (its ready line, any line of a
+        #: program that is ready by a line) and when the output ends (the process is gone)
+        self._output_changed = threading.Condition()
+        self._output_events = 0
         self._reader: threading.Thread | None = None
         self.starts = 0
         self.last_exit_code: int | None = None
@@ -218,7 +222,7 @@ class Process:
         self._reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
         self._reader.start()
         try:
-            wait_for(self._ready_or_dead, timeout, f"{self.name} to become ready")
+            self._wait_ready_or_dead(timeout)
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode} before ready:\n" + "".join(self.lines[-40:])
@@ -230,6 +234,32 @@ class Process:
     def _ready_or_dead(self) -> bool:
         return self.proc is None or self.proc.poll() is not None or self.is_ready()
 
+    #: wake on every line of output, not only the ready line (a cheap, line-based ``is_ready``)
+    wake_on_every_line = False
+
+    def _wait_ready_or_dead(self, timeout: float) -> None:
+        """As :func:`wait_for` polls, but the pump wakes it at the line that makes the process ready
+        and at the end of its output, so a start is not left waiting out a polling interval."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            with self._output_changed:
+                seen = self._output_events
+            if self._ready_or_dead():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {self.name} to become ready")
+            with self._output_changed:
+                if self._output_events == seen:  # nothing new since the check: wait for news or the interval
+                    self._output_changed.wait(min(delay, left))
+            delay = min(delay * 1.5, 0.25)
+
+    def _output_event(self) -> None:
+        with self._output_changed:
+            self._output_events += 1
+            self._output_changed.notify_all()
+
     def _pump(self, proc: subprocess.Popen[bytes], log: Path) -> None:
         assert proc.stdout is not None
         with open(log, "w", encoding="utf-8", errors="replace") as fh:
@@ -240,6 +270,10 @@ class Process:
                 fh.flush()
                 if self._ready_line is not None and line.strip() == self._ready_line:
                     self._ready.set()
+                    self._output_event()
+                elif self.wake_on_every_line:
+                    self._output_event()
+        self._output_event()  # the output ended: the process is gone (or closed its stdout)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `timeout`. Returns the exit code."""
@@ -309,6 +343,30 @@ def stop_together(processes: Sequence[Process], timeout: float = 15.0,
         t.start()
     for t in threads:
         t.join()
+
+
+#: stops handed over by :func:`stop_in_background` and not yet joined
+_background_stops: list[threading.Thread] = []
+
+
+def stop_in_background(processes: Sequence[Process], timeout: float = 15.0, others: Sequence[Process] = ()) -> None:
+    """:func:`stop_together` in a thread of its own, for a teardown that looks at nothing the stop
+    does: the next test starts meanwhile (a cluster's stop is mostly waiting: a store node waits up
+    to a second for its peers' streams to close). :func:`join_background_stops` waits for them."""
+    thread = threading.Thread(target=stop_together, args=(list(processes), timeout, list(others)), daemon=True)
+    thread.start()
+    with _running_lock:
+        _background_stops[:] = [t for t in _background_stops if t.is_alive()]
+        _background_stops.append(thread)
+
+
+def join_background_stops() -> None:
+    """Waits for every stop :func:`stop_in_background` handed over (each is bounded: SIGKILL after its timeout)."""
+    with _running_lock:
+        pending = list(_background_stops)
+        _background_stops.clear()
+    for thread in pending:
+        thread.join()
 
 
 class RaftgateLocal(Process):
@@ -451,6 +509,8 @@ SECRET = "s3cret-for-tests-only-0123456789"
 class Program(Process):
     """One raftgate program (``python -m raftgate.cli *args``), ready once it prints its ready line:
     ``<ready_prefix> ... ready on ...`` (a store) or ``<ready_prefix> serving ...`` (a proxy)."""
+
+    wake_on_every_line = True
 
     def __init__(self, workdir: Path, args: list[str], ready_prefix: str, *, name: str | None = None,
                  python: str = sys.executable) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,19 @@ def _check_rows(rows: list[dict[str, Any]], url_of: dict[str, int], etcd_row: di
 
 def _health_of_down(endpoints: str, down: str, user: str | None = None) -> tuple[dict[str, Any], str]:
     """`endpoint health` where the member at `down` is down: its JSON row, and its line of the
-    plain output with its URL left out (the rest of `endpoints` must be healthy)."""
-    rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "health", "-w", "json", user=user)
+    plain output with its URL left out (the rest of `endpoints` must be healthy). Both forms are
+    asked at once: each waits out the command timeout for the member that is down."""
+    with ThreadPoolExecutor(2) as pool:
+        as_json = pool.submit(etcdctl, endpoints, DOWN_TIMEOUT, "endpoint", "health", "-w", "json", user=user)
+        plain = pool.submit(etcdctl, endpoints, DOWN_TIMEOUT, "endpoint", "health", user=user)
+        rc, out, err = as_json.result()
+        plain_answer = plain.result()
     assert rc != 0, out
     rows = json.loads(out)
     assert all(r["health"] for r in rows if r["endpoint"] != down), rows
     row = next(r for r in rows if r["endpoint"] == down)
     assert not row["health"], rows
-    rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "health", user=user)
+    rc, out, err = plain_answer
     assert rc != 0 and "Error: unhealthy cluster" in err, err
     lines = [line for line in out.splitlines() + err.splitlines() if line.startswith(f"{down} ")]
     assert len(lines) == 1, (out, err)
@@ -75,9 +81,10 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         etcd_status = _json(etcd.endpoint, "endpoint", "status", "--cluster")
         etcd_health = _json(etcd.endpoint, "endpoint", "health", "--cluster")
     assert len(etcd_status) == 1
-    # the member's process is stopped now: what etcdctl says of it
-    etcd_down = _health_of_down(etcd.endpoint, etcd.endpoint)
-    with RaftgateLocal(tmp_path / "raftgate") as rg:
+    # the member's process is stopped now: what etcdctl says of it (asked while raftgate starts)
+    etcd_down_asked = ThreadPoolExecutor(1)
+    etcd_down_answer = etcd_down_asked.submit(_health_of_down, etcd.endpoint, etcd.endpoint)
+    with etcd_down_asked, RaftgateLocal(tmp_path / "raftgate") as rg:
         members = _json(rg.endpoint, "member", "list")["members"]
         assert len(members) == 3
         url_of = {m["clientURLs"][0]: m["ID"] for m in members}
@@ -119,12 +126,16 @@ def test_endpoint_status_and_health_cluster_one_row_per_member(tmp_path: Path) -
         name = next(m["name"] for m in members if m["ID"] == follower["Status"]["header"]["member_id"])
         store = next(p for p in state["processes"] if p["role"] == "store" and p["name"] == name)  # type: ignore[index]
         os.kill(int(store["pid"]), signal.SIGKILL)
-        rc, out, err = etcdctl(endpoints, DOWN_TIMEOUT, "endpoint", "status", "-w", "json", user=ROOT)
+        # status and health each wait out the command timeout for that member: asked at once
+        with ThreadPoolExecutor(1) as pool:
+            status = pool.submit(etcdctl, endpoints, DOWN_TIMEOUT, "endpoint", "status", "-w", "json", user=ROOT)
+            row, line = _health_of_down(endpoints, follower["Endpoint"], user=ROOT)
+            rc, out, err = status.result()
         assert rc != 0 and f"Failed to get the status of endpoint {follower['Endpoint']}" in err, err
         alive = json.loads(out)
         assert sorted(r["Endpoint"] for r in alive) == sorted(u for u in url_of if u != follower["Endpoint"])
         # and `endpoint health` says that member is unhealthy, in etcd's words for a stopped member
-        row, line = _health_of_down(endpoints, follower["Endpoint"], user=ROOT)
+        etcd_down = etcd_down_answer.result()
         assert row["error"] == etcd_down[0]["error"], (row, etcd_down)
         assert line == etcd_down[1], (line, etcd_down)
 
