@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# test processes (pytest-xdist): the suite is mostly multi-process tests that wait on elections and
-# timeouts, so two run side by side on 2 cores; a module stays on one (its fixtures start once)
-TEST_WORKERS ?= 2
+# test processes (pytest-xdist): the suite is mostly multi-process tests that wait on elections,
+# timeouts and each other (two processes keep 2 cores about two-thirds busy), so three run side by
+# side on 2 cores; a module stays on one (its fixtures start once)
+TEST_WORKERS ?= 3
 
 .PHONY: run test test-soak test-fast lint protos clean
 
