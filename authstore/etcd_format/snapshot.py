@@ -28,7 +28,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import google_crc32c
 import lmdb
@@ -240,7 +240,10 @@ class Loaded:
     unattached: int = 0
 
 
-def _parse(cls: type[Message], raw: bytes, where: str) -> Message:
+M = TypeVar("M", bound=Message)
+
+
+def _parse(cls: type[M], raw: bytes, where: str) -> M:
     try:
         return cls.FromString(raw)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
@@ -252,6 +255,16 @@ def _name(raw: bytes, where: str) -> str:
         return raw.decode()
     except UnicodeDecodeError:
         raise EtcdFormatError(f"{where}: name is not UTF-8") from None
+
+
+def _named(cls: type[M], key: bytes, raw: bytes, where: str) -> M:
+    """A user or role record, which must name itself as its key does, in UTF-8."""
+    record = _parse(cls, raw, where)
+    if not key or record.name != key:
+        kind = cls.DESCRIPTOR.name.lower()
+        raise EtcdFormatError(f"{where}: record names {kind} {record.name[:64]!r}")
+    _name(key, where)
+    return record
 
 
 def check_buckets(src: BucketSource) -> None:
@@ -267,10 +280,7 @@ def _users(src: BucketSource, names: set[bytes]) -> Iterator[auth_pb2.User]:
         return
     for k, v in src.items(AUTH_USERS):
         where = f"bucket authUsers: user {k[:64]!r}"
-        user = _parse(auth_pb2.User, v, where)
-        if not k or user.name != k:
-            raise EtcdFormatError(f"{where}: record names user {user.name[:64]!r}")
-        _name(k, where)
+        user = _named(auth_pb2.User, k, v, where)
         if user.options.no_password:
             if user.password:
                 raise EtcdFormatError(f"{where}: a password hash on a user without password")
@@ -290,10 +300,7 @@ def _roles(src: BucketSource, names: set[bytes]) -> Iterator[auth_pb2.Role]:
         return
     for k, v in src.items(AUTH_ROLES):
         where = f"bucket authRoles: role {k[:64]!r}"
-        role = _parse(auth_pb2.Role, v, where)
-        if not k or role.name != k:
-            raise EtcdFormatError(f"{where}: record names role {role.name[:64]!r}")
-        _name(k, where)
+        role = _named(auth_pb2.Role, k, v, where)
         for perm in role.keyPermission:
             if perm.permType not in auth_pb2.Permission.Type.values():
                 raise EtcdFormatError(f"{where}: unknown permission type {perm.permType}")
