@@ -87,6 +87,10 @@ class _State:
     held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
     #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
     unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
+    canceling: set[int] = field(default_factory=set)
+    call: Any = None
+    connected: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def keep(self, create: pb.WatchCreateRequest | None = None, held: bytes = b"") -> None:
         """A create sent (or to send) that the store has not answered, or a request held."""
@@ -108,10 +112,6 @@ class _State:
     def release_held(self) -> None:
         self.unsent.release(sum(len(data) for data in self.held))
         self.held.clear()
-    canceling: set[int] = field(default_factory=set)
-    call: Any = None
-    connected: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def stamp(state: _State, identity: Identity) -> None:
