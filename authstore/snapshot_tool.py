@@ -35,6 +35,7 @@ from pathlib import Path
 import lmdb
 
 from authstore.config import ConfigError, StoreConfig, parse_initial_cluster
+from authstore.etcd_format import bbolt
 from authstore.etcd_format.bbolt import BoltError, BoltReader
 from authstore.etcd_format.snapshot import EtcdFormatError, etcd_status, load
 from authstore.main import bootstrap_entries
@@ -51,9 +52,7 @@ SHA_SIZE = hashlib.sha256().digest_size
 #: what every raftgate store holds (an LMDB file without it is someone else's)
 RAFTGATE_DB = b"mvcc_kv"
 #: bbolt's meta page: 16 bytes of page header, then the magic (little-endian)
-_BBOLT_MAGIC = struct.pack("<I", 0xED0CDAED)
-#: the page sizes bbolt may have used (its OS page size), as bbolt.BoltReader accepts them
-_BBOLT_PAGE_SIZES = tuple(1 << n for n in range(10, 17))
+_BBOLT_MAGIC = struct.pack("<I", bbolt.MAGIC)
 _U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
 #: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
@@ -205,7 +204,7 @@ def is_etcd_file(path: Path) -> bool:
             return True
         if magic == struct.pack("<I", _LMDB_MAGIC):
             return False
-        for page_size in _BBOLT_PAGE_SIZES:
+        for page_size in bbolt.PAGE_SIZES:  # bbolt's page is its OS's page size
             f.seek(page_size + 16)
             if f.read(4) == _BBOLT_MAGIC:
                 return True

@@ -61,7 +61,7 @@ _BUCKET = struct.Struct("<QQ")  # root page id, sequence
 #: bbolt writes a bucket inline (inside its parent's leaf) while its one leaf page is this small
 _MAX_INLINE = PAGE_SIZE // 4
 #: page sizes the reader accepts: bbolt uses the OS page size (4 KiB on amd64, up to 64 KiB elsewhere)
-_PAGE_SIZES = tuple(1 << n for n in range(10, 17))
+PAGE_SIZES = tuple(1 << n for n in range(10, 17))
 #: deeper than any real tree (a 2-way tree this deep would hold 2**64 pages): a cycle, not data
 _MAX_DEPTH = 64
 
@@ -393,10 +393,10 @@ class BoltReader:
         first = _parse_meta(self._read(0, size)) if self.file_size >= size else "file too short for a meta page"
         if isinstance(first, Meta):
             found.append(first)
-            sizes: tuple[int, ...] = (first.page_size,) if first.page_size in _PAGE_SIZES else ()
+            sizes: tuple[int, ...] = (first.page_size,) if first.page_size in PAGE_SIZES else ()
         else:
             errors.append(f"meta page 0: {first}")
-            sizes = _PAGE_SIZES  # bbolt too looks for meta page 1 when page 0 is damaged
+            sizes = PAGE_SIZES  # bbolt too looks for meta page 1 when page 0 is damaged
         for page_size in sizes:
             if self.file_size < page_size + size:
                 continue
@@ -413,7 +413,7 @@ class BoltReader:
         return meta
 
     def _check_meta(self, meta: Meta) -> None:
-        if meta.page_size not in _PAGE_SIZES:
+        if meta.page_size not in PAGE_SIZES:
             raise BoltError(f"page size {meta.page_size} is not a power of two from 1 KiB to 64 KiB")
         if meta.hwm < 3 or meta.hwm * meta.page_size > self.file_size:
             raise BoltError(

@@ -142,7 +142,8 @@ class AuthStore:
     def _put_role(self, txn: lmdb.Transaction, role: auth_pb2.Role) -> None:
         txn.put(self._key(role.name), role.SerializeToString(), db=self._roles)
 
-    def _all_users(self, txn: lmdb.Transaction) -> list[auth_pb2.User]:
+    def users(self, txn: lmdb.Transaction) -> list[auth_pb2.User]:
+        """Every user, by name."""
         users = [auth_pb2.User.FromString(v) for v in txn.cursor(db=self._users).iternext(keys=False)]
         users.sort(key=lambda u: u.name)  # byte order of names, as bbolt lists them
         return users
@@ -151,24 +152,17 @@ class AuthStore:
         """The bcrypt cost most users' password hashes have (the higher on a tie); None if no
         user has a password. Unknown users are checked at this cost, so a miss costs what a hit does."""
         counts: dict[int, int] = {}
-        for user in self._all_users(txn):
+        for user in self.users(txn):
             cost = bcrypt_cost(user.password)
             if cost is not None:
                 counts[cost] = counts.get(cost, 0) + 1
         return max(counts, key=lambda c: (counts[c], c)) if counts else None
 
-    def _all_roles(self, txn: lmdb.Transaction) -> list[auth_pb2.Role]:
+    def roles(self, txn: lmdb.Transaction) -> list[auth_pb2.Role]:
+        """Every role, by name."""
         roles = [auth_pb2.Role.FromString(v) for v in txn.cursor(db=self._roles).iternext(keys=False)]
         roles.sort(key=lambda r: r.name)
         return roles
-
-    def users(self, txn: lmdb.Transaction) -> list[auth_pb2.User]:
-        """Every user, by name (a snapshot in etcd's format)."""
-        return self._all_users(txn)
-
-    def roles(self, txn: lmdb.Transaction) -> list[auth_pb2.Role]:
-        """Every role, by name (a snapshot in etcd's format)."""
-        return self._all_roles(txn)
 
     def load(self, txn: lmdb.Transaction, users: Iterable[auth_pb2.User], roles: Iterable[auth_pb2.Role],
              enabled: bool, revision: int) -> None:
@@ -346,7 +340,7 @@ class AuthStore:
         return pb.AuthUserGetResponse(roles=list(user.roles))
 
     def user_list(self, txn: lmdb.Transaction, req: pb.AuthUserListRequest) -> pb.AuthUserListResponse:
-        return pb.AuthUserListResponse(users=[u.name.decode() for u in self._all_users(txn)])
+        return pb.AuthUserListResponse(users=[u.name.decode() for u in self.users(txn)])
 
     def user_change_password(
         self, txn: lmdb.Transaction, req: pb.AuthUserChangePasswordRequest
@@ -414,7 +408,7 @@ class AuthStore:
         if self.get_role(txn, req.role) is None:
             raise EtcdError(Err.ROLE_NOT_FOUND)
         txn.delete(self._key(req.role), db=self._roles)
-        for user in self._all_users(txn):
+        for user in self.users(txn):
             if req.role in user.roles:
                 kept = [r for r in user.roles if r != req.role]
                 del user.roles[:]
@@ -432,7 +426,7 @@ class AuthStore:
         return pb.AuthRoleGetResponse(perm=list(role.keyPermission))
 
     def role_list(self, txn: lmdb.Transaction, req: pb.AuthRoleListRequest) -> pb.AuthRoleListResponse:
-        return pb.AuthRoleListResponse(roles=[r.name.decode() for r in self._all_roles(txn)])
+        return pb.AuthRoleListResponse(roles=[r.name.decode() for r in self.roles(txn)])
 
     def role_grant_permission(
         self, txn: lmdb.Transaction, req: pb.AuthRoleGrantPermissionRequest

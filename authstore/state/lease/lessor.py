@@ -245,5 +245,4 @@ class Lessor:
 
     def all_records(self, txn: lmdb.Transaction) -> list[tuple[int, LeaseRecord]]:
         """Every lease with its record (a new leader's starting point)."""
-        return [(_ID.unpack(k)[0], LeaseRecord._make(_REC.unpack(v)))
-                for k, v in txn.cursor(db=self._leases).iternext(keys=True, values=True)]
+        return list(self.iter_records(txn))

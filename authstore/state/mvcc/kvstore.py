@@ -137,8 +137,7 @@ class KVStore:
 
     def compacted_revision(self, txn: lmdb.Transaction) -> int:
         """The last compaction revision; 0 when the store was never compacted."""
-        raw = txn.get(_META_COMPACT, db=self._meta)
-        return _I64.unpack(raw)[0] if raw else 0
+        return self.raw_compacted_revision(txn) or 0
 
     def _compact_floor(self, txn: lmdb.Transaction) -> int:
         # etcd starts with compactMainRev = -1, so compacting at 0 on a fresh store is allowed
