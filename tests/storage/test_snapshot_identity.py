@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from authstore.main import _store_member_id, _stored_member_id
+from authstore.node.snapshots import IncomingSnapshots
 from authstore.state.apply import Applier
 from authstore.state.backend import Backend
 
@@ -27,3 +28,24 @@ def test_installing_a_snapshot_keeps_the_followers_member_id(tmp_path: Path) -> 
     finally:
         leader_backend.close()
         follower_backend.close()
+
+
+def test_the_same_snapshot_arriving_again_leaves_the_copy_being_installed_alone(tmp_path: Path) -> None:
+    """Found by the crash test at `raftBeforeFsync` under load: a leader whose newest snapshot is
+    still the one it just sent sends it again when a late rejected append puts the follower back
+    to probing. The second copy was kept under the same name as the first, while the apply
+    thread was installing the first: renamed over it between writing the follower's member ID
+    into it and swapping it in, it put the leader's own copy (and ID) in place."""
+    leader_backend = Backend(tmp_path / "leader", map_size=64 << 20)
+    try:
+        _store_member_id(leader_backend, 0xAAAA)
+        incoming = IncomingSnapshots(tmp_path / "snap")
+        incoming.keep(352, leader_backend.copy_to(tmp_path / "first"))
+        taken = incoming.take(352)
+        content = taken.read_bytes()
+        with leader_backend.env.begin(write=True) as txn:  # the leader moves on: its next copy differs
+            txn.put(b"later", b"write")
+        incoming.keep(352, leader_backend.copy_to(tmp_path / "second"))
+        assert taken.read_bytes() == content
+    finally:
+        leader_backend.close()
