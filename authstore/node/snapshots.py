@@ -79,23 +79,38 @@ class SnapshotSender:
 
 
 class IncomingSnapshots:
-    """Snapshots received from a leader, by index, until the core installs one."""
+    """Snapshots received from a leader, by index, until the core installs one.
+
+    Every arrival gets a file of its own: a leader sends the same snapshot again when a late
+    answer puts the follower back to probing before the first copy is installed, and a copy
+    renamed over the one the apply thread is installing would swap the leader's own store (its
+    member ID included) into place."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._kept: dict[int, Path] = {}
+        self._arrivals = 0
+        self._installed = 0  # the core never installs a snapshot at or below one it installed
 
     def keep(self, index: int, path: Path) -> None:
+        if index <= self._installed:
+            path.unlink(missing_ok=True)
+            return
         self.directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
-        kept = self.directory / f"{index:016x}.mdb"
+        self._arrivals += 1
+        kept = self.directory / f"{index:016x}-{self._arrivals}.mdb"
         path.replace(kept)
+        older = self._kept.pop(index, None)
+        if older is not None:
+            older.unlink(missing_ok=True)
         self._kept[index] = kept
 
     def take(self, index: int) -> Path:
-        """The file for ``index``; older ones are deleted (the core will never ask for them)."""
+        """The file for ``index``, the caller's alone; older ones are deleted (the core will never ask for them)."""
         path = self._kept.pop(index, None)
         if path is None:
             raise RuntimeError(f"raft asked to install snapshot {index}, which never arrived")
+        self._installed = max(self._installed, index)
         for stale in [i for i in self._kept if i < index]:
             self._kept.pop(stale).unlink(missing_ok=True)
         return path

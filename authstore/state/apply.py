@@ -29,7 +29,7 @@ from authstore.raft.codec import decode_conf_change
 from authstore.raft.types import Entry, EntryType
 from authstore.state.auth.authorize import authorize, request_kind
 from authstore.state.auth.store import AuthStore, RevisionMoved
-from authstore.state.backend import Backend, set_member_id
+from authstore.state.backend import Backend
 from authstore.state.lease.lessor import DEFAULT_MIN_TTL, Lessor
 from authstore.state.membership import Membership
 from authstore.state.mvcc import validate
@@ -191,8 +191,7 @@ class Applier:
 
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
-        set_member_id(snapshot_file, self.member_id)
-        self.backend.replace(snapshot_file)
+        self.backend.replace(snapshot_file, self.member_id)
         self._open()
         with self.env.begin() as txn:
             return self.backend.applied_index(txn)

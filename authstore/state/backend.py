@@ -28,10 +28,9 @@ _U64 = struct.Struct(">Q")
 DEFAULT_MAP_SIZE = 8 << 30
 
 
-def set_member_id(store_file: Path, member_id: int) -> None:
-    """Writes this node's member ID into a store file received from the leader, before the file
-    replaces the store: the copy names its sender, and a restart at any moment after the swap must
-    find this node's own ID (else it would come up as the leader's member)."""
+def _set_member_id(store_file: Path, member_id: int) -> None:
+    """Writes this node's member ID into a store file received from the leader (the copy names
+    its sender), and syncs it."""
     env = lmdb.open(str(store_file), subdir=False, lock=False, max_dbs=32,
                     map_size=store_file.stat().st_size + (64 << 20))
     try:
@@ -72,14 +71,18 @@ class Backend:
         os.chmod(copy, PRIVATE_FILE_MODE)  # LMDB creates it 0666 less the umask
         return copy
 
-    def replace(self, snapshot_file: Path) -> None:
-        """Swaps the store for a copy received from the leader, durably, then reopens it."""
+    def replace(self, snapshot_file: Path, member_id: int) -> None:
+        """Swaps the store for a copy received from the leader, durably, then reopens it.
+
+        The copy is moved to a name only this method uses before this node's ``member_id`` is
+        written into it, so the file swapped in is the one that got it, and a restart at any
+        moment after the swap finds this node's own ID (else it would come up as the leader's
+        member)."""
         self.env.close()
         target = self.path / "data.mdb"
         staged = self.path / "data.mdb.incoming"
         os.replace(snapshot_file, staged)
-        with open(staged, "rb") as f:
-            os.fsync(f.fileno())
+        _set_member_id(staged, member_id)  # syncs the file
         os.replace(staged, target)
         (self.path / "lock.mdb").unlink(missing_ok=True)
         dir_fd = os.open(self.path, os.O_RDONLY)
