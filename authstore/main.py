@@ -25,6 +25,7 @@ from authstore.api.quota import Quota
 from authstore.api.server import StoreService, build_server
 from authstore.api.simple_tokens import SimpleTokens, StoreSimpleTokens
 from authstore.api.watch.hub import WatchHub, progress_interval_from_env
+from authstore.node import identity
 from authstore.node.driver import RaftNode
 from authstore.node.transport import PeerSecurity, Transport, peer_address
 from authstore.node.wal import WAL, WALCorrupt
@@ -33,7 +34,7 @@ from authstore.raft.storage import MemoryStorage
 from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
 from authstore.state.apply import Applier
 from authstore.state.auth import initial_root
-from authstore.state.backend import MEMBER_ID_KEY, Backend
+from authstore.state.backend import LEGACY_MEMBER_ID_KEY, Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
@@ -192,16 +193,26 @@ async def _find_own_id(cfg: store_config.StoreConfig, security: PeerSecurity) ->
     raise StartupError("--initial-cluster-state existing: no other member could be reached")
 
 
-def _stored_member_id(backend: Backend) -> int:
+def _own_id(cfg: store_config.StoreConfig, backend: Backend) -> int:
+    """This node's member ID as its data dir records it (0: none yet). A data dir of a version
+    that kept the ID in the store has it taken over into the ID file once, and the store's record
+    dropped (a copy of this store sent to a follower must not carry it)."""
+    try:
+        mid = identity.read(cfg.data_dir)
+    except identity.IdentityError as exc:
+        raise StartupError(str(exc)) from None
+    if mid is not None:
+        return mid
     with backend.env.begin() as txn:
-        raw = backend.meta_get(txn, MEMBER_ID_KEY)
-    return _U64.unpack(raw)[0] if raw else 0
-
-
-def _store_member_id(backend: Backend, mid: int) -> None:
+        raw = backend.meta_get(txn, LEGACY_MEMBER_ID_KEY)
+    if not raw:
+        return 0
+    mid = _U64.unpack(raw)[0]
+    identity.write(cfg.data_dir, mid)
     with backend.env.begin(write=True) as txn:
-        backend.meta_put(txn, MEMBER_ID_KEY, _U64.pack(mid))
+        backend.meta_delete(txn, LEGACY_MEMBER_ID_KEY)
     backend.sync()
+    return mid
 
 
 def min_lease_ttl(cfg: store_config.StoreConfig) -> int:
@@ -226,20 +237,24 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
     wal = WAL(cfg.data_dir / "wal")
     replayed = wal.replayed
     storage = MemoryStorage()
-    mid = _stored_member_id(backend)
+    mid = _own_id(cfg, backend)
     fresh = not replayed.entries and replayed.snapshot.index == 0 and replayed.hard_state.is_empty()
     cluster_peers: dict[int, str] = {}
-    if fresh and not mid:
-        if cfg.initial_cluster_state == "new":
-            mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
-            entries, hard_state = bootstrap_entries(cfg)
-            wal.save(hard_state, entries)
-            storage.append(entries)
-            storage.set_hard_state(hard_state)
-        else:
-            mid, cluster_peers = await _find_own_id(cfg, security)
-        _store_member_id(backend, mid)
-    else:
+    if not fresh and not mid:
+        raise StartupError(f"{cfg.data_dir} holds a log but no member ID ({identity.FILE_NAME} is missing): "
+                           "restore the file, or remove the member and add it again with an empty data dir")
+    if fresh and cfg.initial_cluster_state == "new":
+        # (again, if a crash came between the ID and the log: the same ID, from the same URLs)
+        mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
+        identity.write(cfg.data_dir, mid)  # before the log: a log is never without its member's ID
+        entries, hard_state = bootstrap_entries(cfg)
+        wal.save(hard_state, entries)
+        storage.append(entries)
+        storage.set_hard_state(hard_state)
+    elif fresh and not mid:
+        mid, cluster_peers = await _find_own_id(cfg, security)
+        identity.write(cfg.data_dir, mid)
+    else:  # a restart (or a joiner's, before its first entries came)
         if replayed.snapshot.index:
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)

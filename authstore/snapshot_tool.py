@@ -39,21 +39,21 @@ from authstore.etcd_format import bbolt
 from authstore.etcd_format.bbolt import BoltError, BoltReader
 from authstore.etcd_format.snapshot import EtcdFormatError, etcd_status, load
 from authstore.main import bootstrap_entries
+from authstore.node import identity
 from authstore.node.wal import WAL
 from authstore.state.apply import Applier
 from authstore.state.auth.store import DB_TOKENS, DB_USER_TOKENS
-from authstore.state.backend import MEMBER_ID_KEY, Backend, content_hash
+from authstore.state.backend import LEGACY_MEMBER_ID_KEY, Backend, content_hash
 from authstore.state.membership import member_id
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
-from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, restrict_umask
+from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, fsync_dir, restrict_umask
 
 SHA_SIZE = hashlib.sha256().digest_size
 #: what every raftgate store holds (an LMDB file without it is someone else's)
 RAFTGATE_DB = b"mvcc_kv"
 #: bbolt's meta page: 16 bytes of page header, then the magic (little-endian)
 _BBOLT_MAGIC = struct.pack("<I", bbolt.MAGIC)
-_U64 = struct.Struct(">Q")
 _CHUNK = 1 << 20
 #: LMDB's meta page (lmdb.h, 64-bit, native order): page header (16 bytes), magic, version,
 #: address, mapsize, two MDB_db records of 48 bytes (the first one's pad holds the page size),
@@ -314,6 +314,7 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
             _copy_store(path, length, store)
         mid = member_id(target.peer_urls, target.token)
         _rewrite_store(store, mid)
+        identity.write(staging, mid)  # before the log, as a new member's start writes it
         cfg = StoreConfig(name=target.name, data_dir=data_dir, listen_host="", listen_port=0,
                           peer_urls=target.peer_urls, initial_cluster=target.initial_cluster,
                           initial_cluster_token=target.token)
@@ -324,13 +325,13 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         finally:
             wal.close()
         if inside:
-            for part in ("wal", "store"):
+            for part in (identity.FILE_NAME, "wal", "store"):
                 os.rename(staging / part, data_dir / part)
             staging.rmdir()
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
         else:
             os.rename(staging, data_dir)
-            _fsync_dir(data_dir.parent)
+            fsync_dir(data_dir.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -387,9 +388,9 @@ def _remove_dead(directory: Path, prefix: str) -> None:
 
 def _rewrite_store(store: Path, mid: int) -> None:
     """The copy becomes a new cluster's first state: no members (the new cluster's first log
-    entries add them), nothing applied yet, this member's ID, no alarms of old members, no simple
-    token of the old cluster, and every lease its full TTL from now (etcd's new leader does the
-    same when it takes the leases over)."""
+    entries add them), nothing applied yet, no member ID of an older version's store, no alarms
+    of old members, no simple token of the old cluster, and every lease its full TTL from now
+    (etcd's new leader does the same when it takes the leases over)."""
     backend = Backend(store)
     try:
         applier = Applier(backend, mid)
@@ -397,7 +398,8 @@ def _rewrite_store(store: Path, mid: int) -> None:
         with backend.env.begin(write=True) as txn:
             applier.membership.clear(txn)
             backend.set_applied(txn, 0, 0)
-            backend.meta_put(txn, MEMBER_ID_KEY, _U64.pack(mid))
+            if backend.meta_get(txn, LEGACY_MEMBER_ID_KEY) is not None:  # a copy from an older version
+                backend.meta_delete(txn, LEGACY_MEMBER_ID_KEY)
             backend.meta_put(txn, Applier._ALARMS, pb.AlarmResponse().SerializeToString())
             for name in (DB_TOKENS, DB_USER_TOKENS):
                 txn.drop(backend.env.open_db(name, txn=txn, dupsort=name == DB_USER_TOKENS), delete=False)
@@ -406,14 +408,6 @@ def _rewrite_store(store: Path, mid: int) -> None:
         backend.sync()
     finally:
         backend.close()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -49,8 +49,18 @@ def wider_than_private(path: Path) -> str | None:
             "unprivileged access to the data (raftgate leaves it as it is)")
 
 
+def fsync_dir(path: Path) -> None:
+    """Makes the names in directory `path` durable (a file created or renamed there)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_private(path: Path, data: bytes) -> None:
-    """Writes `path` whole (a staged file renamed over it, synced), 0600 whatever the umask."""
+    """Writes `path` whole (a staged file renamed over it, synced with its directory), 0600
+    whatever the umask."""
     staged = path.with_name(path.name + ".tmp")
     staged.unlink(missing_ok=True)  # a leftover (perhaps wider) from a crash is never reused
     fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
@@ -59,3 +69,4 @@ def write_private(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(staged, path)
+    fsync_dir(path.parent)

@@ -81,10 +81,10 @@ class SnapshotSender:
 class IncomingSnapshots:
     """Snapshots received from a leader, by index, until the core installs one.
 
-    Every arrival gets a file of its own: a leader sends the same snapshot again when a late
-    answer puts the follower back to probing before the first copy is installed, and a copy
-    renamed over the one the apply thread is installing would swap the leader's own store (its
-    member ID included) into place."""
+    Every arrival gets a file of its own: a leader may send its newest snapshot again (its first
+    send failed on its side, or the follower fell back to probing) while the apply thread installs
+    the first copy, and one renamed over the other would be swapped in half-way through that
+    install, unseen."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

@@ -46,7 +46,7 @@ from authstore import failpoints, metrics
 from authstore.raft.codec import conf_state_from_pb, conf_state_to_pb
 from authstore.raft.types import Entry, HardState, SnapshotMetadata
 from protos.raftpb import raft_pb2
-from raftgate.private_files import PRIVATE_DIR_MODE
+from raftgate.private_files import PRIVATE_DIR_MODE, fsync_dir
 
 # version 1 record: u32 payload length | u32 crc32(payload) | payload (read only)
 _FRAME_V1 = struct.Struct(">II")
@@ -287,7 +287,7 @@ class WAL:
         self._allocate(fd)
         os.fsync(fd)
         self._segments.append(path)
-        self._fsync_dir()
+        fsync_dir(self.dir)
         return fd
 
     def _allocate(self, fd: int) -> bool:
@@ -305,13 +305,6 @@ class WAL:
         """Cuts the preallocated zeros off a segment: only the newest may end in zeros."""
         if os.fstat(fd).st_size != self._offset:
             os.ftruncate(fd, self._offset)
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _frames(self, payloads: list[bytes]) -> bytes:
         out = bytearray()
@@ -370,7 +363,7 @@ class WAL:
         for path in old:
             path.unlink(missing_ok=True)
         self._segments = self._segments[len(old):]
-        self._fsync_dir()
+        fsync_dir(self.dir)
 
     def size(self) -> int:
         """Bytes the log holds (not counting the newest segment's preallocated zeros)."""

@@ -191,7 +191,7 @@ class Applier:
 
     def restore(self, snapshot_file: Path) -> int:
         """Replaces the whole state with a snapshot received from the leader; returns its index."""
-        self.backend.replace(snapshot_file, self.member_id)
+        self.backend.replace(snapshot_file)
         self._open()
         with self.env.begin() as txn:
             return self.backend.applied_index(txn)

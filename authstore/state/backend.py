@@ -15,31 +15,18 @@ from pathlib import Path
 
 import lmdb
 
-from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+from raftgate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, fsync_dir
 
 _APPLIED = b"applied_index"
-#: this node's member ID: node-local, although it lives in the store (and so in its copies)
-MEMBER_ID_KEY = b"member_id"
+#: where versions before authstore/node/identity.py kept the member ID (and so sent it in every
+#: copy of the store): read once, to take it over, then dropped
+LEGACY_MEMBER_ID_KEY = b"member_id"
 _TERM = b"applied_term"
-#: the node-local sub-database (applied index and term, member ID): not part of the replicated state
+#: the node-local sub-database (applied index and term): not part of the replicated state
 META_DB = b"meta"
 _U64 = struct.Struct(">Q")
 
 DEFAULT_MAP_SIZE = 8 << 30
-
-
-def _set_member_id(store_file: Path, member_id: int) -> None:
-    """Writes this node's member ID into a store file received from the leader (the copy names
-    its sender), and syncs it."""
-    env = lmdb.open(str(store_file), subdir=False, lock=False, max_dbs=32,
-                    map_size=store_file.stat().st_size + (64 << 20))
-    try:
-        meta = env.open_db(META_DB)
-        with env.begin(write=True) as txn:
-            txn.put(MEMBER_ID_KEY, _U64.pack(member_id), db=meta)
-        env.sync(True)
-    finally:
-        env.close()
 
 
 class Backend:
@@ -71,25 +58,19 @@ class Backend:
         os.chmod(copy, PRIVATE_FILE_MODE)  # LMDB creates it 0666 less the umask
         return copy
 
-    def replace(self, snapshot_file: Path, member_id: int) -> None:
-        """Swaps the store for a copy received from the leader, durably, then reopens it.
-
-        The copy is moved to a name only this method uses before this node's ``member_id`` is
-        written into it, so the file swapped in is the one that got it, and a restart at any
-        moment after the swap finds this node's own ID (else it would come up as the leader's
-        member)."""
+    def replace(self, snapshot_file: Path) -> None:
+        """Swaps the store for a copy received from the leader, durably, then reopens it. The
+        copy's node-local records are the leader's; this node's member ID is not among them
+        (authstore/node/identity.py)."""
         self.env.close()
         target = self.path / "data.mdb"
         staged = self.path / "data.mdb.incoming"
         os.replace(snapshot_file, staged)
-        _set_member_id(staged, member_id)  # syncs the file
+        with open(staged, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(staged, target)
         (self.path / "lock.mdb").unlink(missing_ok=True)
-        dir_fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.path)
         self._open()
 
     def applied_index(self, txn: lmdb.Transaction) -> int:
@@ -105,6 +86,9 @@ class Backend:
 
     def meta_put(self, txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
         txn.put(key, value, db=self._meta)
+
+    def meta_delete(self, txn: lmdb.Transaction, key: bytes) -> None:
+        txn.delete(key, db=self._meta)
 
     def sync(self) -> None:
         """Forces LMDB to disk, after which log segments up to the applied index may be released."""

@@ -145,7 +145,7 @@ def test_restore_into_an_empty_mount_point(tmp_path: Path, fixed_empty_dir: Path
     path = _file(tmp_path / "good.db", _good())
     proc = raftgate("snapshot", "restore", str(path), "--data-dir", str(fixed_empty_dir), *FLAGS)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in fixed_empty_dir.iterdir()) == ["store", "wal"]
+    assert sorted(p.name for p in fixed_empty_dir.iterdir()) == ["member_id", "store", "wal"]
     assert (fixed_empty_dir / "store" / "data.mdb").is_file()
     assert not [p for p in fixed_empty_dir.parent.iterdir() if p != fixed_empty_dir]
 

@@ -61,7 +61,7 @@ def test_second_restore_after_a_killed_one_works(tmp_path: Path) -> None:
     (stale / "store" / "data.mdb").write_bytes(b"half")
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    assert sorted(p.name for p in target.iterdir()) == ["member_id", "store", "wal"]
     # the killed restore's copy (as large as the snapshot) does not stay behind for ever
     assert not stale.exists()
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
@@ -80,7 +80,7 @@ def test_a_restore_killed_inside_an_existing_data_dir_does_not_block_the_next(tm
     (stale / "store" / "data.mdb").write_bytes(b"half")
     proc = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    assert sorted(p.name for p in target.iterdir()) == ["member_id", "store", "wal"]
     shutil.rmtree(target / "store")
     shutil.rmtree(target / "wal")
     (target / f".restoring-{os.getpid()}").mkdir()  # this process is alive: its restore may be under way
@@ -121,9 +121,9 @@ def test_a_restore_killed_mid_way_leaves_no_data_dir(tmp_path: Path) -> None:
     if proc.returncode == -9:  # killed mid-way (else it had finished: nothing to check)
         assert not target.exists()
     else:
-        assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+        assert sorted(p.name for p in target.iterdir()) == ["member_id", "store", "wal"]
         shutil.rmtree(target)
     again = raftgate("snapshot", "restore", str(snap), "--data-dir", str(target), *FLAGS)
     assert again.returncode == 0, again.stderr
-    assert sorted(p.name for p in target.iterdir()) == ["store", "wal"]
+    assert sorted(p.name for p in target.iterdir()) == ["member_id", "store", "wal"]
     assert not [p for p in tmp_path.iterdir() if "restoring" in p.name]

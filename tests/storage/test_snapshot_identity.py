@@ -21,7 +21,7 @@ from authstore.main import StartupError, recover
 from authstore.node.snapshots import IncomingSnapshots
 from authstore.node.transport import PeerSecurity
 from authstore.state.apply import Applier
-from authstore.state.backend import MEMBER_ID_KEY, Backend
+from authstore.state.backend import LEGACY_MEMBER_ID_KEY, Backend
 from tests.support.processes import SECRET
 
 
@@ -83,7 +83,7 @@ def test_a_data_dir_of_an_older_version_keeps_the_id_its_store_held(tmp_path: Pa
     backend = Backend(cfg.data_dir / "store", map_size=64 << 20)
     try:
         with backend.env.begin(write=True) as txn:
-            backend.meta_put(txn, MEMBER_ID_KEY, struct.pack(">Q", mid))
+            backend.meta_put(txn, LEGACY_MEMBER_ID_KEY, struct.pack(">Q", mid))
     finally:
         backend.close()
     assert _recovered_id(cfg) == mid
@@ -91,7 +91,7 @@ def test_a_data_dir_of_an_older_version_keeps_the_id_its_store_held(tmp_path: Pa
     backend = Backend(cfg.data_dir / "store", map_size=64 << 20)
     try:
         with backend.env.begin() as txn:
-            assert backend.meta_get(txn, MEMBER_ID_KEY) is None
+            assert backend.meta_get(txn, LEGACY_MEMBER_ID_KEY) is None
     finally:
         backend.close()
 
