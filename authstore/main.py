@@ -41,6 +41,7 @@ from protos.storepb import store_pb2 as spb
 from raftgate import stages
 from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
+from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
 from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
 from raftgate.process import DataDirInUse
@@ -334,7 +335,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address,
                                   revocations=_revocations(cfg))
     peer_server = grpc.aio.server(interceptors=security.interceptors(rec.member_id), options=[
-        ("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
+        ("grpc.max_receive_message_length", 64 << 20), *FIXED_RECEIVE_WINDOW, ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
     peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"

@@ -63,6 +63,7 @@ from protos.internal import INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
+from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
 from raftgate.methods import METHODS, RETRY_FIELDS
 from raftgate.secret_proof import INTERNAL, Metadata, Prover, is_stale
 
@@ -73,11 +74,10 @@ _SERVICE = "/raftgate.storepb.Store/"
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.max_send_message_length", 2**31 - 1),
-    # A fixed receive window per stream: with BDP probing gRPC grows it to many MiB, and a watch
-    # stream the proxy stops reading (its client takes nothing) would still fill it from the store,
-    # about 20 MiB per stalled stream instead of the proxy's 4 MiB bound (proxy/watch.py).
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", 1 << 20),
+    # A watch stream the proxy stops reading (its client takes nothing) would otherwise fill a
+    # BDP-grown window from the store, about 20 MiB per stalled stream instead of the proxy's 4 MiB
+    # bound (proxy/watch.py).
+    *FIXED_RECEIVE_WINDOW,
 ]
 # Requests a member proxy sends to its own node: Status, Hash, HashKV (answered from its own
 # state), and Range (served by that member as by an etcd member: a follower asks the leader for a

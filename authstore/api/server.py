@@ -55,6 +55,7 @@ from protos.storepb import store_pb2 as spb
 from raftgate import secret_proof, stages
 from raftgate.crl import RevocationCheck, RevocationList
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
+from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
 from raftgate.internal_access import (
     CALL_DO,
     CHALLENGE,
@@ -723,6 +724,7 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
     interceptors.append(Gate(service.classifier))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+        *FIXED_RECEIVE_WINDOW,  # what a caller makes the store hold before its credentials are checked
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = store_handlers(service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(STORE_SERVICE, handlers),))
