@@ -243,7 +243,8 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
     cluster_peers: dict[int, str] = {}
     if not fresh and not mid:
         raise StartupError(f"{cfg.data_dir} holds a log but no member ID ({identity.FILE_NAME} is missing): "
-                           "restore the file, or remove the member and add it again with an empty data dir")
+                           "restore the file, or remove the member and add it again with an empty data dir (a "
+                           "`raftgate snapshot restore` killed before it finished: empty the dir and restore again)")
     if fresh and cfg.initial_cluster_state == "new":
         # (again, if a crash came between the ID and the log: the same ID, from the same URLs)
         mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
