@@ -239,3 +239,25 @@ def _secret(tmp_path: Path) -> Path:
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
     return secret
+
+
+def test_a_copy_from_an_older_versions_leader_never_gives_this_node_the_leaders_id(tmp_path: Path) -> None:
+    """In a rolling upgrade a leader still on the older version sends a copy of its store that
+    holds its own ID under the old record. Installed here, the record must not stay: a restart that
+    finds no member_id beside this node's log must be refused, never come up as the leader's
+    member (which the old record would make it, taken over as an older data dir's own ID)."""
+    leader, follower = _config(tmp_path, "leader", 1007), _config(tmp_path, "follower", 1008)
+    leader_id, follower_id = _recovered_id(leader), _recovered_id(follower)
+    leader_backend = Backend(leader.data_dir / "store", map_size=64 << 20)
+    follower_backend = Backend(follower.data_dir / "store", map_size=64 << 20)
+    try:
+        with leader_backend.env.begin(write=True) as txn:  # what the older version kept in its store
+            leader_backend.meta_put(txn, LEGACY_MEMBER_ID_KEY, struct.pack(">Q", leader_id))
+        Applier(follower_backend, member_id=follower_id).restore(leader_backend.copy_to(tmp_path / "snapshot"))
+    finally:
+        leader_backend.close()
+        follower_backend.close()
+    assert _recovered_id(follower) == follower_id
+    (follower.data_dir / "member_id").unlink()
+    with pytest.raises(StartupError, match="member ID"):
+        _recovered_id(follower)
