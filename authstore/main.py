@@ -253,10 +253,15 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
         wal.save(hard_state, entries)
         storage.append(entries)
         storage.set_hard_state(hard_state)
-    elif fresh and not mid:
+    elif fresh:
+        # A joiner, or one restarted before its first entries came (killed right after it wrote
+        # its ID): either way it asks the cluster where its peers are and under which IDs, which
+        # --initial-cluster cannot tell for members added later (its leader may be one).
+        known = mid
         mid, cluster_peers = await _find_own_id(cfg, security)
-        identity.write(cfg.data_dir, mid)
-    else:  # a restart (or a joiner's, before its first entries came)
+        if mid != known:  # nothing in this data dir was said under the ID it held
+            identity.write(cfg.data_dir, mid)
+    else:  # a restart
         if replayed.snapshot.index:
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)
