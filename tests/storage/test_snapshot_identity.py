@@ -261,3 +261,15 @@ def test_a_copy_from_an_older_versions_leader_never_gives_this_node_the_leaders_
     (follower.data_dir / "member_id").unlink()
     with pytest.raises(StartupError, match="member ID"):
         _recovered_id(follower)
+
+
+def test_a_new_member_killed_between_its_id_and_its_log_starts_as_the_same_member(tmp_path: Path) -> None:
+    """The ID is written before the log: a kill -9 between the two leaves the ID alone (and
+    perhaps its staged copy), and the next starts are this member, with its first entries."""
+    cfg = _config(tmp_path, "fresh", 1009)
+    mid = _recovered_id(cfg)
+    shutil.rmtree(cfg.data_dir / "wal")
+    (cfg.data_dir / "member_id.tmp").write_bytes(b"00")  # a staged copy cut short by the kill
+    assert _recovered_id(cfg) == mid
+    assert not (cfg.data_dir / "member_id.tmp").exists()
+    assert _recovered_id(cfg) == mid
