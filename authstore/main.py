@@ -243,7 +243,8 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
     cluster_peers: dict[int, str] = {}
     if not fresh and not mid:
         raise StartupError(f"{cfg.data_dir} holds a log but no member ID ({identity.FILE_NAME} is missing): "
-                           "restore the file, or remove the member and add it again with an empty data dir")
+                           "restore the file, or remove the member and add it again with an empty data dir (a "
+                           "`raftgate snapshot restore` killed before it finished: empty the dir and restore again)")
     if fresh and cfg.initial_cluster_state == "new":
         # (again, if a crash came between the ID and the log: the same ID, from the same URLs)
         mid = member_id(cfg.peer_urls, cfg.initial_cluster_token)
@@ -252,10 +253,15 @@ async def recover(cfg: store_config.StoreConfig, backend: Backend, security: Pee
         wal.save(hard_state, entries)
         storage.append(entries)
         storage.set_hard_state(hard_state)
-    elif fresh and not mid:
+    elif fresh:
+        # A joiner, or one restarted before its first entries came (killed right after it wrote
+        # its ID): either way it asks the cluster where its peers are and under which IDs, which
+        # --initial-cluster cannot tell for members added later (its leader may be one).
+        known = mid
         mid, cluster_peers = await _find_own_id(cfg, security)
-        identity.write(cfg.data_dir, mid)
-    else:  # a restart (or a joiner's, before its first entries came)
+        if mid != known:  # nothing in this data dir was said under the ID it held
+            identity.write(cfg.data_dir, mid)
+    else:  # a restart
         if replayed.snapshot.index:
             storage.apply_snapshot(Snapshot(b"", replayed.snapshot))
         storage.append(replayed.entries)

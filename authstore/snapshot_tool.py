@@ -303,6 +303,7 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
                else data_dir.parent / f".{data_dir.name}.restoring-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
+    moved: list[Path] = []
     try:
         # owner-only, whatever the umask: the copy holds every key, value and password hash
         staging.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
@@ -325,8 +326,13 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
         finally:
             wal.close()
         if inside:
-            for part in (identity.FILE_NAME, "wal", "store"):
+            # The ID last: a restore killed between two moves leaves a store alone (which starts
+            # as this restored member) or a store and its log without an ID (refused at start),
+            # never an ID (and a log) beside an empty store, which would start as a member of the
+            # new cluster holding none of the snapshot.
+            for part in ("store", "wal", identity.FILE_NAME):
                 os.rename(staging / part, data_dir / part)
+                moved.append(data_dir / part)
             staging.rmdir()
             fsync_dir(data_dir)
         else:
@@ -334,6 +340,11 @@ def restore(path: Path, target: RestoreTarget, *, skip_hash_check: bool = False)
             fsync_dir(data_dir.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for part in reversed(moved):  # the data dir was empty: what is in it now is this restore's
+            if part.is_dir():
+                shutil.rmtree(part, ignore_errors=True)
+            else:
+                part.unlink(missing_ok=True)
         raise
     return mid
 

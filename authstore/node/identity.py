@@ -10,11 +10,16 @@ cluster's member from its URLs, a joiner from the cluster, a restored data dir f
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from raftgate.private_files import write_private
 
 FILE_NAME = "member_id"
+#: more than any ID written here takes (16 hex digits and a newline): a longer file is not one
+_MAX_READ = 64
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class IdentityError(Exception):
@@ -22,19 +27,31 @@ class IdentityError(Exception):
 
 
 def read(data_dir: Path) -> int | None:
-    """The member ID recorded in ``data_dir``, or None if none is."""
+    """The member ID recorded in ``data_dir``, or None if none is.
+
+    Only a regular file is read, and only as much of it as an ID takes: a FIFO would block the
+    start until something wrote to it, and a link to a device would be read without end."""
     path = data_dir / FILE_NAME
     try:
-        raw = path.read_text(encoding="ascii").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise IdentityError(f"cannot read this member's ID from {path}: {exc}") from None
     try:
-        member = int(raw, 16)
-    except ValueError:
-        member = 0
-    if not 0 < member < 1 << 64 or len(raw) > 16:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IdentityError(f"{path} is not a regular file: it must hold this member's ID (16 hex digits)")
+        data = os.read(fd, _MAX_READ + 1)
+        raw = data.decode("ascii").strip()
+    except OSError as exc:
+        raise IdentityError(f"cannot read this member's ID from {path}: {exc}") from None
+    except UnicodeDecodeError:
+        raw = "?"
+    finally:
+        os.close(fd)
+    hex_digits = len(data) <= _MAX_READ and 0 < len(raw) <= 16 and all(c in _HEX for c in raw)
+    member = int(raw, 16) if hex_digits else 0  # never int()'s wider syntax ("0x", "_", a sign)
+    if not 0 < member < 1 << 64:
         raise IdentityError(f"{path} does not hold a member ID (16 hex digits): {raw[:40]!r}")
     return member
 

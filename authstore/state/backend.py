@@ -61,7 +61,8 @@ class Backend:
     def replace(self, snapshot_file: Path) -> None:
         """Swaps the store for a copy received from the leader, durably, then reopens it. The
         copy's node-local records are the leader's; this node's member ID is not among them
-        (authstore/node/identity.py)."""
+        (authstore/node/identity.py), and a leader of an older version's ID is dropped (taken
+        over as this node's own if its ID file were ever missing)."""
         self.env.close()
         target = self.path / "data.mdb"
         staged = self.path / "data.mdb.incoming"
@@ -72,6 +73,10 @@ class Backend:
         (self.path / "lock.mdb").unlink(missing_ok=True)
         fsync_dir(self.path)
         self._open()
+        with self.env.begin(write=True) as txn:
+            dropped = txn.delete(LEGACY_MEMBER_ID_KEY, db=self._meta)
+        if dropped:
+            self.env.sync(True)
 
     def applied_index(self, txn: lmdb.Transaction) -> int:
         raw = txn.get(_APPLIED, db=self._meta)

@@ -21,7 +21,10 @@ from tests.support.processes import etcdctl, free_port, wait_for
 pytestmark = pytest.mark.slow
 
 
-def _add(cluster: Cluster, ep: str, name: str, tmp_path: Path, secret: Path, client_url: str) -> Node:
+def _add(cluster: Cluster, ep: str, name: str, tmp_path: Path, secret: Path, client_url: str, *,
+         killed_before_its_log: bool = False) -> Node:
+    """killed_before_its_log: the joiner's data dir is as a kill -9 leaves it right after the node
+    learnt its ID from the cluster and wrote it (authstore/node/identity.py), before any entry came."""
     peer_port, internal_port = free_port(), free_port()
     rc, out, err = etcdctl(ep, "member", "add", name, f"--peer-urls=http://127.0.0.1:{peer_port}", timeout=60)
     assert rc == 0, err
@@ -30,6 +33,11 @@ def _add(cluster: Cluster, ep: str, name: str, tmp_path: Path, secret: Path, cli
     node = Node(name=name, data_dir=tmp_path / name, internal=f"127.0.0.1:{internal_port}",
                 argv=store_argv(name, tmp_path / name, internal_port, peer_port, secret, initial.group(1),
                                 client_url, ["--initial-cluster-state", "existing"]))
+    if killed_before_its_log:
+        added = re.search(r"Member ([0-9a-f]+) added", out)
+        assert added, out
+        node.data_dir.mkdir(mode=0o700)
+        (node.data_dir / "member_id").write_text(f"{int(added.group(1), 16):016x}\n")
     cluster.nodes.append(node)
     cluster.restart(node)
     return node
@@ -48,7 +56,10 @@ def _status_from_leader(ep: str) -> bool:
     return bool(status["Status"]["leader"]) and status["Status"]["header"]["member_id"] == status["Status"]["leader"]
 
 
-def test_a_member_joins_under_a_leader_that_was_added_later(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed_before_its_log", [False, True], ids=["joins", "restarted-before-its-log"])
+def test_a_member_joins_under_a_leader_that_was_added_later(tmp_path: Path, killed_before_its_log: bool) -> None:
+    """Also when the joiner was killed after it wrote the ID the cluster gave it and before its
+    first entries came: restarted, it must still learn where (and under which IDs) its peers are."""
     with program_cluster(tmp_path, nodes=3) as cluster:
         ep = cluster.endpoint
         argv = cluster.nodes[0].argv
@@ -64,6 +75,6 @@ def test_a_member_joins_under_a_leader_that_was_added_later(tmp_path: Path) -> N
         assert rc == 0, (out, err)
         wait_for(lambda: (i := cluster.leader_info(first)) is not None and i.leader_id == i.member_id, 30,
                  "added1 to lead")
-        _add(cluster, ep, "added2", tmp_path, secret, client_url)
+        _add(cluster, ep, "added2", tmp_path, secret, client_url, killed_before_its_log=killed_before_its_log)
         # added2 must answer the leader (added1), catch up and publish its name
         wait_for(lambda: "added2" in _names(ep), 60, "added2, joining under added1's lead, to publish its name")
