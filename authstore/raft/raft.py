@@ -541,7 +541,13 @@ class Raft:
             if not pr.maybe_update(m.index):
                 return
             if pr.state == PROBE:
+                probing = pr.next
                 pr.become_replicate()
+                # An ack older than the probe (the follower sent it before it took a snapshot
+                # that travelled on its own connection) must not move the next append back to
+                # where the log may no longer reach: that would send the same snapshot again.
+                # etcd-raft moves it back; the probe's own answer settles where it goes on.
+                pr.next = max(pr.next, probing)
             elif pr.state == SNAPSHOT:
                 if pr.match + 1 >= self.log.first_index():
                     pr.become_probe()

@@ -477,6 +477,39 @@ def test_snapshot_sent_to_follower_behind_first_index() -> None:
     assert a.trk.progress[3].state == REPLICATE
 
 
+def test_a_stale_ack_after_a_snapshot_was_taken_sends_no_second_snapshot() -> None:
+    """Found by a diagnostic run of the crash tests under load: the follower's answers to appends
+    sent before the snapshot can reach the leader after the snapshot (it travels on a connection
+    of its own) was reported taken. Such an ack moved the probing follower to replicating from
+    just past the ack, an index the log no longer holds, so the leader sent the same snapshot
+    again at once: a whole store copy for nothing (and a second copy of the same index at the
+    follower while it installed the first)."""
+    ids = [1, 2, 3]
+    st1 = MemoryStorage.with_conf(ids)
+    a = new_raft(1, ids, storage=st1)
+    net = Network(a, new_raft(2, ids), new_raft(3, ids))
+    net.isolate(3)
+    elect(net, 1)
+    for i in range(5):
+        net.propose(1, b"d%d" % i)
+    st1.append(list(a.log.unstable))
+    a.log.stable_to(a.log.last_index(), a.log.last_term())
+    a.log.applied_to(a.log.committed)
+    from authstore.raft import ConfState
+    st1.create_snapshot(a.log.committed, ConfState(ids), b"state@6")
+    st1.compact(a.log.committed)
+    pr = a.trk.progress[3]
+    a.msgs.clear()
+    # node 3 rejects the append it was probed with: it holds nothing, the log starts after 6
+    a.step(Message(M.MsgAppResp, to=1, frm=3, term=a.term, index=pr.next - 1, reject=True, reject_hint=0))
+    assert [m.snapshot.metadata.index for m in a.msgs if m.type == M.MsgSnap] == [6]
+    a.step(Message(M.MsgSnapStatus, to=1, frm=3))  # the copy was taken; node 3's own ack is on its way
+    a.msgs.clear()
+    a.step(Message(M.MsgAppResp, to=1, frm=3, term=a.term, index=1))  # an ack it sent before the snapshot came
+    assert not [m for m in a.msgs if m.type == M.MsgSnap]
+    assert pr.next > 6  # the next append goes on after the snapshot
+
+
 def test_snapshot_already_covered_only_advances_commit() -> None:
     r = new_raft(2, [1, 2], storage=storage_with([1, 2], [1, 1, 1]))
     from authstore.raft import Snapshot, SnapshotMetadata
