@@ -14,6 +14,7 @@ from authstore.raft import (
     MemoryStorage,
     Message,
     ProposalDroppedError,
+    Raft,
     ReadState,
     StateType,
 )
@@ -447,7 +448,11 @@ def test_no_campaign_with_unapplied_conf_change() -> None:
 
 
 # --- snapshots ------------------------------------------------------------------------------
-def test_snapshot_sent_to_follower_behind_first_index() -> None:
+def _leader_past_an_isolated_follower() -> tuple[Raft, Network]:
+    """Node 1 leads with node 3 cut off, and has compacted its log through index 6 (its snapshot):
+    node 3 can only catch up by that snapshot."""
+    from authstore.raft import ConfState
+
     ids = [1, 2, 3]
     st1 = MemoryStorage.with_conf(ids)
     a = new_raft(1, ids, storage=st1)
@@ -460,9 +465,13 @@ def test_snapshot_sent_to_follower_behind_first_index() -> None:
     st1.append(list(a.log.unstable))
     a.log.stable_to(a.log.last_index(), a.log.last_term())
     a.log.applied_to(a.log.committed)
-    from authstore.raft import ConfState
     st1.create_snapshot(a.log.committed, ConfState(ids), b"state@6")
     st1.compact(a.log.committed)
+    return a, net
+
+
+def test_snapshot_sent_to_follower_behind_first_index() -> None:
+    a, net = _leader_past_an_isolated_follower()
     net.heal()
     net.tick(1)  # heartbeat → node 3 far behind → probe → rejected → snapshot
     snaps = [m for m in net.sent if m.type == M.MsgSnap]
@@ -484,20 +493,7 @@ def test_a_stale_ack_after_a_snapshot_was_taken_sends_no_second_snapshot() -> No
     just past the ack, an index the log no longer holds, so the leader sent the same snapshot
     again at once: a whole store copy for nothing (and a second copy of the same index at the
     follower while it installed the first)."""
-    ids = [1, 2, 3]
-    st1 = MemoryStorage.with_conf(ids)
-    a = new_raft(1, ids, storage=st1)
-    net = Network(a, new_raft(2, ids), new_raft(3, ids))
-    net.isolate(3)
-    elect(net, 1)
-    for i in range(5):
-        net.propose(1, b"d%d" % i)
-    st1.append(list(a.log.unstable))
-    a.log.stable_to(a.log.last_index(), a.log.last_term())
-    a.log.applied_to(a.log.committed)
-    from authstore.raft import ConfState
-    st1.create_snapshot(a.log.committed, ConfState(ids), b"state@6")
-    st1.compact(a.log.committed)
+    a, _net = _leader_past_an_isolated_follower()
     pr = a.trk.progress[3]
     a.msgs.clear()
     # node 3 rejects the append it was probed with: it holds nothing, the log starts after 6
