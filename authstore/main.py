@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from authstore.raft.storage import MemoryStorage
 from authstore.raft.types import ConfChange, ConfChangeType, Entry, EntryType, HardState, Snapshot
 from authstore.state.apply import Applier
 from authstore.state.auth import initial_root
-from authstore.state.backend import LEGACY_MEMBER_ID_KEY, Backend
+from authstore.state.backend import Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
@@ -53,11 +52,10 @@ from raftgate.workload_identity import build as build_workload
 
 log = logging.getLogger("raftgate.store")
 
-_U64 = struct.Struct(">Q")
-#: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
-#: own removal, the answer to MemberRemove) still go out.
 #: how long the ready line waits for this member's attributes to be in the member list
 PUBLISH_WAIT = 10.0
+#: etcd stops a removed member after this delay, so its last messages (a leader's commit of its
+#: own removal, the answer to MemberRemove) still go out.
 REMOVED_STOP_DELAY = 1.0
 
 
@@ -204,15 +202,10 @@ def _own_id(cfg: store_config.StoreConfig, backend: Backend) -> int:
         raise StartupError(str(exc)) from None
     if mid is not None:
         return mid
-    with backend.env.begin() as txn:
-        raw = backend.meta_get(txn, LEGACY_MEMBER_ID_KEY)
-    if not raw:
-        return 0
-    mid = _U64.unpack(raw)[0]
-    identity.write(cfg.data_dir, mid)
-    with backend.env.begin(write=True) as txn:
-        backend.meta_delete(txn, LEGACY_MEMBER_ID_KEY)
-    backend.sync()
+    mid = backend.legacy_member_id()
+    if mid:
+        identity.write(cfg.data_dir, mid)  # first, so a crash in between loses nothing
+        backend.drop_legacy_member_id()
     return mid
 
 

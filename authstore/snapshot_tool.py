@@ -43,7 +43,7 @@ from authstore.node import identity
 from authstore.node.wal import WAL
 from authstore.state.apply import Applier
 from authstore.state.auth.store import DB_TOKENS, DB_USER_TOKENS
-from authstore.state.backend import LEGACY_MEMBER_ID_KEY, Backend, content_hash
+from authstore.state.backend import Backend, content_hash
 from authstore.state.membership import member_id
 from authstore.state.mvcc.kvstore import KVStore
 from protos.etcdserverpb import rpc_pb2 as pb
@@ -409,14 +409,13 @@ def _rewrite_store(store: Path, mid: int) -> None:
         with backend.env.begin(write=True) as txn:
             applier.membership.clear(txn)
             backend.set_applied(txn, 0, 0)
-            if backend.meta_get(txn, LEGACY_MEMBER_ID_KEY) is not None:  # a copy from an older version
-                backend.meta_delete(txn, LEGACY_MEMBER_ID_KEY)
             backend.meta_put(txn, Applier._ALARMS, pb.AlarmResponse().SerializeToString())
             for name in (DB_TOKENS, DB_USER_TOKENS):
                 txn.drop(backend.env.open_db(name, txn=txn, dupsort=name == DB_USER_TOKENS), delete=False)
             for lease_id, _record in applier.lessor.all_records(txn):
                 applier.lessor.renew(txn, lease_id, now_ms)
         backend.sync()
+        backend.drop_legacy_member_id()  # a copy from an older version
     finally:
         backend.close()
 

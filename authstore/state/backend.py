@@ -73,10 +73,7 @@ class Backend:
         (self.path / "lock.mdb").unlink(missing_ok=True)
         fsync_dir(self.path)
         self._open()
-        with self.env.begin(write=True) as txn:
-            dropped = txn.delete(LEGACY_MEMBER_ID_KEY, db=self._meta)
-        if dropped:
-            self.env.sync(True)
+        self.drop_legacy_member_id()
 
     def applied_index(self, txn: lmdb.Transaction) -> int:
         raw = txn.get(_APPLIED, db=self._meta)
@@ -92,8 +89,18 @@ class Backend:
     def meta_put(self, txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
         txn.put(key, value, db=self._meta)
 
-    def meta_delete(self, txn: lmdb.Transaction, key: bytes) -> None:
-        txn.delete(key, db=self._meta)
+    def legacy_member_id(self) -> int:
+        """The member ID an older version kept in this store (0: none)."""
+        with self.env.begin() as txn:
+            raw = txn.get(LEGACY_MEMBER_ID_KEY, db=self._meta)
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def drop_legacy_member_id(self) -> None:
+        """Removes an older version's member ID record, durably, if the store holds one."""
+        with self.env.begin(write=True) as txn:
+            dropped = txn.delete(LEGACY_MEMBER_ID_KEY, db=self._meta)
+        if dropped:
+            self.sync()
 
     def sync(self) -> None:
         """Forces LMDB to disk, after which log segments up to the applied index may be released."""
