@@ -25,11 +25,11 @@ Behaviour = Callable[[store_pb2.DoCall], Awaitable[store_pb2.DoResult | None]]
 
 async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_after: float = 0.0,
                  refuse: grpc.StatusCode | None = None, batch_sizes: list[int] | None = None,
-                 answer_sizes: list[int] | None = None) -> grpc.aio.Server:
+                 answer_sizes: list[int] | None = None, calls_per_message: list[int] | None = None) -> grpc.aio.Server:
     """A DoStream that answers every call with ``behaviour`` as its own task (None: never); it
     opens (initial metadata) after ``opens_after`` seconds, or refuses the stream with ``refuse``.
     With ``answer_sizes``, answers are written as the store writes them (large ones in parts) and
-    the size of each message is recorded there."""
+    the size of each message is recorded there; ``calls_per_message`` records each call message's count."""
 
     sizes = batch_sizes if batch_sizes is not None else []
 
@@ -49,7 +49,10 @@ async def _serve(port: int, behaviour: Behaviour, seen: list[bytes], *, opens_af
         async def read() -> None:
             async for raw in batches:
                 batch_sizes.append(len(raw))
-                for call in store_pb2.DoBatch.FromString(raw).calls:
+                calls = store_pb2.DoBatch.FromString(raw).calls
+                if calls_per_message is not None:
+                    calls_per_message.append(len(calls))
+                for call in calls:
                     seen.append(call.request)
                     asyncio.get_running_loop().create_task(one(call))
 
@@ -399,3 +402,64 @@ def test_the_store_refuses_an_answer_over_etcds_send_limit(monkeypatch: pytest.M
         check_answer_size(b"x" * 11)
     assert (err.value.code, err.value.message) == (
         grpc.StatusCode.RESOURCE_EXHAUSTED, "grpc: trying to send message larger than max (11 vs. 10)")
+
+
+
+def test_callers_answered_together_go_back_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: four callers answered in one message come back one after another, as closed-loop
+    clients do; their next calls travel in one message, not one for the first three and one for
+    the last: every stream message costs the proxy and the store more than a call in it. The wait
+    is bounded by RETURN_SECONDS, made long here so that only the last caller's return ends it."""
+    import proxy.store_pipe as store_pipe
+
+    monkeypatch.setattr(store_pipe, "RETURN_SECONDS", 60.0, raising=False)
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def behaviour(call: store_pb2.DoCall) -> store_pb2.DoResult:
+        if call.request.startswith(b"first"):
+            await release.wait()  # the four first calls are answered at once
+        return store_pb2.DoResult(id=call.id, response=b"ok")
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        three_queued = asyncio.Event()
+        queued: list[int] = []
+
+        async def caller(i: int) -> bytes:
+            assert await pipe.do(b"first-%d" % i, 10.0) == b"ok"
+            if i == 3:
+                await three_queued.wait()
+                for _ in range(50):
+                    await asyncio.sleep(0)  # loop turns: every chance to send the three without it
+                return await pipe.do(b"next-3", 10.0)
+            nxt = asyncio.ensure_future(pipe.do(b"next-%d" % i, 10.0))
+            await asyncio.sleep(0)  # one turn: the call is queued
+            queued.append(i)
+            if len(queued) == 3:
+                three_queued.set()
+            return await nxt
+
+        callers = [asyncio.ensure_future(caller(i)) for i in range(4)]
+        while len(seen) < 4:
+            await asyncio.sleep(0.01)
+        before = len(calls)
+        release.set()
+        assert await asyncio.wait_for(asyncio.gather(*callers), 10.0) == [b"ok"] * 4
+        assert calls[before:] == [4], calls
+
+    _run(behaviour, scenario, answer_sizes=[], calls_per_message=calls)
+
+
+def test_a_lone_caller_is_never_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One caller's calls one after another go out at once, whatever the batching waits are (a
+    lone request waits for nothing: the latency of one client is not traded for batches)."""
+    import proxy.store_pipe as store_pipe
+
+    monkeypatch.setattr(store_pipe, "RETURN_SECONDS", 60.0, raising=False)
+    monkeypatch.setattr(store_pipe, "CORK_SECONDS", 60.0)
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        for i in range(20):
+            assert await asyncio.wait_for(pipe.do(b"%d" % i, 10.0), 5.0) == b"ok"
+
+    _run(_ok, scenario)
