@@ -463,3 +463,38 @@ def test_a_lone_caller_is_never_held_back(monkeypatch: pytest.MonkeyPatch) -> No
             assert await asyncio.wait_for(pipe.do(b"%d" % i, 10.0), 5.0) == b"ok"
 
     _run(_ok, scenario)
+
+
+#: When the writer holds queued calls back (``hold_until``), every cell: (calls queued, callers
+#: answered since the last message, calls out) -> "send", "return" (wait for the answered callers,
+#: RETURN_SECONDS after the first answer at most) or "answer" (wait for an answer, CORK_SECONDS
+#: after the last message at most).
+_HOLD_TABLE = {
+    ("one", "none", "none"): "send",  # a lone request
+    ("one", "none", "some"): "answer",
+    ("one", "fewer", "none"): "send",
+    ("one", "fewer", "some"): "send",
+    ("one", "more", "none"): "return",
+    ("one", "more", "some"): "return",
+    ("full", "none", "none"): "send",
+    ("full", "none", "some"): "send",
+    ("full", "fewer", "none"): "send",
+    ("full", "fewer", "some"): "send",
+    ("full", "more", "none"): "send",
+    ("full", "more", "some"): "send",
+}
+
+
+@pytest.mark.parametrize("queued", ["one", "full"])
+@pytest.mark.parametrize("answered", ["none", "fewer", "more"])
+@pytest.mark.parametrize("out", ["none", "some"])
+def test_when_the_writer_holds_calls_back_every_cell(queued: str, answered: str, out: str) -> None:
+    from proxy.store_pipe import CORK_SECONDS, MAX_BATCH, RETURN_SECONDS, hold_until
+
+    n = 1 if queued == "one" else MAX_BATCH
+    returning = {"none": 0, "fewer": 1, "more": MAX_BATCH + 1}[answered]
+    written_at, returned_at = 99.998, 99.999
+    until = hold_until(n, returning, returned_at, 0 if out == "none" else 5, written_at)
+    want = _HOLD_TABLE[(queued, answered, out)]
+    assert until == {"send": 0.0, "return": returned_at + RETURN_SECONDS, "answer": written_at + CORK_SECONDS}[want]
+    assert len(_HOLD_TABLE) == 2 * 3 * 2
