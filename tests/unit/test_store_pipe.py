@@ -498,3 +498,52 @@ def test_when_the_writer_holds_calls_back_every_cell(queued: str, answered: str,
     want = _HOLD_TABLE[(queued, answered, out)]
     assert until == {"send": 0.0, "return": returned_at + RETURN_SECONDS, "answer": written_at + CORK_SECONDS}[want]
     assert len(_HOLD_TABLE) == 2 * 3 * 2
+
+
+def _held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batching waits far longer than any test: a call sent at all was not held by them."""
+    import proxy.store_pipe as store_pipe
+
+    monkeypatch.setattr(store_pipe, "RETURN_SECONDS", 60.0)
+    monkeypatch.setattr(store_pipe, "CORK_SECONDS", 60.0)
+
+
+def _out_until(release: asyncio.Event, answer: str = "") -> Behaviour:
+    """``out`` is answered when ``release`` is set (with ``answer`` as its message); the rest at once."""
+
+    async def behaviour(call: store_pb2.DoCall) -> store_pb2.DoResult:
+        if call.request == b"out":
+            await release.wait()
+            return store_pb2.DoResult(id=call.id, response=b"ok", message=answer)
+        return store_pb2.DoResult(id=call.id, response=b"ok")
+
+    return behaviour
+
+
+async def _one_out(pipe: StorePipe, seen: list[bytes]) -> asyncio.Future[bytes]:
+    """A call out and unanswered: a call queued now is held until an answer (or CORK_SECONDS)."""
+    out = asyncio.ensure_future(pipe.do(b"out", 30.0))
+    while b"out" not in seen:
+        await asyncio.sleep(0.001)
+    return out
+
+
+def test_a_full_batch_goes_at_once_even_while_the_writer_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full batch (MAX_BATCH calls) is never held back: when it fills while the writer already
+    waits for an answer (a call out, none answered), it goes then, not when the wait runs out."""
+    from proxy.store_pipe import MAX_BATCH
+
+    _held(monkeypatch)
+    release = asyncio.Event()
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        out = await _one_out(pipe, seen)
+        first = asyncio.ensure_future(pipe.do(b"0", 30.0))
+        for _ in range(50):
+            await asyncio.sleep(0)  # loop turns: the writer holds the first call back
+        rest = [asyncio.ensure_future(pipe.do(b"%d" % i, 30.0)) for i in range(1, MAX_BATCH)]
+        assert await asyncio.wait_for(asyncio.gather(first, *rest), 10.0) == [b"ok"] * MAX_BATCH
+        release.set()
+        assert await out == b"ok"
+
+    _run(_out_until(release), scenario)
