@@ -547,3 +547,90 @@ def test_a_full_batch_goes_at_once_even_while_the_writer_waits(monkeypatch: pyte
         assert await out == b"ok"
 
     _run(_out_until(release), scenario)
+
+
+@pytest.mark.parametrize("ends", ["deadline", "cancel"])
+def test_a_call_given_up_while_held_is_never_sent(monkeypatch: pytest.MonkeyPatch, ends: str) -> None:
+    """A call held back by the batching waits whose deadline passes fails with DEADLINE_EXCEEDED
+    then (not when the wait ends), and neither it nor a cancelled one is sent afterwards."""
+    _held(monkeypatch)
+    release = asyncio.Event()
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        out = await _one_out(pipe, seen)
+        held = asyncio.ensure_future(pipe.do(b"given up", 0.05 if ends == "deadline" else 30.0))
+        if ends == "deadline":
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(held, 10.0)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            for _ in range(50):
+                await asyncio.sleep(0)
+            held.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await held
+        release.set()  # the answer ends the wait: what was held goes now, if anything
+        assert await asyncio.wait_for(out, 10.0) == b"ok"
+        assert await asyncio.wait_for(pipe.do(b"after", 30.0), 10.0) == b"ok"
+        assert seen == [b"out", b"after"]
+
+    _run(_out_until(release), scenario)
+
+
+def test_a_stream_broken_while_calls_are_held_fails_them_as_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls held back when the stream breaks were never written: NotSent (the client may send
+    them elsewhere), the one written is OutcomeUnknown, and the next call, on a new stream, is not
+    held by anything the old stream knew."""
+    _held(monkeypatch)
+    release = asyncio.Event()
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        out = await _one_out(pipe, seen)
+        held = [asyncio.ensure_future(pipe.do(b"held-%d" % i, 30.0)) for i in range(3)]
+        for _ in range(50):
+            await asyncio.sleep(0)
+        release.set()  # its "answer" aborts the stream
+        results = await asyncio.wait_for(asyncio.gather(out, *held, return_exceptions=True), 10.0)
+        assert isinstance(results[0], OutcomeUnknown)
+        assert all(isinstance(r, NotSent) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results[1:])
+        assert seen == [b"out"]
+        assert await asyncio.wait_for(pipe.do(b"again", 30.0), 10.0) == b"ok"
+        assert seen == [b"out", b"again"]
+
+    _run(_out_until(release, "abort the stream"), scenario)
+
+
+def test_an_answer_in_parts_counts_as_one_returning_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer waits for as many calls as callers were answered, not parts: a caller whose
+    large answer came in many parts sends its next call at once (RETURN_SECONDS made long here)."""
+    import proxy.store_pipe as store_pipe
+
+    monkeypatch.setattr(store_pipe, "RETURN_SECONDS", 60.0)
+
+    async def scenario(pipe: StorePipe, _seen: list[bytes]) -> None:
+        for _ in range(3):
+            assert await asyncio.wait_for(pipe.do(b"a%d" % (9 << 20), 30.0), 10.0) == b"a" * (9 << 20)
+        assert await asyncio.wait_for(pipe.do(b"b3", 30.0), 10.0) == b"bbb"
+
+    sizes: list[int] = []
+    _run(_sized_answer, scenario, answer_sizes=sizes)
+    assert len(sizes) > 4  # the large answers did come in parts
+
+
+def test_two_thousand_callers_in_a_closed_loop_all_answered_in_bounded_messages() -> None:
+    """Many concurrent callers, each sending its next call when answered: every call is answered,
+    and no stream message carries more than MAX_BATCH calls."""
+    from proxy.store_pipe import MAX_BATCH
+
+    calls: list[int] = []
+
+    async def scenario(pipe: StorePipe, seen: list[bytes]) -> None:
+        async def caller(n: int) -> list[bytes]:
+            return [await pipe.do(b"%d-%d" % (n, i), 30.0) for i in range(5)]
+
+        results = await asyncio.wait_for(asyncio.gather(*(caller(n) for n in range(2000))), 120.0)
+        assert results == [[b"ok"] * 5] * 2000
+        assert len(seen) == 10000 and len(set(seen)) == 10000
+        assert max(calls) <= MAX_BATCH and sum(calls) == 10000
+
+    _run(_ok, scenario, answer_sizes=[], calls_per_message=calls)
