@@ -634,3 +634,52 @@ def test_two_thousand_callers_in_a_closed_loop_all_answered_in_bounded_messages(
         assert max(calls) <= MAX_BATCH and sum(calls) == 10000
 
     _run(_ok, scenario, answer_sizes=[], calls_per_message=calls)
+
+
+def test_a_store_stopping_under_load_never_took_a_call_failed_as_not_sent() -> None:
+    """A store going away under load, with calls held back and written: a call failed as NotSent
+    never reached the store (so sending it again, as the client does, cannot apply it twice), and
+    a client that sends only those again never has a request taken twice."""
+
+    async def main() -> None:
+        port = free_port()
+        seen: list[bytes] = []
+        server = await _serve(port, _ok, seen)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_CHANNEL_OPTIONS)
+        pipe = StorePipe(channel, METHOD, None)
+        not_sent: list[bytes] = []
+        unknown = 0
+
+        async def client(n: int) -> None:
+            nonlocal unknown
+            for i in range(100):
+                request = f"{n}-{i}".encode()
+                try:
+                    await pipe.do(request, 5.0)
+                except NotSent:
+                    not_sent.append(request)
+                    return
+                except OutcomeUnknown:
+                    unknown += 1
+                    return
+
+        clients = [asyncio.ensure_future(client(n)) for n in range(64)]
+        while len(seen) < 300:
+            await asyncio.sleep(0.001)
+        await server.stop(None)
+        await asyncio.wait_for(asyncio.gather(*clients), 30.0)
+        assert not_sent or unknown, "the stop came after every client finished"
+        taken = set(seen)
+        assert len(taken) == len(seen)
+        assert not taken & set(not_sent)
+        server = await _serve(port, _ok, seen)  # the same node back: what was not sent goes again
+        try:
+            assert await asyncio.wait_for(asyncio.gather(*(pipe.do(r, 5.0) for r in not_sent)), 30.0) == \
+                [b"ok"] * len(not_sent)
+            assert len(set(seen)) == len(seen)
+        finally:
+            await pipe.close()
+            await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())
