@@ -69,6 +69,8 @@ class FakeStateMachine:
 class RecordingWAL:
     def __init__(self) -> None:
         self.saves: list[tuple[HardState | None, list[int], bool]] = []
+        #: ports.Log: whether a lone write may be made on the event loop (the test sets it)
+        self.syncs_fast = False
 
     def save(self, hard_state: HardState | None, entries: list[Entry], sync: bool = True) -> None:
         self.saves.append((hard_state, [e.index for e in entries], sync))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import types
 import zlib
 from pathlib import Path
 
@@ -385,4 +386,32 @@ def test_appends_sync_with_fdatasync_and_new_segments_with_fsync(
     wal.checkpoint(SnapshotMetadata(ConfState([1]), index=2, term=1), HardState(1, 1, 2), [])
     assert "fdatasync" not in calls and calls.count("fsync") >= 3  # old segment, new segment, directory
     monkeypatch.undo()
+    wal.close()
+
+
+def test_syncs_fast_tells_whether_the_last_sync_was_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver makes a lone write on the event loop only while the disk syncs fast; a fresh log
+    has not synced yet and says no, and one slow sync is enough to send writes back to the log
+    thread (a slow disk must not stall the loop). Time is faked: the sync takes what it is told."""
+    import authstore.node.wal as wal_module
+
+    clock = [0.0]
+    took = [0.0]
+
+    def fdatasync(_fd: int) -> None:
+        clock[0] += took[0]
+
+    monkeypatch.setattr(wal_module.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(wal_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    wal = WAL(tmp_path / "wal")
+    assert wal.syncs_fast is False
+    took[0] = wal_module.FAST_SYNC_SECONDS / 10
+    wal.save(HardState(1, 1, 0), _entries(1, 1))
+    assert wal.syncs_fast is True
+    took[0] = wal_module.FAST_SYNC_SECONDS * 2
+    wal.save(None, _entries(2, 1))
+    assert wal.syncs_fast is False
+    took[0] = 0.0
+    wal.save(HardState(1, 1, 2), [], sync=False)  # not synced: says nothing about the disk
+    assert wal.syncs_fast is False
     wal.close()
