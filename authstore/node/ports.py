@@ -28,6 +28,9 @@ class Log(Protocol):
         there are no entries (a commit-index-only change)."""
         ...
 
+    #: Whether the last sync was fast: a write of one entry is then made on the event loop.
+    syncs_fast: bool
+
     def checkpoint(self, snapshot: SnapshotMetadata, hard_state: HardState, entries: list[Entry]) -> None:
         """Restarts the log from a snapshot the state machine holds durably, keeping ``entries``."""
         ...

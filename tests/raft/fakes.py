@@ -72,7 +72,10 @@ class FakeWAL:
     prefix of the unsynced records, as a torn tail."""
 
     def __init__(self, on_save: Callable[[FakeWAL, list[Entry]], None] = lambda wal, entries: None,
-                 on_commit: Callable[[FakeWAL, int, HardState], None] = lambda wal, old, hs: None) -> None:
+                 on_commit: Callable[[FakeWAL, int, HardState], None] = lambda wal, old, hs: None,
+                 *, syncs_fast: bool = False) -> None:
+        #: ports.Log: True makes the driver write a lone entry on the loop, at once, as on a fast disk
+        self.syncs_fast = syncs_fast
         self.durable = LogState()
         self.view = LogState()  # what was written, synced or not
         self.unsynced: list[tuple[Any, ...]] = []

@@ -135,6 +135,8 @@ class NodeSimConfig:
     check_persistence: bool = True
     #: the store's own state machine (authstore/state/apply.py's Applier on LMDB) instead of a dict
     store: bool = False
+    #: the log syncs fast: the driver writes a Ready of one entry on the loop, not on the log worker
+    fast_log: bool = False
 
 
 @dataclass(eq=False)
@@ -253,7 +255,8 @@ class NodeSimulation:
     def _member(self, mid: int) -> Member:
         fsm: Any = (StoreStateMachine(mid, self.workdir / f"store{mid}", self._on_apply) if self.cfg.store
                     else KVStateMachine(mid, self._on_apply))
-        m = Member(mid, FakeWAL(self._on_save, self._on_durable_commit), fsm, self.workdir / f"n{mid}")
+        m = Member(mid, FakeWAL(self._on_save, self._on_durable_commit, syncs_fast=self.cfg.fast_log), fsm,
+                   self.workdir / f"n{mid}")
         self.members[mid] = m
         return m
 

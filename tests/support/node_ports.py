@@ -21,6 +21,8 @@ class Events:
 
 
 class FakeWAL:
+    syncs_fast = False  # ports.Log: every write on the log worker, as these tests count them
+
     def __init__(self, events: Events) -> None:
         self.events = events
 
@@ -96,6 +98,7 @@ class CountingWorker:
 
 
 class NoWAL:
+    syncs_fast = False
     def save(self, hard_state: HardState | None, entries: list[Any], must_sync: bool = True) -> None:
         pass
 
