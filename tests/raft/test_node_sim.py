@@ -4,13 +4,16 @@ driver that answers before its writes are durable."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 from collections.abc import Iterator
 
 import pytest
 
 from authstore.node.driver import RaftNode
 
+from .fakes import FakeWAL
 from .node_sim import NodeSimConfig, NodeSimulation
 from .sim import SafetyViolation
 
@@ -83,10 +86,11 @@ def follower_answers_before_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RaftNode, "_split_sends", lambda self, messages: (messages, []))
 
 
-def test_node_sim_catches_an_answer_before_fsync_at_once(follower_answers_before_fsync: None) -> None:
+@pytest.mark.parametrize("fast_log", [False, True])  # written on the log worker; a lone entry on the loop
+def test_node_sim_catches_an_answer_before_fsync_at_once(follower_answers_before_fsync: None, fast_log: bool) -> None:
     """Raft's persistence rule, checked as each message leaves, fails within a few hundred steps."""
     with pytest.raises(SafetyViolation, match="before that vote is durable|while its WAL holds"):
-        run(0, NodeSimConfig(nodes=3, steps=2000))
+        run(0, NodeSimConfig(nodes=3, steps=2000, fast_log=fast_log))
 
 
 def test_node_sim_catches_an_answer_before_fsync_end_to_end(follower_answers_before_fsync: None) -> None:
@@ -102,3 +106,15 @@ def test_node_sim_catches_an_answer_before_fsync_end_to_end(follower_answers_bef
             assert "fail-stop" not in str(exc)
             return
     pytest.fail("no seed in 48 x 20,000 steps found the broken persistence order")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_node_sim_with_a_log_whose_sync_speed_changes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real WAL tells after every sync whether it was fast, so a node's writes move between
+    the event loop and the log thread from one Ready to the next: each Ready here goes either
+    way at random (seeded), with crashes, and Raft's properties hold as with one way only."""
+    flips = random.Random(seed)
+    monkeypatch.setattr(FakeWAL, "syncs_fast", property(lambda self: flips.random() < 0.5, lambda self, value: None),
+                        raising=False)
+    sim = run(seed, dataclasses.replace(node_sim_config(3, seed, 20_000), fast_log=True))
+    assert sim.stats["crashes"] > 0 and sim.completed_ops() > 20, sim.stats
