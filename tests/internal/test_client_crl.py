@@ -195,10 +195,12 @@ def test_a_broken_or_untrusted_crl_keeps_the_last_good_one(cluster: Cluster, tmp
     before = len(cluster.proxy.lines)
     write_test_crl(cluster.crl, cluster.pki, ["root"])
     assert cluster.range("root")[0] == "UNAVAILABLE"
-    # the proxy logs the new list beside the call that sees it: its line may reach us after the
-    # answer, and must not be counted below as a line about the broken file
-    wait_for(lambda: any("a new list (1 revoked" in line for line in cluster.proxy.lines[before:]), 10,
-             "the proxy to log the good list")
+    # the proxy logs the new list, and then the refusal of root under it, beside the call that sees
+    # it: both lines may reach us after the answer, and must not be counted below as lines about
+    # the broken file
+    wait_for(lambda: any("a new list (1 revoked" in line for line in cluster.proxy.lines[before:]) and
+             any("lists the client certificate serial" in line for line in cluster.proxy.lines[before:]), 10,
+             "the proxy to log the good list and the refusal under it")
     logged = len(cluster.proxy.lines)
 
     def replace(data: bytes) -> None:
