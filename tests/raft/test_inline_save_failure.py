@@ -13,7 +13,7 @@ import pytest
 from authstore.node.driver import RaftNode
 from authstore.raft import Entry, HardState
 from authstore.raft.storage import MemoryStorage
-from tests.support.node_ports import NoPeers
+from tests.support.node_ports import FakeStateMachine, NoPeers
 
 
 class FailingWAL:
@@ -37,25 +37,15 @@ class FailingWAL:
         pass
 
 
-class RecordingFSM:
+class RecordingFSM(FakeStateMachine):
+    """Records what is applied (nothing of a failed write may be)."""
+
     def __init__(self) -> None:
         self.applied: list[bytes] = []
 
-    def apply(self, entries: list[Entry], term: int) -> tuple[list[tuple[int, Any]], bool]:
+    def apply(self, entries: Any, term: int) -> tuple[list[tuple[int, Any]], bool]:
         self.applied += [e.data for e in entries if e.data]
         return [(0, None) for _ in entries], False
-
-    def on_decided(self, fn: Any) -> None:
-        pass
-
-    def snapshot(self, directory: Path) -> Path:
-        raise AssertionError("no snapshot in this test")
-
-    def restore(self, path: Path) -> int:
-        raise AssertionError("no snapshot in this test")
-
-    def sync(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("syncs_fast", [True, False])  # on the loop; on the log thread, as before
