@@ -232,10 +232,9 @@ class _Stream:
         return hold_until(len(self.queue), self.returning, self.returned_at, len(self.sent), self.written_at)
 
     def queued(self) -> None:
-        """A call was queued: a writer waiting for that many returning callers, or holding calls
-        that now fill a batch, goes on (``hold_until``: a full batch is never held)."""
-        if self.corked is not None and (len(self.queue) >= MAX_BATCH or
-                                        self.returning and len(self.queue) >= self.returning):
+        """A call was queued: a writer holding calls back goes on if ``hold_until`` no longer holds
+        them (a batch now full, or as many calls as returning callers)."""
+        if self.corked is not None and self._hold_until() <= asyncio.get_running_loop().time():
             _uncork(self.corked)
 
     async def _cork(self, until: float) -> None:
