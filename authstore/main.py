@@ -37,7 +37,7 @@ from authstore.state.backend import Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
-from raftgate import stages
+from raftgate import event_loop, stages
 from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
@@ -401,6 +401,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = store_config.parse(argv, os.environ)
         stages.configure(os.environ, program="store")
+        loop_name = event_loop.chosen(os.environ)
     except (store_config.ConfigError, ValueError) as exc:
         print(f"raftgate store: {exc}", file=sys.stderr)
         return 2
@@ -417,7 +418,7 @@ def main(argv: list[str]) -> int:
         lock_data_dir(cfg.data_dir)
         serving = serve(cfg)
         del cfg  # serve() drops the initial root password once it is used: no reference here keeps it
-        removed = asyncio.run(serving)
+        removed = event_loop.run(serving, loop_name)
     except WALCorrupt as exc:
         print(f"raftgate store: the log is corrupt and the node will not guess: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ import sys
 from proxy.audit.writer import STDOUT
 from proxy.config import ConfigError, ProxyConfig, load
 from proxy.server import ProxyServer
-from raftgate import stages
+from raftgate import event_loop, stages
 from raftgate.process import on_sighup as reopen_on_sighup
 from raftgate.stop_signals import stop_on_signals
 
@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     try:
         config = load(argv)
         stages.configure(os.environ, program="proxy")
+        loop_name = event_loop.chosen(os.environ)
     except (ConfigError, ValueError) as e:
         print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
@@ -37,8 +38,8 @@ def main(argv: list[str]) -> int:
         if config.workers > 1:
             from proxy.workers import supervise
 
-            return asyncio.run(supervise(config, argv))
-        return asyncio.run(serve(config))
+            return event_loop.run(supervise(config, argv), loop_name)
+        return event_loop.run(serve(config), loop_name)
     except OSError as e:
         print(f"raftgate proxy: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILURE

@@ -38,6 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import CollectorRegistry
 
 from proxy.config import ConfigError, ProxyConfig, load
+from raftgate import event_loop
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
 from raftgate.process import STOPPED_BY_SIGNAL, Child, check_listenable, on_sighup, pass_on
@@ -176,11 +177,13 @@ def worker_main(argv: list[str]) -> int:
 
     try:
         config = dataclasses.replace(load(rest), workers=1, observe=ObserveConfig())
-    except ConfigError as e:
+        loop_name = event_loop.chosen(os.environ)
+    except (ConfigError, ValueError) as e:
         print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        return asyncio.run(serve(config, reuse_port=True, name=f"{WORKER_READY} {index} (pid {os.getpid()})"))
+        return event_loop.run(serve(config, reuse_port=True, name=f"{WORKER_READY} {index} (pid {os.getpid()})"),
+                              loop_name)
     except OSError as e:
         print(f"{WORKER_READY} {index}: error: {e}", file=sys.stderr, flush=True)
         return 1

@@ -75,6 +75,8 @@ ADVISORIES: tuple[Advisory, ...] = (
     Advisory("grpcio", "1.56.2", "GHSA-496j-2rq6-j6cc (CVE-2023-33953)", "HPACK table excessive iteration"),
     Advisory("grpcio", "1.65.4", "CVE-2024-7246", "HPACK table poisoning across proxies"),
     Advisory("grpcio", "1.83.1", "GHSA-hf3w-6hpw-qp67", "heap exhaustion in the HTTP/2 transport"),
+    # uvloop (the event loop): advisories of the libuv it bundles
+    Advisory("uvloop", "0.20.0", "CVE-2024-24806 (libuv < 1.48.0)", "uv_getaddrinfo truncates long host names"),
     # protobuf
     Advisory("protobuf", "6.31.1", "GHSA-8qvm-5x2c-j2w7 (CVE-2025-4565)", "recursion in the pure-Python parser"),
     Advisory("protobuf", "6.33.5", "GHSA-7gcm-g887-7qv7 (CVE-2026-0994)", "json_format recursion bypass via Any"),
