@@ -83,7 +83,7 @@ def _ticks_until(tmp_path: Path, seed: int, members: list[int], *, active: int =
         return any(m.type == MessageType.MsgPreVote for m in peers.sent)
 
     async def main() -> int:
-        node.start()
+        node.start(members=len(members))  # as the store does: its member list, or --initial-cluster
         await _settle()
         assert not done(), "campaigned before any tick"
         for ticks in range(1, MAX_TICKS + 1):
