@@ -13,8 +13,7 @@ LINE = "started as single-node; fast-forwarding election ticks"
 
 def test_a_single_member_store_fast_forwards_its_election_ticks_fresh_and_restarted(tmp_path: Path) -> None:
     store = Program(tmp_path / "s", _store_args(tmp_path, internal=free_port(), peer=free_port()), "raftgate store:")
-    with store:
-        store.start()
+    with store:  # started, and ready
         assert LINE in store.output()
         assert "forward-ticks 9" in store.output()
         store.restart()
