@@ -21,7 +21,16 @@ from cryptography.hazmat.primitives import serialization
 
 from authstore.state.auth.initial_root import DEFAULT_COST, MAX_COST, MIN_COST
 from raftgate.auth_token import JWT, NOP, SIMPLE, AuthOptionError, AuthTokenSpec, parse_auth_token
-from raftgate.config_support import ConfigError, FlagParser, Flags, comma_list, integer, parse_flags, read_file
+from raftgate.config_support import (
+    ConfigError,
+    FlagParser,
+    Flags,
+    boolean,
+    comma_list,
+    integer,
+    parse_flags,
+    read_file,
+)
 from raftgate.crl import CRLError, RevocationList
 from raftgate.go_duration import parse_go_duration
 from raftgate.jwt_keys import KeyLoadError
@@ -68,6 +77,9 @@ class StoreConfig:
     initial_cluster_token: str = "etcd-cluster"
     heartbeat_interval_ms: int = 100
     election_timeout_ms: int = 1000
+    #: etcd's --initial-election-tick-advance: a member of several fast-forwards its first
+    #: election once its peers are connected (a single member always does)
+    initial_election_tick_advance: bool = True
     snapshot_count: int = 10_000
     snapshot_catchup_entries: int = 5_000
     max_txn_ops: int = 128
@@ -153,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--initial-cluster-token", default="etcd-cluster")
     p.add_argument("--heartbeat-interval", type=int, default=100, help="milliseconds between heartbeats")
     p.add_argument("--election-timeout", type=int, default=1000, help="milliseconds before a follower campaigns")
+    p.add_argument("--initial-election-tick-advance", nargs="?", const="true", default="true", type=boolean,
+                   help="whether to fast-forward initial election ticks on boot for faster election (etcd's flag: "
+                        "once more than one peer is connected, all but two ticks of the first election timeout; "
+                        "a single-member cluster always advances all but one)")
     p.add_argument("--snapshot-count", type=int, default=10_000,
                    help="applied entries between snapshots (log compaction)")
     p.add_argument("--snapshot-catchup-entries", type=int, default=5_000,
@@ -208,6 +224,7 @@ ETCD_FLAGS = frozenset({
     "name", "data-dir", "cert-file", "key-file", "trusted-ca-file", "advertise-client-urls",
     "initial-advertise-peer-urls", "listen-peer-urls", "peer-cert-file", "peer-key-file", "peer-trusted-ca-file",
     "initial-cluster", "initial-cluster-state", "initial-cluster-token", "heartbeat-interval", "election-timeout",
+    "initial-election-tick-advance",
     "snapshot-count", "snapshot-catchup-entries", "max-txn-ops", "quota-backend-bytes", "log-level", "bcrypt-cost",
     "auth-token", "auth-token-ttl", "client-crl-file",
 })
@@ -362,6 +379,7 @@ def _peer_config(f: Flags, name: str, peer_urls: list[str]) -> dict[str, object]
         raise f.error("election_timeout", f"--election-timeout[{election}ms] is too long, and should be set less "
                       f"than {MAX_ELECTION_MS}ms")
     out["heartbeat_interval_ms"], out["election_timeout_ms"] = heartbeat, election
+    out["initial_election_tick_advance"] = f["initial_election_tick_advance"]
     out["snapshot_count"] = integer(f, "snapshot_count", 1)
     out["snapshot_catchup_entries"] = integer(f, "snapshot_catchup_entries", 0)
     return out

@@ -266,7 +266,8 @@ def new_node(cfg: store_config.StoreConfig, rec: Recovered, applier: Applier, pe
     return RaftNode(rec.member_id, rec.storage, rec.wal, applier, peers, applied=rec.applied,
                     snapshot_dir=cfg.data_dir / "snap", tick_seconds=cfg.heartbeat_interval_ms / 1000,
                     election_ticks=max(cfg.election_timeout_ms // cfg.heartbeat_interval_ms, 2),
-                    snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries)
+                    snapshot_count=cfg.snapshot_count, catchup_entries=cfg.snapshot_catchup_entries,
+                    initial_election_tick_advance=cfg.initial_election_tick_advance)
 
 
 async def serve(cfg: store_config.StoreConfig) -> int | None:
@@ -348,7 +349,11 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                       "not available here")
     await peer_server.start()
     startup_commit = node.storage.hard_state.commit
-    node.start()
+    # etcd counts the members its membership holds as it starts: the store's (a restart), else
+    # the cluster's answer to a joiner, or --initial-cluster (a new member)
+    with applier.env.begin() as txn:
+        members = len(applier.membership.members(txn)) or len(initial_peers)
+    node.start(members=members)
     refresh_peers()
     # Nothing is served before the committed entries this node already holds are applied: on a
     # new cluster, that is the initial root and AuthEnable (no request ever sees auth disabled).

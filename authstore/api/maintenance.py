@@ -111,7 +111,7 @@ class Maintenance:
                     list(current.clientURLs) == self.me.client_urls and internal == self.me.internal_urls and \
                     gateway == self.me.gateway_urls:
                 return
-            if current is not None and self.node.leader_id:
+            if current is not None:  # the proposal waits for a leader (admit), as etcd's publish does
                 req = ipb.InternalRaftRequest(member_attr_set=ipb.MemberAttrSetRequest(
                     member_ID=self.node.id, name=self.me.name, client_urls=self.me.client_urls,
                     internal_urls=self.me.internal_urls, gateway_urls=self.me.gateway_urls))

@@ -68,6 +68,10 @@ MAX_APPLY_BACKLOG = 64
 #: Messages that promise what the Ready writes (entries, term and vote): sent only after the write,
 #: by a leader too (etcd-raft's msgsAfterAppend).
 AFTER_WRITE = frozenset({MessageType.MsgAppResp, MessageType.MsgVoteResp})
+#: How long a member of several waits for its peers' connections before it fast-forwards its
+#: first election, and how often it looks (etcd's adjustTicks: rafthttp.ConnReadTimeout, 50 ms).
+PEER_WAIT_MS = 5000
+PEER_POLL_MS = 50
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
@@ -105,12 +109,13 @@ class RaftNode:
                  request_timeout: float = 7.0, snapshot_count: int = 10_000, catchup_entries: int = 5_000,
                  clock: Clock | None = None, log_worker: Worker | None = None, apply_worker: Worker | None = None,
                  copy_worker: Worker | None = None, rng: random.Random | None = None,
-                 fail_stop: Callable[[], NoReturn] = _exit_process) -> None:
+                 fail_stop: Callable[[], NoReturn] = _exit_process,
+                 initial_election_tick_advance: bool = True) -> None:
         """``clock``, the workers and ``rng`` default to the real ones (system time, one thread
         each, a fresh seed); the simulation passes deterministic ones. ``fail_stop`` ends the
         process when the node can no longer persist or apply. Proposals arrive as bytes the API
         layer stamped with their request ID and time (authstore/api/proposer.py); the node reads
-        none of them."""
+        none of them. ``initial_election_tick_advance``: etcd's flag of that name (``start``)."""
         self.id = member_id
         self.storage = storage
         self.wal = wal
@@ -159,6 +164,8 @@ class RaftNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._leader_waiters: list[asyncio.Future[None]] = []
         self.election_seconds = tick_seconds * election_ticks
+        self.election_ticks = election_ticks
+        self.initial_election_tick_advance = initial_election_tick_advance
         peers.bind(self)
         fsm.on_decided(self.decided)
 
@@ -184,14 +191,64 @@ class RaftNode:
         self._applied_hooks.append(fn)
 
     # ---- life cycle ----
-    def start(self) -> None:
+    def start(self, members: int | None = None) -> None:
+        """Starts the node. ``members``: how many members its membership holds now (the store's
+        member list; on a new cluster, --initial-cluster); None: its Raft configuration's."""
         loop = self._event_loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(self._loop), name="raft-driver"),
                        loop.create_task(self._run(self._apply_loop), name="raft-apply"),
                        loop.create_task(self._ticker(), name="raft-ticker")]
         if self.conf_state_voters() == [self.id]:
             self.rn.campaign()  # the only voter: no reason to wait an election timeout
+        if members is None:
+            members = len(self.conf_state.voters) + len(self.conf_state.learners)
+        self._adjust_ticks(members)
         self._wake.set()
+
+    def _adjust_ticks(self, members: int) -> None:
+        """etcd's adjustTicks: a new process need not wait a whole election timeout before it may
+        campaign. A single member advances all but one tick of it now (fresh or restarted).
+        Another, with --initial-election-tick-advance, advances all but two once more than one
+        peer is connected (etcd's condition), so a member rejoining a cluster that has a leader
+        still hears its heartbeat first (pre-vote protects the cluster too); without connected
+        peers within PEER_WAIT_MS nothing is advanced. Ticks still draw nothing: the randomized
+        part of the timeout remains."""
+        if members == 1:
+            ticks = self.election_ticks - 1
+            log.info("started as single-node; fast-forwarding election ticks (local-member-id %x, forward-ticks %d, "
+                     "forward-duration %s, election-ticks %d, election-timeout %s)", self.id, ticks,
+                     self._duration(ticks), self.election_ticks, self._duration(self.election_ticks))
+            self.advance_ticks(ticks)
+            return
+        if not self.initial_election_tick_advance:
+            log.info("skipping initial election tick advance (election-ticks %d)", self.election_ticks)
+            return
+        log.info("starting initial election tick advance (election-ticks %d)", self.election_ticks)
+        assert self._event_loop is not None
+        self._tasks.append(self._event_loop.create_task(self._run(self._advance_once_peers_connect),
+                                                        name="raft-tick-advance"))
+
+    async def _advance_once_peers_connect(self) -> None:
+        for _ in range(PEER_WAIT_MS // PEER_POLL_MS):
+            await self.clock.sleep(PEER_POLL_MS / 1000)
+            active = self.peers.active_peers()
+            if active > 1:
+                ticks = self.election_ticks - 2
+                log.info("initialized peer connections; fast-forwarding election ticks (local-member-id %x, "
+                         "forward-ticks %d, forward-duration %s, election-ticks %d, election-timeout %s, "
+                         "active-remote-members %d)", self.id, ticks, self._duration(ticks), self.election_ticks,
+                         self._duration(self.election_ticks), active)
+                self.advance_ticks(ticks)
+                return
+
+    def advance_ticks(self, ticks: int) -> None:
+        """etcd's advanceTicks: ``ticks`` more ticks at once, stepped into the core by the loop as
+        the ticker's are, so they do nothing that as many ticks would not."""
+        self._ticks += ticks
+        self._wake.set()
+
+    def _duration(self, ticks: int) -> str:
+        return f"{round(ticks * self.tick_seconds * 1000)}ms"
 
     def conf_state_voters(self) -> list[int]:
         return list(self.rn.raft.trk.conf_state().voters)

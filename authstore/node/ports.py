@@ -69,6 +69,11 @@ class Peers(Protocol):
         """Streams the state copy at ``path`` with ``msg``; True once the peer took it."""
         ...
 
+    def active_peers(self) -> int:
+        """How many other members the node is connected to now (etcd's rafthttp ActivePeers):
+        the node waits for them before it fast-forwards its first election (RaftNode.start)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -129,6 +129,8 @@ class _Peer:
         #: a batch taken off the queue whose write has not succeeded yet (sent first on the next stream)
         self.held: bytes | None = None
         self.task: asyncio.Task[None] | None = None
+        #: the stream is open (the peer answered it), until it breaks: etcd's peer status "active"
+        self.active = False
 
 
 def _unbound(*_args: object) -> None:
@@ -190,6 +192,10 @@ class Transport:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
+    def active_peers(self) -> int:
+        """Peers whose stream is open now (etcd's ActivePeers: this member is not counted)."""
+        return sum(1 for peer in self._peers.values() if peer.active)
+
     # ---- sending ----
     def send(self, msg: Message) -> None:
         peer = self._peers.get(msg.to)
@@ -216,6 +222,7 @@ class Transport:
                 await call.initial_metadata()
                 if not call.done():
                     delays = reconnect_delays()
+                    peer.active = True
                     await self._send_batches(peer, call)
                 await call
             except grpc.aio.AioRpcError as exc:
@@ -223,6 +230,7 @@ class Transport:
                     self.on_removed()
                 log.debug("stream to %x broke: %s", peer.id, exc.code())
             finally:
+                peer.active = False
                 # This task is the only one that touches the call: nothing of a broken stream
                 # outlives it, and closing the channel ends the call if it still runs.
                 await channel.close()

@@ -293,6 +293,10 @@ class FakeNetwork:
         for task in self._tasks.pop(node_id, {}):
             task.cancel()
 
+    def connected(self, node_id: int) -> int:
+        """The other nodes ``node_id`` reaches now (up, and no partition between): ports.Peers.active_peers."""
+        return sum(1 for other in self.receivers if other != node_id and (node_id, other) not in self.cut)
+
     def submit(self, parcel: Parcel) -> None:
         self.on_send(parcel.msg)
         self.stats["sent"] += 1
@@ -363,6 +367,9 @@ class FakePeers:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.net.submit(Parcel(msg, path.read_bytes(), done))
         return await done
+
+    def active_peers(self) -> int:
+        return self.net.connected(self.id)
 
     async def close(self) -> None:
         pass

@@ -45,6 +45,9 @@ class FakePeers:
     async def send_snapshot(self, msg: Message, path: Path) -> bool:
         return False
 
+    def active_peers(self) -> int:
+        return 0
+
     async def close(self) -> None:
         pass
 
@@ -118,6 +121,9 @@ class NoPeers:
 
     async def send_snapshot(self, msg: Message, path: Path) -> bool:
         return False
+
+    def active_peers(self) -> int:
+        return 0
 
     async def close(self) -> None:
         pass

@@ -88,3 +88,14 @@ def test_oidc_flags_as_the_proxy_s(secret: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("RAFTGATE_STORE_OIDC_AUDIENCE")
     with pytest.raises(config.ConfigError, match="needs --oidc-issuer"):
         _parse(secret, "--oidc-jwks-file", "/k.json")
+
+
+def test_initial_election_tick_advance_is_etcds_flag(secret: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On by default; off with --initial-election-tick-advance=false or etcd's variable."""
+    monkeypatch.setenv("ETCD_INITIAL_ADVERTISE_PEER_URLS", PEER)
+    assert _parse(secret).initial_election_tick_advance is True
+    assert _parse(secret, "--initial-election-tick-advance=false").initial_election_tick_advance is False
+    assert _parse(secret, "--initial-election-tick-advance").initial_election_tick_advance is True
+    monkeypatch.setenv("ETCD_INITIAL_ELECTION_TICK_ADVANCE", "false")
+    assert _parse(secret).initial_election_tick_advance is False
+    assert _parse(secret, "--initial-election-tick-advance=true").initial_election_tick_advance is True
