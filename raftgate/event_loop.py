@@ -49,6 +49,12 @@ def _factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def clock_tick(loop: asyncio.AbstractEventLoop) -> float:
+    """The step of ``loop.time()``: asyncio's loop reads ``time.monotonic`` (its
+    ``_clock_resolution``); uvloop's reads libuv's clock, which counts whole milliseconds."""
+    return float(getattr(loop, "_clock_resolution", 0.001))
+
+
 def run(main: Coroutine[Any, Any, T], name: str | None = None) -> T:
     """``asyncio.run(main)`` on the loop ``name`` (``chosen()`` when None): the same signal
     handling and clean-up, another loop."""
