@@ -37,6 +37,12 @@ def _forget(loop: asyncio.AbstractEventLoop, sig: int) -> None:
     handlers = getattr(loop, "_signal_handlers", None)
     if isinstance(handlers, dict):
         handlers.pop(sig, None)
+    elif type(loop).__module__.split(".")[0] == "uvloop":
+        # uvloop keeps its handlers out of reach, and its remove_signal_handler sets SIG_DFL for
+        # a moment (a burst of SIGTERMs killed 7 processes of 20). Its handler is left in place:
+        # the signal is ignored now, and uvloop never restores the default once its loop stopped
+        # (its removal does nothing then, at close too).
+        pass
     else:  # another loop implementation: its own removal, then ignored again at once
         loop.remove_signal_handler(sig)
         signal.signal(sig, signal.SIG_IGN)
