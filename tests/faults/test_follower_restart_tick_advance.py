@@ -5,13 +5,18 @@ campaign. Across restarts by SIGTERM and by kill -9 the leader and its term stay
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.cluster import Cluster, Node, Recorder, Workload, program_cluster
 from tests.support.processes import wait_for
 
 ROUNDS = 4
+#: the soak variant (`make test-soak`): RAFTGATE_RESTART_ROUNDS restarts (default 30)
+SOAK_ROUNDS = int(os.environ.get("RAFTGATE_RESTART_ROUNDS", "30"))
 
 
 def _term(cluster: Cluster, node: Node) -> int:
@@ -19,15 +24,17 @@ def _term(cluster: Cluster, node: Node) -> int:
     return info.raft_term  # type: ignore[union-attr]
 
 
-def test_a_restarted_follower_does_not_disrupt_a_live_leader(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rounds", [ROUNDS, pytest.param(SOAK_ROUNDS, marks=pytest.mark.soak, id="soak")])
+def test_a_restarted_follower_does_not_disrupt_a_live_leader(tmp_path: Path, rounds: int) -> None:
     with program_cluster(tmp_path, nodes=3) as cluster:
         rec = Recorder()
-        with Workload(cluster.endpoint, rec, clients=4, seed=7, max_seconds=120, unique_only=True) as load:
+        with Workload(cluster.endpoint, rec, clients=4, seed=7, max_seconds=120 + 10 * rounds,
+                      unique_only=True) as load:
             since = time.monotonic()
             wait_for(lambda: rec.writes_ok_since(since) >= 20, 60, "the workload to get going")
             leader = cluster.leader()
             term = _term(cluster, leader)
-            for rnd in range(ROUNDS):
+            for rnd in range(rounds):
                 follower = cluster.followers(leader)[rnd % 2]
                 (cluster.terminate if rnd % 2 == 0 else cluster.kill)(follower)
                 cluster.restart(follower)
