@@ -215,7 +215,10 @@ class _Stream:
         if self._expiry is not None:
             self._expiry.cancel()
         self._expiry_at = when
-        self._expiry = asyncio.get_running_loop().call_at(when, self._expire_due)
+        # A tick later: uvloop rounds a delay to whole milliseconds, so a deadline less than half
+        # of one ahead got a timer of 0, found not due, again and again until the clock ticked.
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_at(when + clock_tick(loop), self._expire_due)
 
     def _expire_due(self) -> None:
         """Fails the calls whose deadline passed; the timer again for the earliest still waiting."""

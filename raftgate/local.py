@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raftgate import event_loop
 from raftgate.config_support import MAX_PROXY_WORKERS, ConfigError, FlagParser, boolean, integer, parse_flags
 from raftgate.observe import ListenAddr, parse_listen_addr
 from raftgate.private_files import private_dir, wider_than_private, write_private
@@ -589,7 +590,8 @@ def main(argv: list[str], check_store: CheckStore | None = None, check_proxy: Ch
     passes them), to check every child's values before any starts."""
     try:
         config = parse(argv, os.environ)
-    except ConfigError as exc:
+        event_loop.chosen(os.environ)  # every child reads it: a wrong value is local's start-up error
+    except (ConfigError, ValueError) as exc:
         print(f"raftgate local: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(run(config, check_store, check_proxy))

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from raftgate.stop_signals import quiet_wakeup
+
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 60.0
@@ -100,7 +102,9 @@ def pass_on(sig: int, children: Iterable[Child]) -> None:
 def on_sighup(handler: Callable[[], None]) -> None:
     """SIGHUP calls ``handler`` (logrotate's signal to reopen a log file) instead of ending the
     process. Installed only when there is a file to reopen, so SIGHUP's usual meaning stays."""
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, handler)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, handler)
+    quiet_wakeup(loop)  # asyncio's add_signal_handler asked for the report again
 
 
 async def forward_output(proc: asyncio.subprocess.Process) -> None:
