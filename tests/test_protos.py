@@ -18,7 +18,10 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     assert fresh, "protoc produced nothing"
     stale = [str(rel) for rel in fresh if not filecmp.cmp(tmp_path / rel, ROOT / rel, shallow=False)]
     assert not stale, f"generated code is stale, run `make protos`: {stale}"
-    committed = {p.relative_to(ROOT) for p in (ROOT / "protos").rglob("*_pb2*.py*")}
+    # sources only: Python's bytecode cache (protos/**/__pycache__/*_pb2.cpython-311.pyc, written
+    # by any import where PYTHONDONTWRITEBYTECODE is unset) is neither generated nor committed
+    committed = {p.relative_to(ROOT) for p in (ROOT / "protos").rglob("*_pb2*.py*")
+                 if p.suffix in (".py", ".pyi") and "__pycache__" not in p.parts}
     assert committed == set(fresh), "generated files without a .proto source (or the reverse)"
 
 
