@@ -290,9 +290,10 @@ def store_argv(name: str, data_dir: Path, internal_port: int, peer_port: int, se
             "--initial-cluster", initial_cluster, "--advertise-client-urls", client_url, *extra]
 
 
-@contextlib.contextmanager
-def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None = None) -> Iterator[Cluster]:
-    """N `raftgate store` processes and one `raftgate proxy`, started here with `store_flags`."""
+def unstarted_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None = None) -> Cluster:
+    """N `raftgate store` members laid out as `raftgate local` lays them out, none started (a test
+    starts each with ``Cluster.restart``, in the order it needs); the endpoint is the client URL
+    they advertise, where `program_cluster` puts its proxy."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "internal-secret"
     secret.write_text(os.urandom(32).hex())
@@ -305,7 +306,16 @@ def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None
                                                list(store_flags or [])),
                     data_dir=workdir / name, internal=f"127.0.0.1:{internal}")
                for name, internal, peer in layout]
-    cluster = Cluster(workdir, sys.executable, secret.read_text(), members, f"127.0.0.1:{client_port}")
+    return Cluster(workdir, sys.executable, secret.read_text(), members, f"127.0.0.1:{client_port}")
+
+
+@contextlib.contextmanager
+def program_cluster(workdir: Path, nodes: int = 3, store_flags: list[str] | None = None) -> Iterator[Cluster]:
+    """N `raftgate store` processes and one `raftgate proxy`, started here with `store_flags`."""
+    cluster = unstarted_cluster(workdir, nodes, store_flags)
+    members = cluster.nodes
+    secret = workdir / "internal-secret"
+    client_url = f"http://{cluster.endpoint}"
     try:
         errors: list[BaseException] = []
         proxy = Program(workdir / "proxy",
