@@ -49,10 +49,23 @@ def _factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+#: The step of uvloop's ``loop.time()``: libuv's clock counts whole milliseconds.
+UVLOOP_CLOCK_TICK = 0.001
+
+
+def is_uvloop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is uvloop's: the one place that tells, for what differs on it (its clock,
+    ``clock_tick``; its signal handlers, raftgate/stop_signals.py)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
+
+
 def clock_tick(loop: asyncio.AbstractEventLoop) -> float:
-    """The step of ``loop.time()``: asyncio's loop reads ``time.monotonic`` (its
-    ``_clock_resolution``); uvloop's reads libuv's clock, which counts whole milliseconds."""
-    return float(getattr(loop, "_clock_resolution", 0.001))
+    """The step of ``loop.time()``: uvloop's reads libuv's millisecond clock; asyncio's reads
+    ``time.monotonic`` (its ``_clock_resolution``). Another loop is taken to count milliseconds:
+    a tick too long only makes a wait end later, one too short makes it end early."""
+    if is_uvloop(loop):
+        return UVLOOP_CLOCK_TICK
+    return float(getattr(loop, "_clock_resolution", UVLOOP_CLOCK_TICK))
 
 
 def run(main: Coroutine[Any, Any, T], name: str | None = None) -> T:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from raftgate.event_loop import is_uvloop
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -48,7 +50,7 @@ def _forget(loop: asyncio.AbstractEventLoop, sig: int) -> None:
     handlers = getattr(loop, "_signal_handlers", None)
     if isinstance(handlers, dict):
         handlers.pop(sig, None)
-    elif type(loop).__module__.split(".")[0] == "uvloop":
+    elif is_uvloop(loop):
         # uvloop keeps its handlers out of reach, and its remove_signal_handler sets SIG_DFL for
         # a moment (a burst of SIGTERMs killed 7 processes of 20). Its handler is left in place:
         # the signal is ignored now, and uvloop never restores the default once its loop stopped
