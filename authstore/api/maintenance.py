@@ -120,6 +120,11 @@ class Maintenance:
                     continue
                 except EtcdError as exc:
                     log.debug("publishing member attributes: %s", exc.message)
+                    if exc.err is Err.NO_LEADER and not self.node.leader_id:
+                        # Asked again at once, as etcd's publish does: the next proposal waits for
+                        # a leader (admit), so nothing spins; any other failure (a leader known but
+                        # the proposal dropped, stopped) is asked again after half a second.
+                        continue
             await asyncio.sleep(0.5)
 
     # ---- Maintenance ----
