@@ -2,7 +2,8 @@
 
 uvloop (libuv's loop, in C) unless asked otherwise: both programs spend most of their time in
 the loop's own machinery around gRPC's callbacks, and measured against asyncio's loop in one
-rotation it gave 4-18 % more requests per second and a lower one-client latency
+rotation on the idle machine it gave 3-13 % more requests per second on most rows (watch events
+up to a third more; one-node linearizable Range within the noise) and a lower one-client latency
 (docs/performance.md, round 4). ``RAFTGATE_EVENT_LOOP=asyncio`` runs on the standard library's
 loop instead, to compare the two or to rule the loop out; unset, a platform without uvloop runs on
 asyncio's. Read before a program opens anything, so a wrong value is a start-up error.
