@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from raftgate.stop_signals import quiet_wakeup
+from raftgate.stop_signals import add_signal_handler
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,7 @@ def pass_on(sig: int, children: Iterable[Child]) -> None:
 def on_sighup(handler: Callable[[], None]) -> None:
     """SIGHUP calls ``handler`` (logrotate's signal to reopen a log file) instead of ending the
     process. Installed only when there is a file to reopen, so SIGHUP's usual meaning stays."""
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, handler)
-    quiet_wakeup(loop)  # asyncio's add_signal_handler asked for the report again
+    add_signal_handler(asyncio.get_running_loop(), signal.SIGHUP, handler)
 
 
 async def forward_output(proc: asyncio.subprocess.Process) -> None:

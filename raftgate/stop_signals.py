@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 
 from raftgate.event_loop import is_uvloop
 
@@ -30,15 +31,22 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         stop.set()
 
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, stopping)
+        add_signal_handler(loop, sig, stopping)
+
+
+def add_signal_handler(loop: asyncio.AbstractEventLoop, sig: int, callback: Callable[[], None]) -> None:
+    """``loop.add_signal_handler(sig, callback)``, its wake-up socket then quiet (``quiet_wakeup``):
+    every signal handler of raftgate's programs is added here, so none asks for the report again."""
+    loop.add_signal_handler(sig, callback)
     quiet_wakeup(loop)
 
 
 def quiet_wakeup(loop: asyncio.AbstractEventLoop) -> None:
-    """The loop's wake-up socket reports no full buffer; call after every ``add_signal_handler``.
-    asyncio's loop asks CPython for that report, which its C signal handler queues under a lock:
-    a burst of signals filling the socket deadlocked the process inside the handler (12 of 20
-    hung). The signals already in the socket wake the loop anyway; uvloop asks for no report."""
+    """The loop's wake-up socket reports no full buffer (each ``add_signal_handler`` of asyncio's
+    asks for it again: ``add_signal_handler`` above calls this after it). asyncio's loop asks
+    CPython for that report, which its C signal handler queues under a lock: a burst of signals
+    filling the socket deadlocked the process inside the handler (12 of 20 hung). The signals
+    already in the socket wake the loop anyway; uvloop asks for no report."""
     sock = getattr(loop, "_csock", None)  # asyncio's loop; uvloop's is out of reach, and quiet
     if sock is not None:
         signal.set_wakeup_fd(sock.fileno(), warn_on_full_buffer=False)
