@@ -758,3 +758,33 @@ def test_a_deadline_between_two_ticks_of_a_millisecond_clock_is_not_spun_for() -
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+def test_a_hold_counted_on_a_millisecond_clock_ends_on_its_tick_whatever_the_uptime() -> None:
+    """uvloop's clock reads whole milliseconds since the host booted. A hold counted from such a
+    reading (``now_at_the_latest`` plus RETURN_SECONDS) ends on a tick, but the sum can come out a
+    float's last bit past that tick's reading (after 11.6 days of uptime: 1,000,000.001 + 0.001 +
+    0.002 > 1,000,000.004, one reading in four or five): the writer found the hold not over when
+    its timer fired, armed a timer of 0, and spun the loop until the next tick (a millisecond of
+    busy loop and a millisecond late, for a quarter to a half of the batches on a host up for
+    weeks). At the tick's reading the hold is over, whatever the uptime."""
+    import proxy.store_pipe as store_pipe
+
+    class MillisecondLoop:
+        ms = 0
+
+        def time(self) -> float:
+            return self.ms / 1000
+
+    loop = MillisecondLoop()
+    missed = []
+    for booted in (2_000_000, 57_000_000, 1_000_000_000, 5_000_000_000):  # 33 min to 58 days up
+        for ms in range(booted, booted + 200):
+            loop.ms = ms
+            until = store_pipe.hold_until(1, 2, store_pipe.now_at_the_latest(loop), 0, 0.0)  # type: ignore[arg-type]
+            loop.ms = ms + 2
+            assert store_pipe.holding(until, loop), "ended a tick early"  # type: ignore[arg-type]
+            loop.ms = ms + 3
+            if store_pipe.holding(until, loop):  # type: ignore[arg-type]
+                missed.append(ms)
+    assert not missed, f"{len(missed)} holds of 800 missed their tick, e.g. at {missed[0]} ms"
