@@ -107,6 +107,15 @@ def now_at_the_latest(loop: asyncio.AbstractEventLoop) -> float:
     return loop.time() + clock_tick(loop)
 
 
+def holding(until: float, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether a wait until ``until`` (the loop's clock) is still on. Within half a tick of it,
+    it is over: a time counted from ``now_at_the_latest`` plus a whole wait lands on a tick, but
+    the sum can come out a float's last bit past that tick's reading (on a host up 11.6 days or
+    more, a quarter to a half of them), and a wait that missed its tick by a bit ran timers of 0
+    until the next one (a millisecond of busy loop on uvloop)."""
+    return until - loop.time() > clock_tick(loop) / 2
+
+
 def hold_until(queued: int, returning: int, returned_at: float, in_flight: int, written_at: float) -> float:
     """Until when (the loop's clock) the writer holds ``queued`` calls back; not after now: send.
 
@@ -177,7 +186,7 @@ class _Stream:
                 # One turn of the loop first: requests already arriving join this batch.
                 await asyncio.sleep(0)
                 # Held while ``hold_until`` says so; an answer, a call queued or the timer ends each wait.
-                while (until := self._hold_until()) > loop.time():
+                while holding(until := self._hold_until(), loop):
                     await self._cork(until)
                 self.wake.clear()
                 while self.queue:
@@ -247,7 +256,7 @@ class _Stream:
     def queued(self) -> None:
         """A call was queued: a writer holding calls back goes on if ``hold_until`` no longer holds
         them (a batch now full, or as many calls as returning callers)."""
-        if self.corked is not None and self._hold_until() <= asyncio.get_running_loop().time():
+        if self.corked is not None and not holding(self._hold_until(), asyncio.get_running_loop()):
             _uncork(self.corked)
 
     async def _cork(self, until: float) -> None:
