@@ -5,6 +5,7 @@ elects one once a third member makes a quorum."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from tests.support.cluster import unstarted_cluster
@@ -14,8 +15,14 @@ def test_a_member_of_five_with_one_peer_up_does_not_advance_its_ticks(tmp_path: 
     cluster = unstarted_cluster(tmp_path, 5)
     nodes = cluster.nodes
     try:
-        cluster.restart(nodes[1])  # its peer, up first: node1 has one active peer from its start
-        cluster.restart(nodes[0])  # ready after its wait for a leader: its advance's window is over
+        # two members at once (each says ready only after its wait for a leader, which none
+        # elects): each has one active peer within its advance's window, never two
+        starts = [threading.Thread(target=cluster.restart, args=(node,)) for node in nodes[:2]]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join()
+        assert all(node.running for node in nodes[:2])
         for node in nodes[:2]:
             out = node.program.output()  # type: ignore[union-attr]
             assert "starting initial election tick advance" in out, out[-2000:]

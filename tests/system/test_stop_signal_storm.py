@@ -75,6 +75,8 @@ def _stop(loop: str, how: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_a_sigterm_right_after_the_handler_is_removed_is_ignored(loop: str) -> None:
+    """The stop handler removes no loop handler now (uvloop's removal set SIG_DFL for a moment):
+    should a removal come back, a SIGTERM landing right after it must still be ignored."""
     code, out = _stop(loop, "inject")
     assert (code, out) == (0, "stopped\n")
 
