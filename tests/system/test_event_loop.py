@@ -62,3 +62,21 @@ def test_store_and_proxy_say_which_loop_they_run_and_serve_on_it(tmp_path: Path,
     finally:
         proxy.stop()
         store.stop()
+
+
+def test_a_uvloop_that_cannot_be_loaded_is_a_start_up_error(tmp_path: Path) -> None:
+    """Installed but broken (a wheel for another platform, a missing shared library): the program
+    says so at start-up, exit 2, before it opens anything, not with a traceback later."""
+    broken = tmp_path / "site" / "uvloop"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libuv.so: cannot open shared object file')\n")
+    store, _ = store_program(tmp_path)
+    env = {**os.environ, "PYTHONPATH": f"{broken.parent}:{os.environ.get('PYTHONPATH', '')}"}
+    env.pop(event_loop.ENV, None)
+    done = subprocess.run([sys.executable, "-m", "raftgate.cli", *store.args], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "uvloop cannot be loaded (libuv.so: cannot open shared object file)" in done.stderr
+    assert f"{event_loop.ENV}=asyncio" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "store-data").exists()
