@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 def chosen(environ: Mapping[str, str] | None = None) -> str:
     """The loop to run on: what ``RAFTGATE_EVENT_LOOP`` names, else uvloop where it is installed.
-    ValueError for another name, or for uvloop named where it cannot be imported."""
+    ValueError for another name, for uvloop named where it is not installed, and for a uvloop that
+    is installed but cannot be loaded (another platform's wheel, a missing library): loaded here,
+    at start-up, so that is a clear error and not a traceback later."""
     text = (os.environ if environ is None else environ).get(ENV, "").strip()
     name = text.lower()
     if name and name not in CHOICES:
@@ -39,6 +41,10 @@ def chosen(environ: Mapping[str, str] | None = None) -> str:
         if name:
             raise ValueError(f"{ENV}: uvloop is not installed (pip install uvloop, or {ENV}=asyncio)")
         return "asyncio"
+    try:
+        import uvloop  # noqa: F401 - loaded once here; _factory finds it in sys.modules
+    except (ImportError, OSError) as exc:
+        raise ValueError(f"{ENV}: uvloop cannot be loaded ({exc}); {ENV}=asyncio runs on Python's own loop") from None
     return "uvloop"
 
 
