@@ -54,41 +54,10 @@ class _Node:
         await self._leader
 
 
-def test_publishing_follows_the_leader_not_a_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def no_poll(_seconds: float) -> None:
-        await asyncio.get_running_loop().create_future()  # a poll never returns here
-
-    monkeypatch.setattr(maintenance_module, "asyncio", SimpleNamespace(sleep=no_poll))
-
-    async def main() -> bool:
-        node = _Node()
-        membership = _Membership()
-        applier: Any = SimpleNamespace(env=_Env(), membership=membership)
-
-        async def propose(_data: bytes) -> None:
-            await node.admit()
-            membership.member = pb.Member(ID=1, name="s1")
-
-        proposer: Any = SimpleNamespace(propose=propose)
-        m = Maintenance(applier, node, proposer, MemberInfo("s1"), 0, "token")  # type: ignore[arg-type]
-        publishing = asyncio.ensure_future(m.publish_attributes())
-        for _ in range(10):
-            await asyncio.sleep(0)
-        node.elect()
-        for _ in range(10):
-            await asyncio.sleep(0)
-        done = publishing.done()
-        publishing.cancel()
-        return done
-
-    assert asyncio.run(main()), "published only at a later poll, not once the leader was known"
-
-
-def test_publishing_asks_again_at_once_after_a_wait_for_a_leader_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A member started without quorum: its proposal waited two election timeouts for a leader and
-    failed `no leader`. It proposes again at once, so it waits for the leader again (etcd's
-    publish retries at once: its proposal already waited its request timeout), and publishes as
-    soon as one is known, not up to half a second later."""
+def _published_once_elected(monkeypatch: pytest.MonkeyPatch, first_wait_runs_out: bool) -> bool:
+    """Whether publishing is done within a few loop turns of a leader becoming known, half-second
+    polls never returning; ``first_wait_runs_out``: the first proposal fails `no leader` (its wait
+    of two election timeouts for a leader ran out)."""
     from raftgate.errors import Err, EtcdError
 
     async def no_poll(_seconds: float) -> None:
@@ -100,12 +69,12 @@ def test_publishing_asks_again_at_once_after_a_wait_for_a_leader_ran_out(monkeyp
         node = _Node()
         membership = _Membership()
         applier: Any = SimpleNamespace(env=_Env(), membership=membership)
-        waits = 0
+        proposals = 0
 
         async def propose(_data: bytes) -> None:
-            nonlocal waits
-            waits += 1
-            if waits == 1:
+            nonlocal proposals
+            proposals += 1
+            if first_wait_runs_out and proposals == 1:
                 raise EtcdError(Err.NO_LEADER)  # RaftNode.admit: no leader within two election timeouts
             await node.admit()
             membership.member = pb.Member(ID=1, name="s1")
@@ -122,4 +91,17 @@ def test_publishing_asks_again_at_once_after_a_wait_for_a_leader_ran_out(monkeyp
         publishing.cancel()
         return done
 
-    assert asyncio.run(main()), "published only at a later poll after `no leader`, not once the leader was known"
+    return asyncio.run(main())
+
+
+def test_publishing_follows_the_leader_not_a_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _published_once_elected(monkeypatch, False), "published only at a later poll, not once the leader was known"
+
+
+def test_publishing_asks_again_at_once_after_a_wait_for_a_leader_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member started without quorum: its proposal waited two election timeouts for a leader and
+    failed `no leader`. It proposes again at once, so it waits for the leader again (etcd's
+    publish retries at once: its proposal already waited its request timeout), and publishes as
+    soon as one is known, not up to half a second later."""
+    assert _published_once_elected(monkeypatch, True), \
+        "published only at a later poll after `no leader`, not once the leader was known"
