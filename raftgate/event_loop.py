@@ -12,7 +12,6 @@ asyncio's. Read before a program opens anything, so a wrong value is a start-up 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 from collections.abc import Callable, Coroutine, Mapping
@@ -37,13 +36,13 @@ def chosen(environ: Mapping[str, str] | None = None) -> str:
         raise ValueError(f"{ENV}: {text!r} is not one of {', '.join(CHOICES)}")
     if name == "asyncio":
         return name
-    if importlib.util.find_spec("uvloop") is None:
-        if name:
-            raise ValueError(f"{ENV}: uvloop is not installed (pip install uvloop, or {ENV}=asyncio)")
-        return "asyncio"
     try:
         import uvloop  # noqa: F401 - loaded once here; _factory finds it in sys.modules
     except (ImportError, OSError) as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "uvloop":  # not installed
+            if name:
+                raise ValueError(f"{ENV}: uvloop is not installed (pip install uvloop, or {ENV}=asyncio)") from None
+            return "asyncio"
         raise ValueError(f"{ENV}: uvloop cannot be loaded ({exc}); {ENV}=asyncio runs on Python's own loop") from None
     return "uvloop"
 
