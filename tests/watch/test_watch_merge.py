@@ -1,0 +1,96 @@
+"""A watch client that falls behind gets what queued for it in fewer messages, as etcd's catch-up
+answers: several revisions in one WatchResponse with the newest header, every event once and in
+order, no message past MERGE_BYTES, one watch's events never mixed with another's, and a watch
+that asked for fragments still one message per revision (proxy/watch_merge.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import grpc.aio
+import pytest
+
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.etcdserverpb import rpc_pb2_grpc as pbg
+from proxy.watch_merge import MERGE_BYTES
+from tests.support.processes import RaftgateLocal
+
+pytestmark = pytest.mark.slow
+
+#: A client that keeps the stream's window small (no BDP growth) and takes large messages.
+CLIENT = [("grpc.use_local_subchannel_pool", 1), ("grpc.http2.bdp_probe", 0),
+          ("grpc.max_receive_message_length", 16 << 20)]
+
+
+@pytest.fixture(scope="module")
+def raftgate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftgateLocal]:
+    srv = RaftgateLocal(tmp_path_factory.mktemp("merge"), extra_args=["--nodes", "1"])
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+async def behind(srv: RaftgateLocal, creates: list[pb.WatchCreateRequest], puts: list[tuple[bytes, bytes]],
+                 ) -> list[pb.WatchResponse]:
+    """Opens a stream with ``creates``, makes the puts while the client reads nothing, then reads
+    until every put's event (for each watch that matches it) has arrived; returns the messages
+    after the `created` answers."""
+    endpoint = f"127.0.0.1:{srv.port}"
+    async with grpc.aio.insecure_channel(endpoint, options=CLIENT) as wch, \
+            grpc.aio.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as kch:
+        call = pbg.WatchStub(wch).Watch()
+        for create in creates:
+            await call.write(pb.WatchRequest(create_request=create))
+            assert (await asyncio.wait_for(call.read(), 10)).created
+        kv = pbg.KVStub(kch)
+        for key, value in puts:
+            await kv.Put(pb.PutRequest(key=key, value=value), timeout=10)
+        expected = sum(1 for key, _ in puts for c in creates if c.key <= key < c.range_end)
+        got: list[pb.WatchResponse] = []
+        while sum(len(m.events) for m in got) < expected:
+            got.append(await asyncio.wait_for(call.read(), 20))
+        call.cancel()
+        return got
+
+
+def test_a_client_behind_gets_every_event_once_in_fewer_messages(raftgate: RaftgateLocal) -> None:
+    value = b"v" * (16 << 10)
+    puts = [(b"m1/k%d" % (i % 7), value) for i in range(200)]  # 3.2 MiB the client does not read
+    got = asyncio.run(behind(raftgate, [pb.WatchCreateRequest(key=b"m1/", range_end=b"m10")], puts))
+    revs = [e.kv.mod_revision for m in got for e in m.events]
+    assert len(revs) == 200 and revs == sorted(set(revs)) and revs[-1] - revs[0] == 199
+    assert [e.kv.key for m in got for e in m.events] == [k for k, _ in puts]
+    assert len(got) < 200  # merged: the proxy queued what the client did not take
+    for m in got:
+        assert m.ByteSize() <= MERGE_BYTES
+        assert m.header.revision == m.events[-1].kv.mod_revision  # the newest header, as etcd's catch-up
+        assert not m.created and not m.canceled and not m.fragment
+
+
+def test_two_watches_on_one_stream_keep_their_own_order(raftgate: RaftgateLocal) -> None:
+    value = b"w" * (8 << 10)
+    puts = [(b"m2/%s" % (b"a" if i % 3 else b"b"), value) for i in range(300)]
+    creates = [pb.WatchCreateRequest(key=b"m2/a"), pb.WatchCreateRequest(key=b"m2/", range_end=b"m20", watch_id=5)]
+    for c in creates:
+        if not c.range_end:
+            c.range_end = c.key + b"\x00"
+    got = asyncio.run(behind(raftgate, creates, puts))
+    by_watch: dict[int, list[int]] = {}
+    for m in got:
+        by_watch.setdefault(m.watch_id, []).extend(e.kv.mod_revision for e in m.events)
+        if m.watch_id == 0:
+            assert {e.kv.key for e in m.events} == {b"m2/a"}
+    assert sorted(by_watch) == [0, 5]
+    assert len(by_watch[5]) == 300 and by_watch[5] == sorted(set(by_watch[5]))
+    assert len(by_watch[0]) == 200 and by_watch[0] == sorted(set(by_watch[0]))
+    assert set(by_watch[0]) < set(by_watch[5])
+
+
+def test_a_watch_that_asked_for_fragments_gets_one_message_per_revision(raftgate: RaftgateLocal) -> None:
+    value = b"f" * (16 << 10)
+    puts = [(b"m3/k", value) for _ in range(150)]
+    got = asyncio.run(behind(raftgate, [pb.WatchCreateRequest(key=b"m3/", range_end=b"m30", fragment=True)], puts))
+    assert [len(m.events) for m in got] == [1] * 150
+    assert [m.header.revision for m in got] == [m.events[0].kv.mod_revision for m in got]
