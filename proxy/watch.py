@@ -48,6 +48,7 @@ from protos.storepb.store_pb2 import WatchBatch
 from proxy.audit.handlers import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
+from proxy.watch_merge import EventsAnswer, take_merged
 from raftgate.byte_queue import ByteBudget, ByteQueue
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
@@ -182,13 +183,17 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
     fresh = [ev for ev in resp.events if ev.kv.mod_revision >= w.next_rev]
     if not resp.fragment:
         w.next_rev = max(w.next_rev, rev + 1, *(ev.kv.mod_revision + 1 for ev in fresh))
-    if len(fresh) == len(resp.events):
+    if len(fresh) != len(resp.events):
+        if not fresh:
+            return None
+        del resp.events[:]
+        resp.events.extend(fresh)
+        data = resp.SerializeToString()
+    if resp.fragment or w.create.fragment:
+        # A fragment is part of one revision's events; a watch that asked for fragments gets
+        # answers no larger than the store's limit, as etcd sends them: neither is merged.
         return data
-    if not fresh:
-        return None
-    del resp.events[:]
-    resp.events.extend(fresh)
-    return resp.SerializeToString()
+    return EventsAnswer.of(data, resp.watch_id) or data
 
 
 class _Unparsable(Exception):
@@ -228,6 +233,8 @@ class WatchProxy:
                     await context.abort(grpc.StatusCode.INTERNAL, STREAM_UNMARSHAL_ERROR_PREFIX + str(item))
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, EventsAnswer):
+                    item = take_merged(item, out)  # plain bytes: gRPC sends no subclass
                 yield item
         finally:
             for task in tasks:

@@ -71,6 +71,10 @@ class ByteQueue(asyncio.Queue[T], ByteBudget, Generic[T]):
         asyncio.Queue.__init__(self)
         ByteBudget.__init__(self, pause_at, resume_at)
 
+    def peek(self) -> T | None:
+        """The item ``get_nowait`` would return next, left in place (None when empty)."""
+        return cast(T, self._queue[0]) if self.qsize() else None  # type: ignore[attr-defined]
+
     # asyncio.Queue's own hooks: every put and get (waiting or not) goes through them
     def _put(self, item: T) -> None:
         super()._put(item)  # type: ignore[misc]

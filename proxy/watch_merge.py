@@ -1,0 +1,94 @@
+"""Events a slow watch reader has not taken yet go to it in fewer, larger messages.
+
+gRPC-Python pays its cost per message, on the proxy and on the client alike, so a client that
+falls behind its watches would fall further behind if every revision stayed its own message. When
+the proxy's sender takes an event answer and the answers queued right behind it carry more events
+of the same watch, they leave as one ``WatchResponse``: the last one's header and watch id, every
+event in revision order. etcd does the same for a watcher that
+fell behind (its catch-up answers carry many revisions, with the newest header), and its API
+guarantees only that the events of one revision are never split, which this keeps: whole answers
+are merged, fragments never.
+
+Nothing waits for answers to merge: only what is already queued is taken, so a client that keeps
+up gets one message per revision, exactly as before. A merged message stays below ``MERGE_BYTES``
+(a client's default receive limit is 4 MiB); an answer that is larger alone is sent alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protos import wire
+from raftgate.byte_queue import ByteQueue
+
+#: A merged answer never grows past this many bytes (etcd's clients receive 4 MiB by default).
+MERGE_BYTES = 1 << 20
+
+_HEADER, _WATCH_ID, _EVENTS = 1, 2, 11
+_LEN, _VARINT = 2, 0
+
+
+class EventsAnswer(bytes):
+    """An answer carrying only events of one watch (no created, canceled, compaction or fragment
+    flag): one that may merge with the next answers of the same watch."""
+
+    watch_id: int
+    events_at: int  # offset of its first event: the header and watch id come before it
+
+    @classmethod
+    def of(cls, data: bytes, watch_id: int) -> EventsAnswer | None:
+        """``data`` as a mergeable answer, given a parse found only events besides its header and
+        watch id; None if its fields are not in the order protobuf writes them."""
+        at = events_offset(data)
+        if at is None:
+            return None
+        answer = cls(data)
+        answer.watch_id = watch_id
+        answer.events_at = at
+        return answer
+
+
+def events_offset(data: bytes) -> int | None:
+    """Where the events of a WatchResponse start: after its header and watch id (protobuf writes
+    fields in number order), at an events field; None if something else comes first."""
+    pos = 0
+    end = len(data)
+    while pos < end:
+        key, after = wire.decode_varint(data, pos)
+        number, kind = key >> 3, key & 7
+        if number == _EVENTS and kind == _LEN:
+            return pos
+        if number == _HEADER and kind == _LEN:
+            size, after = wire.decode_varint(data, after)
+            pos = after + size
+        elif number == _WATCH_ID and kind == _VARINT:
+            _, pos = wire.decode_varint(data, after)
+        else:
+            return None
+    return None
+
+
+def merge(answers: list[EventsAnswer]) -> bytes:
+    """One WatchResponse with the last answer's header and watch id and every answer's events, in
+    order (the answers are consecutive ones of one watch)."""
+    if len(answers) == 1:
+        return bytes(answers[0])
+    last = answers[-1]
+    return b"".join([last[:last.events_at], *(a[a.events_at:] for a in answers)])
+
+
+def take_merged(first: EventsAnswer, queue: ByteQueue[Any]) -> bytes:
+    """``first`` (just taken from ``queue``) and the answers of the same watch queued right behind
+    it, as one message: only what the reader has not taken yet, never beyond ``MERGE_BYTES``."""
+    taken = [first]
+    events = len(first) - first.events_at
+    while True:
+        nxt = queue.peek()
+        if not isinstance(nxt, EventsAnswer) or nxt.watch_id != first.watch_id:
+            break
+        more = len(nxt) - nxt.events_at
+        if nxt.events_at + events + more > MERGE_BYTES:
+            break
+        taken.append(queue.get_nowait())
+        events += more
+    return merge(taken)
