@@ -381,7 +381,8 @@ class Runner:
             elapsed = max(o["elapsed"] for o in out)
             count = sum(o["count"] for o in out)
             rate = count / elapsed if elapsed > 0 else 0.0
-            return {"rate": rate, "count": count, "written": out[0].get("written", 0), "elapsed": elapsed,
+            return {"rate": rate, "count": count, "messages": sum(o.get("messages", 0) for o in out),
+                    "written": out[0].get("written", 0), "elapsed": elapsed,
                     "errors": errors, "error": first_error, "gen_cpu": cpu / elapsed if elapsed else 0.0}  # fmt: skip
         lat = sorted(x for o in out for x in o["lat"])
         rate = sum(o["count"] / o["elapsed"] for o in out if o["elapsed"] > 0)
@@ -419,6 +420,8 @@ class Runner:
             }
             if metric == "rate" and spec.group == "watch":
                 row[kind]["written"] = [r.get("written") for r in rs]
+                row[kind]["events_per_message"] = [round(r["count"] / r["messages"], 2) if r.get("messages") else None
+                                                   for r in rs]  # fmt: skip
         row.update(report.shares(row))
         if self.ab is not None:
             row.update(report.ab_shares(row, *self.ab))

@@ -119,6 +119,7 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     hard_deadline = t0 + job["duration"] + 15.0
     received = [0]
+    messages = [0]
     last = [t0]
 
     async def watcher(call: Any) -> None:
@@ -132,6 +133,7 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
                 return
             if resp is grpc.aio.EOF:
                 return
+            messages[0] += 1
             for ev in resp.events:
                 if ev.kv.key == stop_key:
                     last[0] = time.perf_counter()
@@ -166,6 +168,6 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
     await asyncio.gather(*tasks)
     for call in calls:
         call.cancel()
-    return {"count": received[0], "errors": len(errors), "error": errors[0] if errors else None, "lat": [],
-            "elapsed": last[0] - t0, "t_first": t0, "written": written[0], "cpu": time.process_time() - cpu0,
-            "pid": os.getpid()}  # fmt: skip
+    return {"count": received[0], "messages": messages[0], "errors": len(errors),
+            "error": errors[0] if errors else None, "lat": [], "elapsed": last[0] - t0, "t_first": t0,
+            "written": written[0], "cpu": time.process_time() - cpu0, "pid": os.getpid()}  # fmt: skip
