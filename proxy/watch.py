@@ -48,7 +48,7 @@ from protos.storepb.store_pb2 import WatchBatch
 from proxy.audit.handlers import WatchCreate, WatchEvents
 from proxy.identity import Identity
 from proxy.store_client import StoreClient
-from proxy.watch_merge import EventsAnswer, take_merged
+from proxy.watch_merge import EventsAnswer, answer_size, take_merged
 from raftgate.byte_queue import ByteBudget, ByteQueue
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 
@@ -140,9 +140,10 @@ def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
     return out
 
 
-def track(state: _State, data: bytes, events: WatchEvents | None = None) -> bytes | None:
-    """Learns from one store answer; returns what the client gets (None: nothing). ``events``
-    records creates and cancels in the audit log."""
+def track(state: _State, data: bytes, events: WatchEvents | None = None) -> bytes | EventsAnswer | None:
+    """Learns from one store answer; returns what the client gets (None: nothing; an ``EventsAnswer``:
+    events that may merge with the next answers of their watch). ``events`` records creates and
+    cancels in the audit log."""
     resp = pb.WatchResponse.FromString(data)
     rev = resp.header.revision
     if resp.created:
@@ -218,7 +219,7 @@ class WatchProxy:
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         state = _State()
         stamp(state, identity)
-        out: ByteQueue[Any] = ByteQueue(CLIENT_BUFFER_BYTES)  # what the client has not taken yet
+        out: ByteQueue[Any] = ByteQueue(CLIENT_BUFFER_BYTES, size=answer_size)  # what the client has not taken yet
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._sessions(state, out)), loop.create_task(self._client(state, requests, out)),
                  loop.create_task(self._expiry(state))]
@@ -234,7 +235,7 @@ class WatchProxy:
                 if isinstance(item, BaseException):
                     raise item
                 if isinstance(item, EventsAnswer):
-                    item = take_merged(item, out)  # plain bytes: gRPC sends no subclass
+                    item = take_merged(item, out)
                 yield item
         finally:
             for task in tasks:

@@ -28,24 +28,30 @@ _HEADER, _WATCH_ID, _EVENTS = 1, 2, 11
 _LEN, _VARINT = 2, 0
 
 
-class EventsAnswer(bytes):
+class EventsAnswer:
     """An answer carrying only events of one watch (no created, canceled, compaction or fragment
     flag): one that may merge with the next answers of the same watch."""
 
-    watch_id: int
-    events_at: int  # offset of its first event: the header and watch id come before it
+    __slots__ = ("data", "watch_id", "events_at")
+
+    def __init__(self, data: bytes, watch_id: int, events_at: int) -> None:
+        self.data = data
+        self.watch_id = watch_id
+        self.events_at = events_at  # offset of its first event: the header and watch id come before
 
     @classmethod
     def of(cls, data: bytes, watch_id: int) -> EventsAnswer | None:
         """``data`` as a mergeable answer, given a parse found only events besides its header and
         watch id; None if its fields are not in the order protobuf writes them."""
         at = events_offset(data)
-        if at is None:
-            return None
-        answer = cls(data)
-        answer.watch_id = watch_id
-        answer.events_at = at
-        return answer
+        return None if at is None else cls(data, watch_id, at)
+
+
+def answer_size(item: object) -> int:
+    """What a queue of answers charges an item: its bytes (an error or the end counts nothing)."""
+    if isinstance(item, EventsAnswer):
+        return len(item.data)
+    return len(item) if isinstance(item, bytes) else 0
 
 
 def events_offset(data: bytes) -> int | None:
@@ -72,21 +78,21 @@ def merge(answers: list[EventsAnswer]) -> bytes:
     """One WatchResponse with the last answer's header and watch id and every answer's events, in
     order (the answers are consecutive ones of one watch)."""
     if len(answers) == 1:
-        return bytes(answers[0])
+        return answers[0].data
     last = answers[-1]
-    return b"".join([last[:last.events_at], *(a[a.events_at:] for a in answers)])
+    return b"".join([last.data[:last.events_at], *(a.data[a.events_at:] for a in answers)])
 
 
 def take_merged(first: EventsAnswer, queue: ByteQueue[Any]) -> bytes:
     """``first`` (just taken from ``queue``) and the answers of the same watch queued right behind
     it, as one message: only what the reader has not taken yet, never beyond ``MERGE_BYTES``."""
     taken = [first]
-    events = len(first) - first.events_at
+    events = len(first.data) - first.events_at
     while True:
         nxt = queue.peek()
         if not isinstance(nxt, EventsAnswer) or nxt.watch_id != first.watch_id:
             break
-        more = len(nxt) - nxt.events_at
+        more = len(nxt.data) - nxt.events_at
         if nxt.events_at + events + more > MERGE_BYTES:
             break
         taken.append(queue.get_nowait())

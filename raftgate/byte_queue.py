@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
@@ -63,13 +64,21 @@ class ByteBudget:
             self.room.set()
 
 
-class ByteQueue(asyncio.Queue[T], ByteBudget, Generic[T]):
-    """An ``asyncio.Queue`` (unbounded in items) whose ``bytes`` items are charged to its budget
-    (others, such as an error or the end of a stream, count nothing, so they always get in)."""
+def bytes_size(item: object) -> int:
+    """What a ``bytes`` item holds; anything else (an error, the end of a stream) counts nothing."""
+    return len(item) if isinstance(item, bytes) else 0
 
-    def __init__(self, pause_at: int, resume_at: int | None = None) -> None:
+
+class ByteQueue(asyncio.Queue[T], ByteBudget, Generic[T]):
+    """An ``asyncio.Queue`` (unbounded in items) whose items are charged to its budget by ``size``
+    (by default ``bytes`` items their length; others, such as an error or the end of a stream,
+    count nothing, so they always get in)."""
+
+    def __init__(self, pause_at: int, resume_at: int | None = None,
+                 size: Callable[[object], int] = bytes_size) -> None:
         asyncio.Queue.__init__(self)
         ByteBudget.__init__(self, pause_at, resume_at)
+        self._size = size
 
     def peek(self) -> T | None:
         """The item ``get_nowait`` would return next, left in place (None when empty)."""
@@ -78,11 +87,13 @@ class ByteQueue(asyncio.Queue[T], ByteBudget, Generic[T]):
     # asyncio.Queue's own hooks: every put and get (waiting or not) goes through them
     def _put(self, item: T) -> None:
         super()._put(item)  # type: ignore[misc]
-        if isinstance(item, bytes):
-            self.charge(len(item))
+        size = self._size(item)
+        if size:
+            self.charge(size)
 
     def _get(self) -> T:
         item: T = super()._get()  # type: ignore[misc]
-        if isinstance(item, bytes):
-            self.release(len(item))
+        size = self._size(item)
+        if size:
+            self.release(size)
         return item
