@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
+from proxy.watch import _State, _Watch, track
 from proxy.watch_merge import MERGE_BYTES, EventsAnswer, answer_size, events_offset, merge, take_merged
 from raftgate.byte_queue import ByteQueue
 
@@ -101,3 +102,34 @@ def test_take_merged_never_grows_past_the_bound_and_releases_what_it_took() -> N
     alone = ea(1, 2, b"y" * (MERGE_BYTES + 10))  # larger than the bound by itself: sent alone
     q = queued(ea(1, 3))
     assert revisions(take_merged(alone, q)) == [2]
+
+
+def test_take_merged_stops_at_etcds_thousand_revisions() -> None:
+    # etcd's catch-up answer carries at most watchBatchMaxRevs (1000) revisions; 1 MiB of tiny
+    # events would be tens of thousands.
+    q = queued(*(ea(1, r) for r in range(2, 2502)))
+    counts = []
+    while q.qsize():
+        first = q.get_nowait()
+        assert isinstance(first, EventsAnswer)
+        counts.append(len(set(revisions(take_merged(first, q)))))
+    assert counts == [1000, 1000, 500] and q.bytes == 0
+
+
+def test_an_answer_of_many_revisions_counts_each_of_them() -> None:
+    # The store's catch-up answers carry many revisions (several events each here): 700 and 400
+    # revisions are two messages, not one of 1100.
+    st = _State()
+    st.watches[1] = _Watch(pb.WatchCreateRequest(key=b"k", range_end=b"l"), 2)
+
+    def catch_up(first: int, last: int) -> bytes | EventsAnswer | None:
+        evs = [kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k%d" % i, mod_revision=r))
+               for r in range(first, last + 1) for i in range(2)]
+        return track(st, pb.WatchResponse(header=pb.ResponseHeader(revision=last), watch_id=1,
+                                          events=evs).SerializeToString())
+
+    q = queued(catch_up(2, 701), catch_up(702, 1101))
+    first = q.get_nowait()
+    assert isinstance(first, EventsAnswer)
+    assert len(set(revisions(take_merged(first, q)))) == 700
+    assert q.qsize() == 1

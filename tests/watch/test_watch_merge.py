@@ -22,6 +22,8 @@ pytestmark = pytest.mark.slow
 #: A client that keeps the stream's window small (no BDP growth) and takes large messages.
 CLIENT = [("grpc.use_local_subchannel_pool", 1), ("grpc.http2.bdp_probe", 0),
           ("grpc.max_receive_message_length", 16 << 20)]
+#: etcd's watchBatchMaxRevs: the most revisions its catch-up answer to a watcher behind carries.
+ETCD_BATCH_REVISIONS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,14 @@ def test_a_watch_that_asked_for_fragments_gets_one_message_per_revision(raftgate
     got = asyncio.run(behind(raftgate, [pb.WatchCreateRequest(key=b"m3/", range_end=b"m30", fragment=True)], puts))
     assert [len(m.events) for m in got] == [1] * 150
     assert [m.header.revision for m in got] == [m.events[0].kv.mod_revision for m in got]
+
+
+def test_a_merged_message_carries_at_most_etcds_thousand_revisions(raftgate: RaftgateLocal) -> None:
+    # Tiny events: 1 MiB of them would be tens of thousands of revisions in one message, where
+    # etcd's catch-up answer (watchBatchMaxRevs) carries at most 1000.
+    puts = [(b"m4/k%d" % (i % 3), b"t") for i in range(4000)]
+    got = asyncio.run(behind(raftgate, [pb.WatchCreateRequest(key=b"m4/", range_end=b"m40")], puts))
+    revs = [e.kv.mod_revision for m in got for e in m.events]
+    assert len(revs) == 4000 and revs == sorted(set(revs))
+    assert len(got) < 4000  # merged: the client fell behind
+    assert max(len({e.kv.mod_revision for e in m.events}) for m in got) <= ETCD_BATCH_REVISIONS
