@@ -194,7 +194,8 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         # A fragment is part of one revision's events; a watch that asked for fragments gets
         # answers no larger than the store's limit, as etcd sends them: neither is merged.
         return data
-    return EventsAnswer.of(data, resp.watch_id) or data
+    revisions = 1 if len(fresh) == 1 else len({ev.kv.mod_revision for ev in fresh})
+    return EventsAnswer.of(data, resp.watch_id, revisions) or data
 
 
 class _Unparsable(Exception):
