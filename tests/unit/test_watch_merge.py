@@ -4,12 +4,14 @@ only answers of one watch that are already queued, never past MERGE_BYTES, never
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
-from proxy.watch import _State, _Watch, track
+from proxy.watch import CLIENT_BUFFER_BYTES, _State, _Watch, track
 from proxy.watch_merge import MERGE_BYTES, EventsAnswer, answer_size, events_offset, merge, take_merged
 from raftgate.byte_queue import ByteQueue
 
@@ -133,3 +135,26 @@ def test_an_answer_of_many_revisions_counts_each_of_them() -> None:
     assert isinstance(first, EventsAnswer)
     assert len(set(revisions(take_merged(first, q)))) == 700
     assert q.qsize() == 1
+
+
+def test_what_a_stalled_client_holds_is_charged_as_the_memory_it_takes() -> None:
+    # A client that reads nothing holds CLIENT_BUFFER_BYTES of answers in the proxy: in memory, not
+    # only in payload. An answer's objects (its bytes object, the mergeable answer around it, its
+    # queue slot) took ~100 bytes more than its payload: 4 MiB of 30-byte answers held 18 MiB, of
+    # these 100-byte ones 9 MiB.
+    st = _State()
+    st.watches[7] = _Watch(pb.WatchCreateRequest(key=b"k"), 1)
+    value = b"v" * 70
+    tracemalloc.start()
+    try:
+        q: ByteQueue[object] = ByteQueue(CLIENT_BUFFER_BYTES, size=answer_size)
+        rev = 1
+        while q.room.is_set():
+            rev += 1
+            q.put_nowait(track(st, pb.WatchResponse(
+                header=pb.ResponseHeader(cluster_id=1234567, member_id=7654321, revision=rev, raft_term=3),
+                watch_id=7, events=[kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=value, mod_revision=rev))]).SerializeToString()))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= CLIENT_BUFFER_BYTES * 5 // 4, f"{held / 2**20:.1f} MiB held for {rev - 1} answers"
