@@ -60,7 +60,7 @@ IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keep
 #: is open: its key may have left the key ring (rotated out) long before its ``exp``.
 RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
-CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
+CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
 
 

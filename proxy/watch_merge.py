@@ -18,6 +18,7 @@ proxy serves nobody else); an answer that is larger alone is sent alone.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from protos import wire
@@ -53,11 +54,20 @@ class EventsAnswer:
         return None if at is None else cls(data, watch_id, at, revisions)
 
 
+#: What a queued answer takes besides its payload: its bytes object (header and allocator
+#: rounding) and its queue slot; a mergeable one also the ``EventsAnswer`` around it. Charged too,
+#: so that a stalled client's bound is memory however small its answers (a 30-byte answer took
+#: 136 bytes).
+BYTES_COST = sys.getsizeof(b"") + 7 + 8
+EVENTS_COST = BYTES_COST + sys.getsizeof(EventsAnswer(b"", 0, 0))
+
+
 def answer_size(item: object) -> int:
-    """What a queue of answers charges an item: its bytes (an error or the end counts nothing)."""
+    """What a queue of answers charges an item: the memory it takes (an error or the end counts
+    nothing)."""
     if isinstance(item, EventsAnswer):
-        return len(item.data)
-    return len(item) if isinstance(item, bytes) else 0
+        return len(item.data) + EVENTS_COST
+    return len(item) + BYTES_COST if isinstance(item, bytes) else 0
 
 
 def events_offset(data: bytes) -> int | None:
