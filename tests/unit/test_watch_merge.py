@@ -151,9 +151,10 @@ def test_what_a_stalled_client_holds_is_charged_as_the_memory_it_takes() -> None
         rev = 1
         while q.room.is_set():
             rev += 1
+            event = kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=value, mod_revision=rev))
             q.put_nowait(track(st, pb.WatchResponse(
                 header=pb.ResponseHeader(cluster_id=1234567, member_id=7654321, revision=rev, raft_term=3),
-                watch_id=7, events=[kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=value, mod_revision=rev))]).SerializeToString()))
+                watch_id=7, events=[event]).SerializeToString()))
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
