@@ -60,7 +60,7 @@ IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keep
 #: is open: its key may have left the key ring (rotated out) long before its ``exp``.
 RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
-CLIENT_BUFFER_BYTES = 4 << 20  # answers one client stream may leave untaken in the proxy
+CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
 
 
@@ -194,7 +194,8 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         # A fragment is part of one revision's events; a watch that asked for fragments gets
         # answers no larger than the store's limit, as etcd sends them: neither is merged.
         return data
-    return EventsAnswer.of(data, resp.watch_id) or data
+    revisions = 1 if len(fresh) == 1 else len({ev.kv.mod_revision for ev in fresh})
+    return EventsAnswer.of(data, resp.watch_id, revisions) or data
 
 
 class _Unparsable(Exception):

@@ -11,11 +11,14 @@ are merged, fragments never.
 
 Nothing waits for answers to merge: only what is already queued is taken, so a client that keeps
 up gets one message per revision, exactly as before. A merged message stays below ``MERGE_BYTES``
-(a client's default receive limit is 4 MiB); an answer that is larger alone is sent alone.
+(a client's default receive limit is 4 MiB) and ``MERGE_REVISIONS`` (etcd's bound on a catch-up
+answer: 1 MiB of tiny events would be tens of thousands of revisions, merged in one go while the
+proxy serves nobody else); an answer that is larger alone is sent alone.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from protos import wire
@@ -23,6 +26,8 @@ from raftgate.byte_queue import ByteQueue
 
 #: A merged answer never grows past this many bytes (etcd's clients receive 4 MiB by default).
 MERGE_BYTES = 1 << 20
+#: ... nor past this many revisions (etcd's watchBatchMaxRevs: the most its catch-up answer carries).
+MERGE_REVISIONS = 1000
 
 _HEADER, _WATCH_ID, _EVENTS = 1, 2, 11
 _LEN, _VARINT = 2, 0
@@ -32,26 +37,37 @@ class EventsAnswer:
     """An answer carrying only events of one watch (no created, canceled, compaction or fragment
     flag): one that may merge with the next answers of the same watch."""
 
-    __slots__ = ("data", "watch_id", "events_at")
+    __slots__ = ("data", "watch_id", "events_at", "revisions")
 
-    def __init__(self, data: bytes, watch_id: int, events_at: int) -> None:
+    def __init__(self, data: bytes, watch_id: int, events_at: int, revisions: int = 1) -> None:
         self.data = data
         self.watch_id = watch_id
         self.events_at = events_at  # offset of its first event: the header and watch id come before
+        self.revisions = revisions  # distinct revisions of its events (a catch-up answer has many)
 
     @classmethod
-    def of(cls, data: bytes, watch_id: int) -> EventsAnswer | None:
+    def of(cls, data: bytes, watch_id: int, revisions: int = 1) -> EventsAnswer | None:
         """``data`` as a mergeable answer, given a parse found only events besides its header and
-        watch id; None if its fields are not in the order protobuf writes them."""
+        watch id (of ``revisions`` distinct revisions); None if its fields are not in the order
+        protobuf writes them."""
         at = events_offset(data)
-        return None if at is None else cls(data, watch_id, at)
+        return None if at is None else cls(data, watch_id, at, revisions)
+
+
+#: What a queued answer takes besides its payload: its bytes object (header and allocator
+#: rounding) and its queue slot; a mergeable one also the ``EventsAnswer`` around it. Charged too,
+#: so that a stalled client's bound is memory however small its answers (a 30-byte answer took
+#: 136 bytes).
+BYTES_COST = sys.getsizeof(b"") + 7 + 8
+EVENTS_COST = BYTES_COST + sys.getsizeof(EventsAnswer(b"", 0, 0))
 
 
 def answer_size(item: object) -> int:
-    """What a queue of answers charges an item: its bytes (an error or the end counts nothing)."""
+    """What a queue of answers charges an item: the memory it takes (an error or the end counts
+    nothing)."""
     if isinstance(item, EventsAnswer):
-        return len(item.data)
-    return len(item) if isinstance(item, bytes) else 0
+        return len(item.data) + EVENTS_COST
+    return len(item) + BYTES_COST if isinstance(item, bytes) else 0
 
 
 def events_offset(data: bytes) -> int | None:
@@ -85,16 +101,19 @@ def merge(answers: list[EventsAnswer]) -> bytes:
 
 def take_merged(first: EventsAnswer, queue: ByteQueue[Any]) -> bytes:
     """``first`` (just taken from ``queue``) and the answers of the same watch queued right behind
-    it, as one message: only what the reader has not taken yet, never beyond ``MERGE_BYTES``."""
+    it, as one message: only what the reader has not taken yet, never beyond ``MERGE_BYTES`` nor
+    ``MERGE_REVISIONS`` (answers of one watch hold disjoint revisions: whole ones, never fragments)."""
     taken = [first]
     events = len(first.data) - first.events_at
+    revisions = first.revisions
     while True:
         nxt = queue.peek()
         if not isinstance(nxt, EventsAnswer) or nxt.watch_id != first.watch_id:
             break
         more = len(nxt.data) - nxt.events_at
-        if nxt.events_at + events + more > MERGE_BYTES:
+        if nxt.events_at + events + more > MERGE_BYTES or revisions + nxt.revisions > MERGE_REVISIONS:
             break
         taken.append(queue.get_nowait())
         events += more
+        revisions += nxt.revisions
     return merge(taken)

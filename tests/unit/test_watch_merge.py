@@ -4,11 +4,14 @@ only answers of one watch that are already queued, never past MERGE_BYTES, never
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
+from proxy.watch import CLIENT_BUFFER_BYTES, _State, _Watch, track
 from proxy.watch_merge import MERGE_BYTES, EventsAnswer, answer_size, events_offset, merge, take_merged
 from raftgate.byte_queue import ByteQueue
 
@@ -101,3 +104,58 @@ def test_take_merged_never_grows_past_the_bound_and_releases_what_it_took() -> N
     alone = ea(1, 2, b"y" * (MERGE_BYTES + 10))  # larger than the bound by itself: sent alone
     q = queued(ea(1, 3))
     assert revisions(take_merged(alone, q)) == [2]
+
+
+def test_take_merged_stops_at_etcds_thousand_revisions() -> None:
+    # etcd's catch-up answer carries at most watchBatchMaxRevs (1000) revisions; 1 MiB of tiny
+    # events would be tens of thousands.
+    q = queued(*(ea(1, r) for r in range(2, 2502)))
+    counts = []
+    while q.qsize():
+        first = q.get_nowait()
+        assert isinstance(first, EventsAnswer)
+        counts.append(len(set(revisions(take_merged(first, q)))))
+    assert counts == [1000, 1000, 500] and q.bytes == 0
+
+
+def test_an_answer_of_many_revisions_counts_each_of_them() -> None:
+    # The store's catch-up answers carry many revisions (several events each here): 700 and 400
+    # revisions are two messages, not one of 1100.
+    st = _State()
+    st.watches[1] = _Watch(pb.WatchCreateRequest(key=b"k", range_end=b"l"), 2)
+
+    def catch_up(first: int, last: int) -> bytes | EventsAnswer | None:
+        evs = [kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k%d" % i, mod_revision=r))
+               for r in range(first, last + 1) for i in range(2)]
+        return track(st, pb.WatchResponse(header=pb.ResponseHeader(revision=last), watch_id=1,
+                                          events=evs).SerializeToString())
+
+    q = queued(catch_up(2, 701), catch_up(702, 1101))
+    first = q.get_nowait()
+    assert isinstance(first, EventsAnswer)
+    assert len(set(revisions(take_merged(first, q)))) == 700
+    assert q.qsize() == 1
+
+
+def test_what_a_stalled_client_holds_is_charged_as_the_memory_it_takes() -> None:
+    # A client that reads nothing holds CLIENT_BUFFER_BYTES of answers in the proxy: in memory, not
+    # only in payload. An answer's objects (its bytes object, the mergeable answer around it, its
+    # queue slot) took ~100 bytes more than its payload: 4 MiB of 30-byte answers held 18 MiB, of
+    # these 100-byte ones 9 MiB.
+    st = _State()
+    st.watches[7] = _Watch(pb.WatchCreateRequest(key=b"k"), 1)
+    value = b"v" * 70
+    tracemalloc.start()
+    try:
+        q: ByteQueue[object] = ByteQueue(CLIENT_BUFFER_BYTES, size=answer_size)
+        rev = 1
+        while q.room.is_set():
+            rev += 1
+            event = kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=value, mod_revision=rev))
+            q.put_nowait(track(st, pb.WatchResponse(
+                header=pb.ResponseHeader(cluster_id=1234567, member_id=7654321, revision=rev, raft_term=3),
+                watch_id=7, events=[event]).SerializeToString()))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= CLIENT_BUFFER_BYTES * 5 // 4, f"{held / 2**20:.1f} MiB held for {rev - 1} answers"
