@@ -4,10 +4,9 @@ gRPC-Python pays its cost per message, on the proxy and on the client alike, so 
 falls behind its watches would fall further behind if every revision stayed its own message. When
 the proxy's sender takes an event answer and the answers queued right behind it carry more events
 of the same watch, they leave as one ``WatchResponse``: the last one's header and watch id, every
-event in revision order. etcd does the same for a watcher that
-fell behind (its catch-up answers carry many revisions, with the newest header), and its API
-guarantees only that the events of one revision are never split, which this keeps: whole answers
-are merged, fragments never.
+event in revision order. etcd does the same for a watcher that fell behind (its catch-up answers
+carry many revisions, with the newest header), and its API guarantees only that the events of one
+revision are never split, which this keeps: whole answers are merged, fragments never.
 
 Nothing waits for answers to merge: only what is already queued is taken, so a client that keeps
 up gets one message per revision, exactly as before. A merged message stays below ``MERGE_BYTES``
