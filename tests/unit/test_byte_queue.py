@@ -190,3 +190,34 @@ def test_a_producer_waiting_for_room_is_woken_when_the_reader_takes_enough() -> 
 def test_bounds_that_make_no_sense_are_refused(pause_at: int, resume_at: int | None) -> None:
     with pytest.raises(ValueError):
         ByteQueue(pause_at=pause_at, resume_at=resume_at)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=40), st.integers(0, 300), st.none(), st.just("take")), max_size=60))
+def test_a_size_function_charges_each_item_and_gives_all_of_it_back(ops: list[object]) -> None:
+    """The proxy's watch queue charges the memory an answer takes (``size``): whatever is put and
+    taken in any order, the count is what the items still queued are charged, never below zero, and
+    ``peek`` leaves the next item in place."""
+
+    def size(item: object) -> int:
+        if isinstance(item, int) and not isinstance(item, bool):
+            return item
+        return len(item) + 16 if isinstance(item, bytes) else 0
+
+    async def scenario() -> None:
+        q: ByteQueue[object] = ByteQueue(pause_at=200, resume_at=50, size=size)
+        held: collections.deque[object] = collections.deque()
+        for op in ops:
+            if op == "take":
+                if held:
+                    assert q.peek() is held[0] and q.qsize() == len(held)
+                    assert q.get_nowait() is held.popleft()
+            else:
+                q.put_nowait(op)
+                held.append(op)
+            assert q.bytes == sum(size(x) for x in held) >= 0
+        while held:
+            assert await q.get() is held.popleft()
+        assert q.bytes == 0 and q.room.is_set() and q.peek() is None
+
+    asyncio.run(scenario())
