@@ -8,9 +8,12 @@ event in revision order. etcd does the same for a watcher that fell behind (its 
 carry many revisions, with the newest header), and its API guarantees only that the events of one
 revision are never split, which this keeps: whole answers are merged, fragments never.
 
-Nothing waits for answers to merge: only what is already queued is taken, so a client that keeps
-up gets one message per revision, exactly as before. A merged message stays below ``MERGE_BYTES``
-(a client's default receive limit is 4 MiB) and ``MERGE_REVISIONS`` (etcd's bound on a catch-up
+Nothing waits for answers to merge: only what is already queued is taken. That is what the client
+has not taken yet, and also the answers of one store batch (the store sends together what queued
+for the stream meanwhile, as under concurrent writes), so a reader that keeps up may get several
+revisions in one message too; with one write at a time it gets one message per revision, as
+before. A merged message holds at most ``MERGE_BYTES`` (gRPC's default receive limit is 4 MiB;
+etcd's Go client raises its own to 2 GiB) and ``MERGE_REVISIONS`` (etcd's bound on a catch-up
 answer: 1 MiB of tiny events would be tens of thousands of revisions, merged in one go while the
 proxy serves nobody else); an answer that is larger alone is sent alone.
 """
@@ -23,7 +26,7 @@ from typing import Any
 from protos import wire
 from raftgate.byte_queue import ByteQueue
 
-#: A merged answer never grows past this many bytes (etcd's clients receive 4 MiB by default).
+#: A merged answer never grows past this many bytes (gRPC clients receive 4 MiB by default).
 MERGE_BYTES = 1 << 20
 #: ... nor past this many revisions (etcd's watchBatchMaxRevs: the most its catch-up answer carries).
 MERGE_REVISIONS = 1000
