@@ -68,6 +68,11 @@ UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the pr
 class _Watch:
     create: pb.WatchCreateRequest
     next_rev: int
+    #: events of an answer cut into parts that the client holds, its last part not yet passed on:
+    #: they are the first events from ``next_rev`` on, which a resumed stream sends again
+    partial: int = 0
+    #: of those, how many the resumed stream has yet to send again (dropped: the client has them)
+    replayed: int = 0
 
 
 @dataclass
@@ -182,10 +187,18 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
     if w is None:
         return data
     fresh = [ev for ev in resp.events if ev.kv.mod_revision >= w.next_rev]
-    if not resp.fragment:
+    if w.replayed:  # a resumed stream sends again the parts the client already gathers
+        dropped = min(w.replayed, len(fresh))
+        w.replayed -= dropped
+        del fresh[:dropped]
+    ends_parts = not resp.fragment and w.partial > 0
+    if resp.fragment:
+        w.partial += len(fresh)
+    else:
+        w.partial = 0
         w.next_rev = max(w.next_rev, rev + 1, *(ev.kv.mod_revision + 1 for ev in fresh))
     if len(fresh) != len(resp.events):
-        if not fresh:
+        if not fresh and not ends_parts:  # (the last part ends what the client gathers, even empty)
             return None
         del resp.events[:]
         resp.events.extend(fresh)
@@ -363,6 +376,7 @@ class WatchProxy:
                 # what the old stream left unanswered, in the order the client sent it.
                 for watch_id in sorted(state.watches):
                     w = state.watches[watch_id]
+                    w.replayed = w.partial
                     create = pb.WatchCreateRequest()
                     create.CopyFrom(w.create)
                     create.watch_id = watch_id
