@@ -11,10 +11,13 @@ setup, as medians over the rounds: requests/s, and µs of CPU per request for th
 followers (mean per follower) and the proxies (summed). Each round starts with an idle window of
 the same length: what every process burns without load (Raft ticks, heartbeats, timers) is
 subtracted, so the figures are the marginal CPU of a request, not the idle cost spread over
-however few requests a loaded machine manages. This backs docs/capacity.md.
+however few requests a loaded machine manages. This backs docs/capacity.md. ``--ops watch`` opens
+``--conc`` watches on one prefix (spread over the load processes and the setup's proxies) while
+four writers put under it: events delivered per second and CPU per event (the Puts included).
 
     python -m bench.capacity --nodes 3 --proxies 1,2,4 --ops put,range --conc 32
     python -m bench.capacity --nodes 1 --workers 1,2 --ops put,range --conc 16,64
+    python -m bench.capacity --nodes 1 --proxies 1 --ops watch --conc 100
 """
 
 from __future__ import annotations
@@ -105,11 +108,18 @@ def idle_rates(pids: list[int], seconds: float) -> dict[int, float]:
 
 
 def measure(pool: Any, setup: Setup, job: dict[str, Any], conc: int, procs: int,
-            stores: dict[str, int], idle: dict[int, float]) -> dict[str, Any]:  # fmt: skip
+            stores: dict[str, int], idle: dict[int, float], manager: Any = None) -> dict[str, Any]:  # fmt: skip
+    """One window of load; CPU per request (per event delivered, for watch) of each store node and
+    of the setup's proxies."""
     n = max(1, min(procs, conc))
     shares = [conc // n + (1 if i < conc % n else 0) for i in range(n)]
     jobs = [{**job, "target": f"127.0.0.1:{setup.ports[i % len(setup.ports)]}", "conc": c, "index": i}
             for i, c in enumerate(shares)]  # fmt: skip
+    watch = job["op"] == "watch"
+    if watch:  # the shares are watchers; every process has its streams before the writer starts
+        barrier, key = manager.Barrier(n), f"{PREFIX}w{time.monotonic_ns()}/"
+        jobs = [{**j, "watchers": j["conc"], "key": key, "barrier": barrier, "writer": j["index"] == 0}
+                for j in jobs]  # fmt: skip
     proxy_pids = setup.pids()
     before = {pid: cpu_seconds(pid) for pid in [*stores.values(), *proxy_pids]}
     t0 = time.perf_counter()
@@ -117,10 +127,14 @@ def measure(pool: Any, setup: Setup, job: dict[str, Any], conc: int, procs: int,
     wall = time.perf_counter() - t0
     after = {pid: cpu_seconds(pid) - idle.get(pid, 0.0) * wall for pid in before}
     count = sum(o["count"] for o in out)
-    rate = sum(o["count"] / o["elapsed"] for o in out if o["elapsed"] > 0)
-    # The CPU deltas span the whole map (warm-up included): per request over every request sent,
-    # warm-up requests (one per client) counted too.
-    sent = count + sum(shares)
+    if watch:  # events delivered; every watcher counts until the same stop key
+        elapsed = max(o["elapsed"] for o in out)
+        rate, sent = (count / elapsed if elapsed > 0 else 0.0), max(1, count)
+    else:
+        rate = sum(o["count"] / o["elapsed"] for o in out if o["elapsed"] > 0)
+        # The CPU deltas span the whole map (warm-up included): per request over every request
+        # sent, warm-up requests (one per client) counted too.
+        sent = count + sum(shares)
     per = {role: (after[pid] - before[pid]) / sent * 1e6 for role, pid in stores.items()}
     proxies = sum(after[p] - before[p] for p in proxy_pids) / sent * 1e6
     return {"rate": rate, "count": count, "errors": sum(o["errors"] for o in out), "wall": wall,
@@ -133,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1, choices=[1, 3, 5])
     p.add_argument("--proxies", default=None, help="comma list: setups of this many proxies (e.g. 1,2,4)")
     p.add_argument("--workers", default=None, help="comma list: setups of one proxy with this many workers (1,2)")
-    p.add_argument("--ops", default="put,range", help="put, range (linearizable), srange (serializable)")
-    p.add_argument("--conc", default="32", help="comma list of total concurrent clients")
+    p.add_argument("--ops", default="put,range",
+                   help="put, range (linearizable), srange (serializable), watch (CPU per event delivered)")
+    p.add_argument("--conc", default="32", help="comma list of total concurrent clients (watch: watchers)")
     p.add_argument("--seconds", type=float, default=3.0, help="measurement window")
     p.add_argument("--rounds", type=int, default=3, help="rounds; each setup is measured once per round")
     p.add_argument("--procs", type=int, default=4, help="load generator processes")
@@ -150,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         setups = [Setup(f"1-proxy-{w}-workers", 1, int(w)) for w in a.workers.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="raftgate-capacity-"))
     t = RaftgateTarget(workdir / "rg", a.nodes, bcrypt_cost=4, auth_token="simple")
-    pool = multiprocessing.get_context("spawn").Pool(a.procs)
+    ctx = multiprocessing.get_context("spawn")
+    pool = ctx.Pool(a.procs)
+    manager = ctx.Manager() if "watch" in a.ops.split(",") else None
     results: list[dict[str, Any]] = []
     idles: list[dict[str, float]] = []
     try:
@@ -180,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     idle = idle_rates([*stores.values(), *(p for s in setups for p in s.pids())], a.seconds)
                     idles.append({role: idle[pid] for role, pid in stores.items()})
                     for s in setups:  # A B C A B C
-                        per_setup[s.name].append(measure(pool, s, job, conc, a.procs, stores, idle))
+                        per_setup[s.name].append(measure(pool, s, job, conc, a.procs, stores, idle, manager))
                 for s in setups:
                     rs = per_setup[s.name]
                     row = summarize(op, conc, s, rs)
@@ -189,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.terminate()
         pool.join()
+        if manager is not None:
+            manager.shutdown()
         for s in setups:
             for proc in s.procs:
                 stop_group(proc)
@@ -223,8 +242,9 @@ def summarize(op: str, conc: int, s: Setup, rs: list[dict[str, Any]]) -> dict[st
 def line(row: dict[str, Any]) -> str:
     fol = f", follower {row['follower_us']:.0f} µs" if row["follower_us"] is not None else ""
     err = f" [{row['errors']} errors: {row['error']}]" if row["errors"] else ""
+    per = "event" if row["op"] == "watch" else "request"
     return (f"{row['op']:6} x{row['conc']:<3} {row['setup']:>20}: {row['rate']:7,.0f}/s (rounds {row['rates']}); "
-            f"CPU per request: store leader {row['leader_us']:.0f} µs{fol}, proxies {row['proxies_us']:.0f} µs{err}")
+            f"CPU per {per}: store leader {row['leader_us']:.0f} µs{fol}, proxies {row['proxies_us']:.0f} µs{err}")
 
 
 if __name__ == "__main__":
