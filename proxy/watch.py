@@ -186,6 +186,15 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
     w = state.watches.get(resp.watch_id)
     if w is None:
         return data
+    first = resp.events[0].kv.mod_revision  # an answer's events are in revision order
+    if first >= w.next_rev and not (resp.fragment or w.partial or w.replayed):
+        # The common answer, read once: every event new, whole, nothing gathered in parts.
+        last = resp.events[-1].kv.mod_revision
+        w.next_rev = max(w.next_rev, rev + 1, last + 1)
+        if w.create.fragment:
+            return data
+        revisions = 1 if first == last else len({ev.kv.mod_revision for ev in resp.events})
+        return EventsAnswer.of(data, resp.watch_id, revisions) or data
     fresh = [ev for ev in resp.events if ev.kv.mod_revision >= w.next_rev]
     if w.replayed:  # a resumed stream sends again the parts the client already gathers
         dropped = min(w.replayed, len(fresh))
