@@ -33,7 +33,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,37 +186,32 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
     w = state.watches.get(resp.watch_id)
     if w is None:
         return data
-    first = resp.events[0].kv.mod_revision  # an answer's events are in revision order
-    if first >= w.next_rev and not (resp.fragment or w.partial or w.replayed):
-        # The common answer, read once: every event new, whole, nothing gathered in parts.
-        last = resp.events[-1].kv.mod_revision
-        w.next_rev = max(w.next_rev, rev + 1, last + 1)
-        if w.create.fragment:
-            return data
-        revisions = 1 if first == last else len({ev.kv.mod_revision for ev in resp.events})
-        return EventsAnswer.of(data, resp.watch_id, revisions) or data
-    fresh = [ev for ev in resp.events if ev.kv.mod_revision >= w.next_rev]
-    if w.replayed:  # a resumed stream sends again the parts the client already gathers
-        dropped = min(w.replayed, len(fresh))
-        w.replayed -= dropped
-        del fresh[:dropped]
+    if resp.events[0].kv.mod_revision >= w.next_rev and not w.replayed:
+        fresh: Sequence[Any] = resp.events  # every event new (an answer's events are in revision order)
+    else:
+        fresh = [ev for ev in resp.events if ev.kv.mod_revision >= w.next_rev]
+        if w.replayed:  # a resumed stream sends again the parts the client already gathers
+            dropped = min(w.replayed, len(fresh))
+            w.replayed -= dropped
+            del fresh[:dropped]
     ends_parts = not resp.fragment and w.partial > 0
     if resp.fragment:
         w.partial += len(fresh)
     else:
         w.partial = 0
-        w.next_rev = max(w.next_rev, rev + 1, *(ev.kv.mod_revision + 1 for ev in fresh))
+        w.next_rev = max(w.next_rev, rev + 1, fresh[-1].kv.mod_revision + 1 if fresh else 0)
     if len(fresh) != len(resp.events):
         if not fresh and not ends_parts:  # (the last part ends what the client gathers, even empty)
             return None
         del resp.events[:]
         resp.events.extend(fresh)
         data = resp.SerializeToString()
-    if resp.fragment or w.create.fragment:
+    if resp.fragment or w.create.fragment or not fresh:
         # A fragment is part of one revision's events; a watch that asked for fragments gets
         # answers no larger than the store's limit, as etcd sends them: neither is merged.
         return data
-    revisions = 1 if len(fresh) == 1 else len({ev.kv.mod_revision for ev in fresh})
+    first, last = fresh[0].kv.mod_revision, fresh[-1].kv.mod_revision
+    revisions = 1 if first == last else len({ev.kv.mod_revision for ev in fresh})
     return EventsAnswer.of(data, resp.watch_id, revisions) or data
 
 
