@@ -34,7 +34,7 @@ def _add(cluster: Cluster, ep: str, name: str, tmp_path: Path, secret: Path, cli
                 argv=store_argv(name, tmp_path / name, internal_port, peer_port, secret, initial.group(1),
                                 client_url, ["--initial-cluster-state", "existing"]))
     if killed_before_its_log:
-        added = re.search(r"Member ([0-9a-f]+) added", out)
+        added = re.search(r"Member +([0-9a-f]+) added", out)  # etcdctl pads the ID (%16x)
         assert added, out
         node.data_dir.mkdir(mode=0o700)
         (node.data_dir / "member_id").write_text(f"{int(added.group(1), 16):016x}\n")
