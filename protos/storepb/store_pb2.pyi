@@ -43,6 +43,36 @@ class WatchBatch(_message.Message):
     responses: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, responses: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class WatchSharedRequest(_message.Message):
+    __slots__ = ("sub", "request", "close")
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    sub: int
+    request: bytes
+    close: bool
+    def __init__(self, sub: _Optional[int] = ..., request: _Optional[bytes] = ..., close: _Optional[bool] = ...) -> None: ...
+
+class WatchSharedPart(_message.Message):
+    __slots__ = ("sub", "batch", "end", "code", "message")
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sub: int
+    batch: bytes
+    end: bool
+    code: int
+    message: str
+    def __init__(self, sub: _Optional[int] = ..., batch: _Optional[bytes] = ..., end: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class WatchSharedBatch(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[WatchSharedPart]
+    def __init__(self, parts: _Optional[_Iterable[_Union[WatchSharedPart, _Mapping]]] = ...) -> None: ...
+
 class LeaderRequest(_message.Message):
     __slots__ = ("alarms",)
     ALARMS_FIELD_NUMBER: _ClassVar[int]

@@ -71,6 +71,11 @@ class StoreStub:
                 request_serializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
                 response_deserializer=protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
                 _registered_method=True)
+        self.WatchShared = channel.stream_stream(
+                '/raftgate.storepb.Store/WatchShared',
+                request_serializer=protos_dot_storepb_dot_store__pb2.WatchSharedRequest.SerializeToString,
+                response_deserializer=protos_dot_storepb_dot_store__pb2.WatchSharedBatch.FromString,
+                _registered_method=True)
         self.Challenge = channel.unary_unary(
                 '/raftgate.storepb.Store/Challenge',
                 request_serializer=protos_dot_storepb_dot_store__pb2.ChallengeRequest.SerializeToString,
@@ -138,6 +143,16 @@ class StoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchShared(self, request_iterator, context):
+        """Many client Watch streams of one proxy on one stream: each sub-stream is served exactly as
+        a WatchBatches stream of its own would be (its own watch ids, bounds, progress and token
+        judging; an error ends the sub-stream only), and the answers of all of them share the
+        stream's messages. Served by the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Challenge(self, request, context):
         """A fresh challenge for a development shared secret's proof (raftgate/secret_proof.py): open to
         every caller, answered without reading the request. Never needed with mTLS.
@@ -183,6 +198,11 @@ def add_StoreServicer_to_server(servicer, server):
                     servicer.WatchBatches,
                     request_deserializer=protos_dot_storepb_dot_store__pb2.WatchStreamRequest.FromString,
                     response_serializer=protos_dot_storepb_dot_store__pb2.WatchBatch.SerializeToString,
+            ),
+            'WatchShared': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchShared,
+                    request_deserializer=protos_dot_storepb_dot_store__pb2.WatchSharedRequest.FromString,
+                    response_serializer=protos_dot_storepb_dot_store__pb2.WatchSharedBatch.SerializeToString,
             ),
             'Challenge': grpc.unary_unary_rpc_method_handler(
                     servicer.Challenge,
@@ -379,6 +399,33 @@ class Store:
             '/raftgate.storepb.Store/WatchBatches',
             protos_dot_storepb_dot_store__pb2.WatchStreamRequest.SerializeToString,
             protos_dot_storepb_dot_store__pb2.WatchBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchShared(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftgate.storepb.Store/WatchShared',
+            protos_dot_storepb_dot_store__pb2.WatchSharedRequest.SerializeToString,
+            protos_dot_storepb_dot_store__pb2.WatchSharedBatch.FromString,
             options,
             channel_credentials,
             insecure,
