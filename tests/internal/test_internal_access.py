@@ -40,6 +40,7 @@ from raftgate.internal_access import (
     SNAPSHOT,
     UNAUTHENTICATED,
     WATCH_BATCHES,
+    WATCH_SHARED,
     Caller,
     decide,
     rpc,
@@ -381,8 +382,10 @@ def test_every_cell_answers_as_declared(store: Store) -> None:
             create_request=rpc_pb2.WatchCreateRequest(key=b"app/w")))
         if way.token is not None:
             watch.token = way.token
+        shared = spb.WatchSharedRequest(sub=1, request=watch.SerializeToString())
         for method, body, streaming in (
                 (WATCH_BATCHES, watch, True),
+                (WATCH_SHARED, shared, True),
                 (rpc(HEALTH.full_name, "Watch"), health_pb2.HealthCheckRequest(), False),
                 (rpc(REFLECTION.full_name, "ServerReflectionInfo"),
                  reflection_pb2.ServerReflectionRequest(list_services=""), True)):

@@ -41,6 +41,7 @@ INTERNAL_METHODS = ["/raftgate.storepb.Store/Do", "/raftgate.storepb.Store/Leade
                     "/raftgate.storepb.Store/NoSuchMethod", "/grpc.health.v1.Health/Check",
                     "/grpc.health.v1.Health/Watch", "/raftgate.storepb.Store/DoStream",
                     "/raftgate.storepb.Store/WatchBatches",
+                    "/raftgate.storepb.Store/WatchShared",
                     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"]
 PEER_METHODS = ["/raftgate.storepb.Peer/Members", "/raftgate.storepb.Peer/Challenge",
                 "/raftgate.storepb.Peer/NoSuchMethod", "/raftgate.storepb.Peer/MessageBatches",

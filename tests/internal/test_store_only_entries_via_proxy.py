@@ -26,7 +26,7 @@ from tests.support.processes import RaftgateLocal
 CAMEL = {"lease_checkpoint": "LeaseCheckpoint", "lease_renew": "LeaseRenew", "lease_expire": "LeaseExpire",
          "expire_tokens": "ExpireTokens", "member_attr_set": "MemberAttrSet", "store_alarm": "StoreAlarm",
          "auth_failures": "AuthFailures"}
-STORE_METHODS = ["Do", "DoStream", "WatchBatches", "Snapshot", "Leader", "Credentials", "ResolveToken"]
+STORE_METHODS = ["Do", "DoStream", "WatchBatches", "WatchShared", "Snapshot", "Leader", "Credentials", "ResolveToken"]
 
 
 @pytest.fixture(scope="module")

@@ -112,7 +112,7 @@ def test_maintenance_answers_nothing_else() -> None:
 def test_the_store_has_its_streams() -> None:
     routes = {m.route for m in METHODS}
     assert Route.SNAPSHOT in routes and callable(StoreService.snapshot)
-    assert Route.WATCH in routes and callable(StoreService.watch)
+    assert Route.WATCH in routes and callable(StoreService.watch) and callable(StoreService.watch_shared)
 
 
 def test_authorize_has_a_rule_for_every_request_checked_by_its_body() -> None:
