@@ -65,6 +65,7 @@ CREDENTIALS = rpc(STORE_SERVICE, "Credentials")
 RESOLVE_TOKEN = rpc(STORE_SERVICE, "ResolveToken")
 LEADER = rpc(STORE_SERVICE, "Leader")
 WATCH_BATCHES = rpc(STORE_SERVICE, "WatchBatches")
+WATCH_SHARED = rpc(STORE_SERVICE, "WatchShared")
 CHALLENGE = rpc(STORE_SERVICE, "Challenge")
 CALL_DO = stream_call("DO")
 CALL_CREDENTIALS = stream_call("CREDENTIALS")
@@ -150,6 +151,8 @@ ROWS: tuple[Row, ...] = (
     Row(LEADER, "ask for the leader", {C: NO_KINDS, S: NO_KINDS}),
     # each create is judged as a Range for the stream's identity (a sidecar's: its token's)
     Row(WATCH_BATCHES, "watch", {C: NO_KINDS, S: NO_KINDS}),
+    # WatchBatches streams as sub-streams of one: each served as a WatchBatches stream, as above
+    Row(WATCH_SHARED, "watch", {C: NO_KINDS, S: NO_KINDS}),
     # a nonce to prove a development secret over (raftgate/secret_proof.py): asked before any
     # credential is proven, so open to all; with mTLS there is nothing to prove (UNIMPLEMENTED)
     Row(CHALLENGE, "ask for a challenge", {C: NO_KINDS, S: NO_KINDS, N: NO_KINDS}),

@@ -23,7 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import lmdb
@@ -42,6 +42,7 @@ from authstore.api.proposer import Proposer
 from authstore.api.quota import Quota
 from authstore.api.simple_tokens import SimpleTokens, now_ms
 from authstore.api.watch.hub import Vouched, WatchHub
+from authstore.api.watch.shared import SharedWatches, SubContext
 from authstore.etcd_format.export import command as export_command
 from authstore.node.driver import RaftNode
 from authstore.state.apply import Applier, AuthRevisionMoved, is_read_only_txn
@@ -576,12 +577,27 @@ class StoreService:
         return (await self.tokens.resolve(token)).SerializeToString()
 
     async def watch(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        if CALLER.get() is Caller.SIDECAR:
-            serving = self.watch_hub.serve(self._verified_watch(requests), context, judge=self._judge_token)
-        else:
-            serving = self.watch_hub.serve(requests, context)
-        async for response in serving:
+        async for response in self._watch_serving(requests, context, CALLER.get()):
             yield response
+
+    async def watch_shared(self, requests: AsyncIterator[bytes],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Store.WatchShared: each sub-stream served exactly as ``watch`` serves a stream."""
+        caller = CALLER.get()
+
+        def serve(feed: AsyncIterator[bytes], sub: SubContext) -> AsyncIterator[bytes]:
+            return self._watch_serving(feed, cast(grpc.aio.ServicerContext, sub), caller)
+
+        async for message in SharedWatches(serve).serve(requests, context):
+            yield message
+
+    def _watch_serving(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                       caller: Caller | None) -> AsyncIterator[bytes]:
+        """One watch stream's WatchBatch messages, as the caller's class is served: a sidecar's
+        tokens verified by the store, a central proxy's stamped header believed."""
+        if caller is Caller.SIDECAR:
+            return self.watch_hub.serve(self._verified_watch(requests), context, judge=self._judge_token)
+        return self.watch_hub.serve(requests, context)
 
     async def _verified_watch(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes | Vouched]:
         """A sidecar's watch requests, each with the identity the store finds in its token. A
@@ -695,6 +711,7 @@ def store_handlers(service: StoreService) -> dict[str, grpc.RpcMethodHandler]:
         "ResolveToken": grpc.unary_unary_rpc_method_handler(service.resolve_token),
         "Leader": grpc.unary_unary_rpc_method_handler(service.leader),
         "WatchBatches": grpc.stream_stream_rpc_method_handler(service.watch),
+        "WatchShared": grpc.stream_stream_rpc_method_handler(service.watch_shared),
         # with development secrets secret_proof.ProofCheck answers it before any handler
         "Challenge": grpc.unary_unary_rpc_method_handler(_no_challenge),
     }

@@ -261,6 +261,13 @@ class _Run:
     def send(self, sub: int, request: bytes = b"", close: bool = False) -> None:
         self.requests.put_nowait(spb.WatchSharedRequest(sub=sub, request=request, close=close).SerializeToString())
 
+    async def served(self, n: int) -> None:
+        """Until ``n`` sub-streams are being served (a cancelled one ends at its next turn)."""
+        async def settled() -> None:
+            while len(self.serving) != n:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(settled(), 10)
+
     async def until(self, done: Any) -> None:
         while not done():
             raw = await asyncio.wait_for(self.out.__anext__(), 10)
@@ -291,7 +298,7 @@ def test_sub_streams_over_the_cap_are_refused_and_ended_ones_free_their_place() 
         await run.until(lambda: 4 in run.batches and 5 in run.batches)
         assert 3 not in run.batches
         await run.out.aclose()
-        assert not run.serving, "a sub-stream's serving outlived the shared stream"
+        await run.served(0)  # no sub-stream's serving outlives the shared stream
     asyncio.run(main())
 
 
@@ -306,9 +313,9 @@ def test_a_sub_stream_that_reads_no_requests_ends_at_its_request_bound() -> None
         run.send(2, b"z")
         await run.until(lambda: 1 in run.ends and len(run.batches[2]) == 2)
         assert run.ends == {1: TOO_MANY}
-        assert len(run.serving) == 1, "the ended sub-stream is still served"
+        await run.served(1)  # the ended sub-stream is served no more
         await run.out.aclose()
-        assert not run.serving
+        await run.served(0)
     asyncio.run(main())
 
 
@@ -322,7 +329,8 @@ def test_a_closed_sub_stream_is_served_no_more() -> None:
         run.send(1, b"after")  # closed: ignored
         run.send(2, b"c")
         await run.until(lambda: len(run.batches[2]) == 2)
-        assert run.batches[1] == [b"a"] and not run.ends and len(run.serving) == 1
+        assert run.batches[1] == [b"a"] and not run.ends
+        await run.served(1)
         await run.out.aclose()
-        assert not run.serving
+        await run.served(0)
     asyncio.run(main())
