@@ -334,3 +334,37 @@ def test_a_closed_sub_stream_is_served_no_more() -> None:
         await run.out.aclose()
         await run.served(0)
     asyncio.run(main())
+
+
+def test_a_stream_not_read_holds_its_sub_streams_back() -> None:
+    """What the proxy has not read is bounded (``out_bytes``): a sub-stream's serving is not asked
+    for more meanwhile (a hub stream then fills, and its watchers fall back to history); once read,
+    everything comes, in order, in messages of at most STREAM_BATCH_BYTES (or one part alone)."""
+    async def main() -> None:
+        run = _Run(out_bytes=4 << 20)
+        produced: list[int] = []
+
+        async def flood(feed: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            async for _ in feed:
+                for i in range(40):
+                    produced.append(i)
+                    yield bytes([i]) * (1 << 20)
+        run.out = shared.SharedWatches(flood, out_bytes=4 << 20).serve(run._read(), _Context())
+        run.send(1, b"go")
+        first = asyncio.ensure_future(run.out.__anext__())
+        for _ in range(200):  # turns of the loop: the serving runs as far as it may
+            await asyncio.sleep(0)
+        # the bound (4 MiB), the message the stream is writing (4 MiB), the part waiting for room
+        assert len(produced) <= 9, f"{len(produced)} MiB queued for a stream that reads nothing"
+        got: list[bytes] = []
+        raw = await first
+        while True:
+            parts = spb.WatchSharedBatch.FromString(raw).parts
+            assert len(parts) == 1 or len(raw) <= shared.STREAM_BATCH_BYTES + 64
+            got += [p.batch for p in parts]
+            if len(got) == 40:
+                break
+            raw = await asyncio.wait_for(run.out.__anext__(), 10)
+        assert got == [bytes([i]) * (1 << 20) for i in range(40)]
+        await run.out.aclose()
+    asyncio.run(main())
