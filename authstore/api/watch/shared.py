@@ -220,7 +220,7 @@ class SharedWatches:
         out = self._out
         try:
             async for batch in serving:
-                if not out.room.is_set():
+                while not out.room.is_set():  # every waiter wakes at once: the first may fill it again
                     await out.room.wait()
                 out.put_nowait(_batch_part(sub.id, batch))
         except _SubEnded as exc:
