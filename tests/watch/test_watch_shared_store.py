@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.storepb import store_pb2 as spb
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err
 from raftgate.secret_proof import proving_channel
+from tests.support.cluster import unstarted_cluster
 from tests.support.probes import sample, scrape
 from tests.support.processes import SECRET, Program, free_port, store_program, wait_for
 
@@ -88,8 +90,8 @@ def _create(key: bytes, **fields: Any) -> spb.WatchStreamRequest:
 class Shared:
     """One WatchShared stream straight at the store, its requests sent as they come."""
 
-    def __init__(self, setup: Setup, secret: str = SECRET) -> None:
-        self._channel = grpc.insecure_channel(setup.store)
+    def __init__(self, store: str, secret: str = SECRET) -> None:
+        self._channel = grpc.insecure_channel(store)
         self._requests: queue.Queue[bytes | None] = queue.Queue()
         method = proving_channel(self._channel, secret).stream_stream(
             WATCH_SHARED, request_serializer=None, response_deserializer=None)
@@ -141,7 +143,7 @@ class Shared:
 
 
 def test_each_sub_stream_has_its_own_watch_ids_and_events(setup: Setup) -> None:
-    s = Shared(setup)
+    s = Shared(setup.store)
     try:
         s.send(1, _create(b"two/a"))
         s.send(1, _create(b"two/b"))
@@ -161,7 +163,7 @@ def test_each_sub_stream_has_its_own_watch_ids_and_events(setup: Setup) -> None:
 def test_a_failing_sub_stream_ends_alone(setup: Setup) -> None:
     """A sidecar's request that does not decode fails its WatchBatches stream (`not capable`):
     here its sub-stream only, whose later requests are ignored; the other sub-stream goes on."""
-    s = Shared(setup, SIDECAR_SECRET)
+    s = Shared(setup.store, SIDECAR_SECRET)
     try:
         s.send(1, _create(b"fail/a"))
         s.send(2, _create(b"fail/b"))
@@ -183,7 +185,7 @@ def test_a_failing_sub_stream_ends_alone(setup: Setup) -> None:
 
 def test_a_closed_sub_stream_and_an_ended_stream_leave_no_watch(setup: Setup) -> None:
     base = _open_watches(setup)
-    s = Shared(setup)
+    s = Shared(setup.store)
     try:
         for key in (b"close/a", b"close/b", b"close/c"):
             s.send(1, _create(key))
@@ -205,7 +207,7 @@ def test_a_closed_sub_stream_and_an_ended_stream_leave_no_watch(setup: Setup) ->
     spb.WatchSharedRequest(sub=0, request=_create(b"zero").SerializeToString()).SerializeToString(),
     b"\xff\xff\xff"], ids=["sub-0", "garbage"])
 def test_a_request_for_no_sub_stream_ends_the_stream(setup: Setup, request_bytes: bytes) -> None:
-    s = Shared(setup)
+    s = Shared(setup.store)
     try:
         s.send(1, _create(b"zero"))
         s.until(lambda: s.created(1) == [0])
@@ -214,6 +216,38 @@ def test_a_request_for_no_sub_stream_ends_the_stream(setup: Setup, request_bytes
         assert code is grpc.StatusCode.INTERNAL and message.startswith(STREAM_UNMARSHAL_ERROR_PREFIX), (code, message)
     finally:
         s.close()
+
+
+def test_a_leader_that_steps_down_ends_every_sub_stream_not_the_stream(tmp_path: Path) -> None:
+    """Every hub stream fails with `not leader`: each sub-stream ends with it, and the shared
+    stream stays open (the proxy opens its sub-streams again on the new leader's link)."""
+    cluster = unstarted_cluster(tmp_path)
+    try:
+        starts = [threading.Thread(target=cluster.restart, args=(n,)) for n in cluster.nodes]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join()
+        leader = cluster.leader()
+        follower = cluster.followers(leader)[0]
+        assert cluster.leader_info(follower, timeout=5) is not None
+        s = Shared(leader.internal, cluster.secret)
+        try:
+            s.send(1, _create(b"lead/a"))
+            s.send(2, _create(b"lead/b"))
+            s.until(lambda: s.created(1) == [0] and s.created(2) == [0])
+            cluster.do(leader, ipb.InternalRaftRequest(move_leader=pb.MoveLeaderRequest(targetID=follower.member_id)),
+                       timeout=15)
+            s.until(lambda: {1, 2} <= set(s.ends))
+            not_leader = (Err.NOT_LEADER.code.value[0], Err.NOT_LEADER.message)
+            assert {sub: (e.code, e.message) for sub, e in s.ends.items()} == {1: not_leader, 2: not_leader}
+            s.send(3, _create(b"lead/c"))  # the stream is still open: a new sub-stream is answered
+            s.until(lambda: 3 in s.ends)
+            assert (s.ends[3].code, s.ends[3].message) == not_leader
+        finally:
+            s.close()
+    finally:
+        cluster.close(background=True)
 
 
 # ---- the demultiplexer alone, with a stand-in for the hub's serving ----
