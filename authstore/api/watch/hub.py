@@ -840,9 +840,11 @@ class WatchHub:
 
     async def serve(self, requests: AsyncIterator[bytes | Vouched], context: grpc.aio.ServicerContext,
                     judge: TokenJudge | None = None) -> AsyncIterator[bytes]:
-        """One WatchBatches stream. ``judge``: a sidecar-class caller's stream, whose requests may
-        come ``Vouched`` (the store verified their token): the watches a vouched token created end
-        when the judge no longer accepts it (see ``_judge_tokens``)."""
+        """One WatchBatches stream, or one sub-stream of a WatchShared stream (whose ``context``
+        ends that sub-stream only: authstore/api/watch/shared.py). ``judge``: a sidecar-class
+        caller's stream, whose requests may come ``Vouched`` (the store verified their token): the
+        watches a vouched token created end when the judge no longer accepts it (see
+        ``_judge_tokens``)."""
         try:
             if not self.node.is_leader:
                 raise EtcdError(Err.NOT_LEADER)

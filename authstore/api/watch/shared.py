@@ -113,7 +113,6 @@ class SharedWatches:
         self._out: ByteQueue[bytes | BaseException] = ByteQueue(out_bytes)
         self._subs: dict[int, _Sub] = {}
         self._highest = 0  # the highest sub-stream id seen: one not above it is never opened again
-        self._reading = True
 
     async def serve(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """The stream's messages (WatchSharedBatch bytes): every part ready when the stream can
@@ -154,12 +153,11 @@ class SharedWatches:
                     await self._requests.room.wait()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - ends the stream, raised by its writer
+        except Exception as exc:  # the stream broke, or a request names no sub-stream: its writer raises it
             self._out.put_nowait(exc)
             return
         # the proxy sends no more: every sub-stream's requests end (their answers go on, as a
         # WatchBatches stream's after its requests end)
-        self._reading = False
         for sub in self._subs.values():
             sub.requests.put_nowait(None)
 
@@ -190,8 +188,6 @@ class SharedWatches:
 
     def _open(self, sub_id: int) -> _Sub:
         sub = _Sub(sub_id, self._sub_request_bytes)
-        if not self._reading:
-            sub.requests.put_nowait(None)
         self._subs[sub_id] = sub
         sub.task = asyncio.get_running_loop().create_task(self._run(sub))
         return sub
