@@ -9,12 +9,14 @@ records what it is sent and answers what the test scripts."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+from prometheus_client import REGISTRY
 
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
@@ -23,6 +25,7 @@ from proxy import watch, watch_link
 from proxy.identity import Identity
 from proxy.store_client import StoreClient, watch_retryable
 from raftgate.errors import Err
+from raftgate.secret_proof import INTERNAL, Challenges, ProofCheck
 from tests.support.away_store import NoAbortContext
 from tests.support.processes import free_port
 
@@ -40,8 +43,11 @@ def part(sub: int, data: bytes = b"", **end: Any) -> spb.WatchSharedPart:
 class FakeStore:
     """WatchShared (unless ``shared`` is False) and WatchBatches; the test sends each call's answers."""
 
-    def __init__(self, *, shared: bool = True) -> None:
+    def __init__(self, *, shared: bool = True, secret: bytes | None = None) -> None:
         self.shared = shared
+        #: with a secret, calls must prove it (the store's interceptor); ``issued`` counts challenges
+        self.challenges = Challenges(INTERNAL, (secret,), member_id=7) if secret else None
+        self.issued = 0
         self.requests: list[spb.WatchSharedRequest] = []  # every WatchShared call's, in order
         self.plain: list[bytes] = []  # every WatchBatches request
         self.calls: list[asyncio.Queue[Any]] = []  # one per WatchShared call: what it answers
@@ -107,17 +113,28 @@ class FakeStore:
         handlers = {"WatchBatches": grpc.stream_stream_rpc_method_handler(self._watch_batches)}
         if self.shared:
             handlers["WatchShared"] = grpc.stream_stream_rpc_method_handler(self._watch_shared)
-        self.server = grpc.aio.server()
+        interceptors = []
+        if self.challenges is not None:
+            issue = self.challenges.issue
+
+            def counted(peer: str) -> bytes:
+                self.issued += 1
+                return issue(peer)
+
+            self.challenges.issue = counted  # type: ignore[method-assign]
+            interceptors.append(ProofCheck(self.challenges, "refused"))
+        self.server = grpc.aio.server(interceptors=interceptors)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
 
 
-def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared: bool = True) -> None:
+def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared: bool = True,
+        secret: bytes | None = None) -> None:
     async def main() -> None:
-        store = FakeStore(shared=shared)
+        store = FakeStore(shared=shared, secret=secret)
         await store.start()
-        client = StoreClient(f"127.0.0.1:{store.port}")
+        client = StoreClient(f"127.0.0.1:{store.port}", secret=secret.decode() if secret else None)
         try:
             await scenario(store, client)
         finally:
@@ -196,6 +213,8 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
     monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
+        closed_before = REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") or 0
+        open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
         slow = await client.watch_streams().open()
         other = await client.watch_streams().open()
         await slow.write(b"x")
@@ -211,6 +230,8 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
             await slow.read()
         assert (ended.value.code(), ended.value.details()) == Err.TOO_MANY_REQUESTS.value
         assert watch_retryable(ended.value)
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") == closed_before + 1
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before + 1  # the other one
         slow.cancel()  # ended: no second close
         store.send(part(2, batch(b"o2")))
         assert spb.WatchBatch.FromString(await other.read()).responses == [b"o2"]
@@ -259,6 +280,36 @@ def test_a_store_without_watch_shared_gets_a_watch_batches_stream_per_client_str
         assert store.plain_calls == 2
 
     run(scenario, shared=False)
+
+
+def test_a_shared_stream_refused_over_a_stale_challenge_is_opened_again_with_a_new_one() -> None:
+    secret = b"secret-for-tests-0123456789"
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        streams = client.watch_streams()
+        a = await streams.open()
+        await a.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        assert store.issued == 1
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node restarting")
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await a.read()
+        assert await streams.ended(ended.value, 0.0) is None
+        assert store.challenges is not None
+        issued = store.issued
+        store.challenges._key = os.urandom(32)  # what a restarted store is to its callers' challenges
+        b = await streams.open()  # a new stream, over the challenge the proxy holds: refused as stale
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await b.write(b"y")
+            await b.read()
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert await streams.ended(ended.value, 0.0) is None  # not the client's error: asked again
+        c = await streams.open()
+        await c.write(b"z")
+        await store.until(lambda: len(store.calls) == 2 and store.written(1)[-1:] == [b"z"])
+        assert store.issued == issued + 1  # the new stream came with a new challenge
+
+    run(scenario, secret=secret)
 
 
 def _events(first: int, last: int, size: int = 300) -> bytes:
