@@ -29,6 +29,7 @@ import grpc
 import grpc.aio
 
 from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
+from proxy import metrics
 from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class WatchLink:
         self._metadata = metadata
         self.proof: Metadata = ()
         self._call: grpc.aio.StreamStreamCall | None = None
-        self._starting: asyncio.Future[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._subs: dict[int, SubStream] = {}
         self._next_sub = 1
@@ -132,34 +133,36 @@ class WatchLink:
         #: the node answered WatchShared with UNIMPLEMENTED (a store older than the proxy)
         self.unimplemented = False
 
-    @property
-    def open_subs(self) -> int:
-        return len(self._subs)
-
     async def open(self) -> SubStream:
-        """A new sub-stream; raises the AioRpcError of the proof's Challenge call or of the stream
-        when it could not be opened."""
-        if self._call is None:
-            if self._starting is None:
-                self._starting = asyncio.get_running_loop().create_future()
-                try:
-                    self.proof = await self._metadata()
-                except BaseException as exc:
-                    self.dead = True
-                    self._starting.set_exception(exc)
-                    self._starting.exception()  # retrieved: the others waiting get it too
-                    raise
-                self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
-                self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
-                self._starting.set_result(None)
-            else:
-                await asyncio.shield(self._starting)
+        """A new sub-stream; raises the AioRpcError of the proof's Challenge call (or of the
+        stream) when the stream could not be opened."""
+        if self._starting is None:
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+            self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
         if self.dead:
             raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
         sub = SubStream(self, self._next_sub)
         self._next_sub += 1
         self._subs[sub.sub] = sub
+        metrics.WATCH_SUBSTREAMS.inc()
         return sub
+
+    async def _start(self) -> None:
+        try:
+            self.proof = await self._metadata()
+        except BaseException:
+            self.dead = True
+            raise
+        self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
+        self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+
+    def _drop(self, sub: int) -> SubStream | None:
+        """The sub-stream leaves the link: nothing more is delivered to it."""
+        gone = self._subs.pop(sub, None)
+        if gone is not None:
+            metrics.WATCH_SUBSTREAMS.dec()
+        return gone
 
     async def send(self, message: bytes) -> None:
         if self.dead or self._call is None:
@@ -169,7 +172,7 @@ class WatchLink:
 
     def close_sub(self, sub: int) -> None:
         """Tells the store the sub-stream is done, without waiting (the reader calls it too)."""
-        self._subs.pop(sub, None)
+        self._drop(sub)
         if self.dead:
             return
         self._closes.append(sub)
@@ -197,11 +200,12 @@ class WatchLink:
                     if sub is None:
                         continue  # closed here: what was under way is dropped
                     if part.end:
-                        del self._subs[part.sub]
+                        self._drop(part.sub)
                         sub.finish(grpc.aio.EOF if part.code == 0 else rpc_error(
                             _CODES.get(part.code, grpc.StatusCode.UNKNOWN), part.message))
                     elif not sub.deliver(part.batch):
                         log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
+                        metrics.WATCH_SLOW_CLOSES.inc()
                         sub.finish(_overflowed())
                         self.close_sub(part.sub)
         except grpc.aio.AioRpcError as exc:
@@ -221,14 +225,15 @@ class WatchLink:
         self.dead = True
         if isinstance(end, grpc.aio.AioRpcError):
             self._error = end
-        subs, self._subs = self._subs, {}
-        for sub in subs.values():
-            sub.finish(end)
+        for sub_id in list(self._subs):
+            sub = self._drop(sub_id)
+            if sub is not None:
+                sub.finish(end)
 
     async def close(self) -> None:
         """Ends the stream; its sub-streams end with CANCELLED."""
         self.dead = True
-        for task in (self._reader, self._closer):
+        for task in (self._starting, self._reader, self._closer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
