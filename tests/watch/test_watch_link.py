@@ -230,6 +230,10 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
             await slow.read()
         assert (ended.value.code(), ended.value.details()) == Err.TOO_MANY_REQUESTS.value
         assert watch_retryable(ended.value)
+        streams = client.watch_streams()
+        streams._down_since = 0.0  # an outage long past RESUME_DEADLINE: a slow client is none
+        assert await streams.ended(ended.value, 0.0) is None
+        assert streams._down_since is None
         assert REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") == closed_before + 1
         assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before + 1  # the other one
         slow.cancel()  # ended: no second close
