@@ -62,7 +62,7 @@ from protos import wire
 from protos.internal import INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
-from proxy.watch_link import SubStream, WatchLink
+from proxy.watch_link import Overflowed, SubStream, WatchLink
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
 from raftgate.methods import METHODS, RETRY_FIELDS
@@ -655,6 +655,11 @@ class WatchStreams:
         if (error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED and self._link is not None
                 and self._link.unimplemented):
             return None  # a store older than the proxy: the next is a WatchBatches stream, at once
+        if isinstance(error, Overflowed):
+            # its client read too slowly (it has taken what was held by now): no outage, no leader
+            # to look for; the store replays what was dropped from its history
+            self._down_since = None
+            return None
         stale = error is not None and is_stale(error)
         if stale and self._opened_on is not None and self._opened_on.prover is not None:
             self._opened_on.prover.forget(self._proof)  # refused before it ran: open it again

@@ -46,9 +46,13 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-def _overflowed() -> grpc.aio.AioRpcError:
-    err = EtcdError(Err.TOO_MANY_REQUESTS)
-    return rpc_error(err.code, err.message)
+class Overflowed(grpc.aio.AioRpcError):
+    """A sub-stream's end when its client read too slowly: etcd's retryable `too many requests`.
+    No outage: the watches resume at once (on the same stream), from the store's history."""
+
+    def __init__(self) -> None:
+        err = EtcdError(Err.TOO_MANY_REQUESTS)
+        super().__init__(err.code, grpc.aio.Metadata(), grpc.aio.Metadata(), err.message)
 
 
 class SubStream:
@@ -206,7 +210,7 @@ class WatchLink:
                     elif not sub.deliver(part.batch):
                         log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
                         metrics.WATCH_SLOW_CLOSES.inc()
-                        sub.finish(_overflowed())
+                        sub.finish(Overflowed())
                         self.close_sub(part.sub)
         except grpc.aio.AioRpcError as exc:
             end = exc
