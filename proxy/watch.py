@@ -1,7 +1,9 @@
 """Watch.Watch: one client stream <-> one store stream, surviving leader changes.
 
-Each client WatchRequest goes to the store leader's Store.WatchBatches stream
-wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
+The store stream is a sub-stream of the proxy's one Store.WatchShared stream to the leader
+(proxy/watch_link.py: the messages of every client stream are shared), or, with a store that has
+no WatchShared, a Store.WatchBatches stream of its own; both behave alike here. Each client
+WatchRequest goes to it wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
 are (the store batches the responses that queued together; the client still gets one message
 each, as from etcd). The proxy reads a copy of each answer to know, per watch, its create request
 and the next revision it has not delivered. When the store stream fails (the node died or stopped
@@ -12,8 +14,10 @@ dropped as a last guard.
 
 A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` of answers in the
 proxy: at that bound the proxy stops reading the store stream until the client has taken half of
-it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
-from its history later instead of buffering them (see the store's watch hub). The other way,
+it. On a WatchBatches stream HTTP/2 flow control then holds the store back; a sub-stream of the
+shared stream is closed once it holds ``watch_link.INBOX_BYTES`` more, and the watches resume
+on a new one when the client has taken what was held. Either way the store catches the stalled
+watches up from its history later instead of buffering them (see the store's watch hub). The other way,
 the proxy holds at most ``UNSENT_BYTES`` of a client's creates the store has not answered yet and
 requests kept for the next store stream (a leader change): beyond that it reads no more of the
 client until the store answers or a stream is back.
