@@ -373,3 +373,52 @@ def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_the_next_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between its sub-stream's close (the client read too slowly) and the resume, a client's
+    progress request reaches the store on the new sub-stream, once."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        send_progress = asyncio.Event()
+        taken: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_progress.wait()
+            yield progress
+            taken.append(progress)  # the proxy handled it and asks for the next
+            store.poke()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)))  # the client reads none
+        await store.until(lambda: store.closes(1) == 1)
+        send_progress.set()
+        await store.until(lambda: bool(taken))
+
+        async def read() -> None:
+            while True:
+                await anext(stream)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await store.until(lambda: len(store.written(2)) >= 2)
+        assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
+            progress]
+        assert progress not in [spb.WatchStreamRequest.FromString(w).request.SerializeToString()
+                                for w in store.written(1)]
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
