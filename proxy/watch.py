@@ -296,9 +296,12 @@ class WatchProxy:
                             state.audited.append(audited)
                     elif which == "cancel_request":
                         state.canceling.add(req.cancel_request.watch_id)
-                    if state.connected:
-                        await self._write(state, _envelope(state, data))
-                    elif which != "create_request":
+                    sent = state.connected and await self._write(state, _envelope(state, data))
+                    # Not sent (no store stream, or it is gone: a sub-stream closed because this
+                    # client read too slowly is, until the resume): kept for the next stream. A
+                    # create stays pending, and a cancel written to a stream canceling: both are
+                    # sent again there.
+                    if not sent and which != "create_request" and not (which == "cancel_request" and state.connected):
                         state.keep(held=data)
         except asyncio.CancelledError:
             raise
@@ -357,11 +360,14 @@ class WatchProxy:
                 state.keep(held=data)
 
     @staticmethod
-    async def _write(state: _State, data: bytes) -> None:
+    async def _write(state: _State, data: bytes) -> bool:
+        """False when it could not be sent (the reading side notices and reconnects)."""
         try:
             await state.call.write(data)
         except Exception as exc:  # noqa: BLE001 - the reading side notices and reconnects
             log.debug("watch: write to the store failed: %s", exc)
+            return False
+        return True
 
     async def _sessions(self, state: _State, out: ByteQueue[Any]) -> None:
         streams = self.store.watch_streams()
