@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.mvccpb import kv_pb2
 from protos.storepb import store_pb2 as spb
-from proxy import watch, watch_link
+from proxy import store_client, watch, watch_link
 from proxy.identity import Identity
 from proxy.store_client import StoreClient, watch_retryable
 from raftgate.errors import Err
@@ -282,6 +282,24 @@ def test_a_store_without_watch_shared_gets_a_watch_batches_stream_per_client_str
             assert spb.WatchBatch.FromString(await call.read()).responses == [b"plain:create"]
             call.cancel()
         assert store.plain_calls == 2
+
+    run(scenario, shared=False)
+
+
+def test_a_node_without_watch_shared_is_asked_again_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node upgraded since (restarted with WatchShared) is not left on WatchBatches for good."""
+    monkeypatch.setattr(store_client, "WATCH_SHARED_RETRY_SECONDS", 0.0)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        streams = client.watch_streams()
+        for _ in range(2):  # each time the interval has passed: WatchShared is asked again
+            sub = await streams.open()
+            assert isinstance(sub, watch_link.SubStream)
+            await sub.write(b"create")
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await sub.read()
+            assert ended.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert await streams.ended(ended.value, 0.0) is None
 
     run(scenario, shared=False)
 
