@@ -581,9 +581,10 @@ class StoreClient:
 
     def _watch_link(self, endpoint: _Endpoint) -> WatchLink | None:
         """The node's shared watch stream (a new one if the last ended); None if the node
-        serves no WatchShared (a store older than the proxy: one WatchBatches stream each)."""
+        served no WatchShared (a store older than the proxy: one WatchBatches stream each) when
+        last asked, less than WATCH_SHARED_RETRY_SECONDS ago (it may be upgraded since)."""
         link = endpoint.watch_link
-        if link is not None and link.unimplemented:
+        if link is not None and link.unimplemented and time.monotonic() - link.ended_at < WATCH_SHARED_RETRY_SECONDS:
             return None
         if link is None or link.dead:
             link = endpoint.watch_link = WatchLink(endpoint.channel, endpoint.metadata)
@@ -601,6 +602,8 @@ class StoreClient:
 WATCH_METHOD = _SERVICE + "WatchBatches"
 RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
 WATCH_BACKOFF = 0.1
+#: how long a node that answered WatchShared with UNIMPLEMENTED gets WatchBatches streams only
+WATCH_SHARED_RETRY_SECONDS = 300.0
 #: a stream that served this long before it ended was no outage: a new one starts at its end
 WATCH_SERVED_SECONDS = 5.0
 _WATCH_RETRY_ERRS = frozenset({Err.NOT_LEADER, Err.NO_LEADER, Err.STOPPED, Err.LEADER_CHANGED,

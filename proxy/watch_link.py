@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -136,6 +137,7 @@ class WatchLink:
         self.dead = False
         #: the node answered WatchShared with UNIMPLEMENTED (a store older than the proxy)
         self.unimplemented = False
+        self.ended_at = 0.0  # when the stream ended (time.monotonic)
 
     async def open(self) -> SubStream:
         """A new sub-stream; raises the AioRpcError of the proof's Challenge call (or of the
@@ -215,6 +217,7 @@ class WatchLink:
         except grpc.aio.AioRpcError as exc:
             end = exc
             self.unimplemented = exc.code() == grpc.StatusCode.UNIMPLEMENTED
+            self.ended_at = time.monotonic()
         except asyncio.CancelledError:
             end = rpc_error(grpc.StatusCode.CANCELLED, "watch link closed")
             raise
