@@ -83,6 +83,14 @@ REQUEST_DURATION = Histogram(
     buckets=_REQUEST_BUCKETS,
 )
 OPEN_STREAMS = Gauge("raftgate_proxy_open_streams", "Streaming etcd v3 RPCs open right now.", ["service", "method"])
+WATCH_SUBSTREAMS = Gauge(
+    "raftgate_proxy_watch_substreams",
+    "Client Watch streams carried as sub-streams of the proxy's shared watch streams to the store (WatchShared).",
+)
+WATCH_SLOW_CLOSES = Counter(
+    "raftgate_proxy_watch_slow_closes_total",
+    "Watch sub-streams closed because their client read too slowly (resumed from the store's history).",
+)
 PERMISSION_DENIALS = Counter(
     "raftgate_proxy_permission_denials_total", "Store answers 'permission denied', by request kind.", ["kind"]
 )

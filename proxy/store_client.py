@@ -62,6 +62,7 @@ from protos import wire
 from protos.internal import INTERNAL_TOKEN_METADATA
 from protos.storepb import store_pb2
 from proxy.store_pipe import NotSent, OutcomeUnknown, StorePipe
+from proxy.watch_link import Overflowed, SubStream, WatchLink
 from raftgate.errors import UNMARSHAL_ERROR_PREFIX, Err, EtcdError, from_message
 from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
 from raftgate.methods import METHODS, RETRY_FIELDS
@@ -138,6 +139,8 @@ class _Endpoint:
         self.serves_reads = False
         #: a read on it failed (unreachable, cut off from the leader): no spread reads until then
         self.suspect_until = 0.0
+        #: the proxy's client Watch streams on this node, as sub-streams of one stream (WatchShared)
+        self.watch_link: WatchLink | None = None
 
     async def metadata(self, timeout: float | None = None) -> Metadata:
         """What each call carries: a proof of the secret (raises the Challenge call's error)."""
@@ -347,6 +350,8 @@ class StoreClient:
 
     @staticmethod
     async def _close_endpoint(ep: _Endpoint) -> None:
+        if ep.watch_link is not None:
+            await ep.watch_link.close()
         await ep.pipe.close()
         await ep.channel.close()
 
@@ -571,8 +576,19 @@ class StoreClient:
         return store_pb2.ResolveTokenResponse.FromString(answer)
 
     def watch_streams(self) -> WatchStreams:
-        """The Store.WatchBatches streams of one client's Watch stream, one after another."""
+        """The store streams of one client's Watch stream, one after another."""
         return WatchStreams(self)
+
+    def _watch_link(self, endpoint: _Endpoint) -> WatchLink | None:
+        """The node's shared watch stream (a new one if the last ended); None if the node
+        served no WatchShared (a store older than the proxy: one WatchBatches stream each) when
+        last asked, less than WATCH_SHARED_RETRY_SECONDS ago (it may be upgraded since)."""
+        link = endpoint.watch_link
+        if link is not None and link.unimplemented and time.monotonic() - link.ended_at < WATCH_SHARED_RETRY_SECONDS:
+            return None
+        if link is None or link.dead:
+            link = endpoint.watch_link = WatchLink(endpoint.channel, endpoint.metadata)
+        return link
 
     async def close(self) -> None:
         for task in (self._refresher, self._discovery):
@@ -586,6 +602,8 @@ class StoreClient:
 WATCH_METHOD = _SERVICE + "WatchBatches"
 RESUME_DEADLINE = 30.0  # how long a stream may go without a store leader before the client is told
 WATCH_BACKOFF = 0.1
+#: how long a node that answered WatchShared with UNIMPLEMENTED gets WatchBatches streams only
+WATCH_SHARED_RETRY_SECONDS = 300.0
 #: a stream that served this long before it ended was no outage: a new one starts at its end
 WATCH_SERVED_SECONDS = 5.0
 _WATCH_RETRY_ERRS = frozenset({Err.NOT_LEADER, Err.NO_LEADER, Err.STOPPED, Err.LEADER_CHANGED,
@@ -604,20 +622,29 @@ def watch_retryable(error: grpc.aio.AioRpcError) -> bool:
 
 
 class WatchStreams:
-    """The retries of one client's Watch stream: each Store.WatchBatches stream goes to the node
-    believed to lead; when one ends, ``ended`` finds the leader again and says whether to open the
-    next (proxy/watch.py then resumes every watch on it) or to end the client's stream."""
+    """The retries of one client's Watch stream: each stream goes to the node believed to lead
+    (a sub-stream of the proxy's shared stream there, proxy/watch_link.py, or a Store.WatchBatches
+    stream of its own on a node without WatchShared); when one ends, ``ended`` finds the leader
+    again and says whether to open the next (proxy/watch.py then resumes every watch on it) or to
+    end the client's stream."""
 
     def __init__(self, client: StoreClient) -> None:
         self._client = client
         self._down_since: float | None = None
         self._opened_on: _Endpoint | None = None
+        self._link: WatchLink | None = None
         self._proof: Metadata = ()
 
-    async def open(self) -> grpc.aio.StreamStreamCall:
+    async def open(self) -> SubStream | grpc.aio.StreamStreamCall:
         """A new stream on the node believed to lead; raises the Challenge call's AioRpcError when
         no challenge could be had there (``ended`` judges it as any other)."""
         endpoint = self._opened_on = self._client._leader
+        link = self._link = self._client._watch_link(endpoint)
+        if link is not None:
+            try:
+                return await link.open()
+            finally:
+                self._proof = link.proof  # a stale one is the link's to forget
         self._proof = await endpoint.metadata()
         return endpoint.channel.stream_stream(WATCH_METHOD)(metadata=self._proof)
 
@@ -628,6 +655,14 @@ class WatchStreams:
     async def ended(self, error: grpc.aio.AioRpcError | None, started: float) -> BaseException | None:
         """After a stream (reading since `started`) ended with `error` (None: closed): None once
         the next may be opened, or what to end the client's stream with."""
+        if (error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED and self._link is not None
+                and self._link.unimplemented):
+            return None  # a store older than the proxy: the next is a WatchBatches stream, at once
+        if isinstance(error, Overflowed):
+            # its client read too slowly (it has taken what was held by now): no outage, no leader
+            # to look for; the store replays what was dropped from its history
+            self._down_since = None
+            return None
         stale = error is not None and is_stale(error)
         if stale and self._opened_on is not None and self._opened_on.prover is not None:
             self._opened_on.prover.forget(self._proof)  # refused before it ran: open it again

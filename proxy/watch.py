@@ -1,7 +1,9 @@
 """Watch.Watch: one client stream <-> one store stream, surviving leader changes.
 
-Each client WatchRequest goes to the store leader's Store.WatchBatches stream
-wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
+The store stream is a sub-stream of the proxy's one Store.WatchShared stream to the leader
+(proxy/watch_link.py: the messages of every client stream are shared), or, with a store that has
+no WatchShared, a Store.WatchBatches stream of its own; both behave alike here. Each client
+WatchRequest goes to it wrapped with the stamped header; the store's WatchResponse bytes come back to the client as they
 are (the store batches the responses that queued together; the client still gets one message
 each, as from etcd). The proxy reads a copy of each answer to know, per watch, its create request
 and the next revision it has not delivered. When the store stream fails (the node died or stopped
@@ -12,8 +14,10 @@ dropped as a last guard.
 
 A client that reads slowly or not at all holds at most ``CLIENT_BUFFER_BYTES`` of answers in the
 proxy: at that bound the proxy stops reading the store stream until the client has taken half of
-it, so HTTP/2 flow control holds the store back, and the store catches the stalled watches up
-from its history later instead of buffering them (see the store's watch hub). The other way,
+it. On a WatchBatches stream HTTP/2 flow control then holds the store back; a sub-stream of the
+shared stream is closed once it holds ``watch_link.INBOX_BYTES`` more, and the watches resume
+on a new one when the client has taken what was held. Either way the store catches the stalled
+watches up from its history later instead of buffering them (see the store's watch hub). The other way,
 the proxy holds at most ``UNSENT_BYTES`` of a client's creates the store has not answered yet and
 requests kept for the next store stream (a leader change): beyond that it reads no more of the
 client until the store answers or a stream is back.
@@ -292,9 +296,12 @@ class WatchProxy:
                             state.audited.append(audited)
                     elif which == "cancel_request":
                         state.canceling.add(req.cancel_request.watch_id)
-                    if state.connected:
-                        await self._write(state, _envelope(state, data))
-                    elif which != "create_request":
+                    sent = state.connected and await self._write(state, _envelope(state, data))
+                    # Not sent (no store stream, or it is gone: a sub-stream closed because this
+                    # client read too slowly is, until the resume): kept for the next stream. A
+                    # create stays pending, and a cancel written to a stream canceling: both are
+                    # sent again there.
+                    if not sent and which != "create_request" and not (which == "cancel_request" and state.connected):
                         state.keep(held=data)
         except asyncio.CancelledError:
             raise
@@ -353,11 +360,14 @@ class WatchProxy:
                 state.keep(held=data)
 
     @staticmethod
-    async def _write(state: _State, data: bytes) -> None:
+    async def _write(state: _State, data: bytes) -> bool:
+        """False when it could not be sent (the reading side notices and reconnects)."""
         try:
             await state.call.write(data)
         except Exception as exc:  # noqa: BLE001 - the reading side notices and reconnects
             log.debug("watch: write to the store failed: %s", exc)
+            return False
+        return True
 
     async def _sessions(self, state: _State, out: ByteQueue[Any]) -> None:
         streams = self.store.watch_streams()

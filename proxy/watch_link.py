@@ -1,0 +1,250 @@
+"""One proxy's Store.WatchShared stream to one store node, carrying its client Watch streams.
+
+gRPC-Python pays per message: with one store stream per client Watch stream, a revision that
+many watchers see costs the store and the proxy one message per stream. A ``WatchLink`` carries
+every client stream of the proxy on one stream to the node as *sub-streams*, the answers of all of
+them sharing the store's messages. A ``SubStream`` looks to proxy/watch.py like the
+Store.WatchBatches call it replaces (``write``, ``read``, ``cancel``), so resuming, token checks
+and tracking stay as they are.
+
+The shared reader never waits for one client: each sub-stream holds at most ``INBOX_BYTES`` of
+batches not read yet (one always fits). A batch past that closes the sub-stream at the store and
+ends it with etcd's retryable `too many requests` after what it holds: proxy/watch.py delivers
+that, then, once its client has room again, resumes the watches on a new sub-stream from the
+first revision the client has not seen (the store catches them up from its history).
+When the stream itself ends (node gone, leader change, store restart), every open sub-stream ends
+with its error after what it holds, and the link is done: the next sub-stream opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
+from proxy import metrics
+from raftgate.errors import Err, EtcdError
+
+log = logging.getLogger(__name__)
+
+WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
+#: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
+INBOX_BYTES = 1 << 20
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class Overflowed(grpc.aio.AioRpcError):
+    """A sub-stream's end when its client read too slowly: etcd's retryable `too many requests`.
+    No outage: the watches resume at once (on the same stream), from the store's history."""
+
+    def __init__(self) -> None:
+        err = EtcdError(Err.TOO_MANY_REQUESTS)
+        super().__init__(err.code, grpc.aio.Metadata(), grpc.aio.Metadata(), err.message)
+
+
+class SubStream:
+    """One client Watch stream's share of a link, used as a Store.WatchBatches call: ``write`` a
+    WatchStreamRequest, ``read`` a WatchBatch (``grpc.aio.EOF`` once closed; raises the
+    AioRpcError it ended with), ``cancel`` when done."""
+
+    def __init__(self, link: WatchLink, sub: int) -> None:
+        self.link = link
+        self.sub = sub
+        self._inbox: collections.deque[bytes] = collections.deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+        #: what ends it after the inbox (EOF or an AioRpcError); None while open
+        self._end: Any = None
+
+    async def write(self, data: bytes) -> None:
+        if self._end is not None:
+            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
+                grpc.StatusCode.CANCELLED, "watch sub-stream closed")
+        await self.link.send(WatchSharedRequest(sub=self.sub, request=data).SerializeToString())
+
+    async def read(self) -> Any:
+        while not self._inbox:
+            if self._end is not None:
+                if self._end is grpc.aio.EOF:
+                    return grpc.aio.EOF
+                raise self._end
+            self._ready.clear()
+            await self._ready.wait()
+        data = self._inbox.popleft()
+        self._bytes -= len(data)
+        return data
+
+    def cancel(self) -> bool:
+        """Done with it: the store is told (once) unless the sub-stream already ended."""
+        if self._end is not None:
+            return False
+        self.finish(rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream canceled"))
+        self.link.close_sub(self.sub)
+        return True
+
+    def done(self) -> bool:
+        return self._end is not None
+
+    # ---- the link's side ----
+    def deliver(self, batch: bytes) -> bool:
+        """A batch for it; False (nothing taken) when it would pass INBOX_BYTES."""
+        if self._bytes and self._bytes + len(batch) > INBOX_BYTES:
+            return False
+        self._inbox.append(batch)
+        self._bytes += len(batch)
+        self._ready.set()
+        return True
+
+    def finish(self, end: Any) -> None:
+        """Nothing more comes: ``end`` (EOF or an AioRpcError) after what the inbox holds."""
+        if self._end is None:
+            self._end = end
+            self._ready.set()
+
+
+class WatchLink:
+    """One WatchShared stream to one node, opened at the first sub-stream (with ``metadata()``:
+    the proof of the secret, kept in ``proof``); sub-stream ids rise from 1."""
+
+    def __init__(self, channel: grpc.aio.Channel, metadata: Callable[[], Awaitable[Metadata]]) -> None:
+        self._channel = channel
+        self._metadata = metadata
+        self.proof: Metadata = ()
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._subs: dict[int, SubStream] = {}
+        self._next_sub = 1
+        self._lock = asyncio.Lock()  # one write at a time on the call
+        self._closes: list[int] = []
+        self._closer: asyncio.Task[None] | None = None
+        self._error: grpc.aio.AioRpcError | None = None  # what ended the stream
+        #: the stream ended: no new sub-stream on it
+        self.dead = False
+        #: the node answered WatchShared with UNIMPLEMENTED (a store older than the proxy)
+        self.unimplemented = False
+        self.ended_at = 0.0  # when the stream ended (time.monotonic)
+
+    async def open(self) -> SubStream:
+        """A new sub-stream; raises the AioRpcError of the proof's Challenge call (or of the
+        stream) when the stream could not be opened."""
+        if self._starting is None:
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+            self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
+        if self.dead:
+            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+        sub = SubStream(self, self._next_sub)
+        self._next_sub += 1
+        self._subs[sub.sub] = sub
+        metrics.WATCH_SUBSTREAMS.inc()
+        return sub
+
+    async def _start(self) -> None:
+        try:
+            self.proof = await self._metadata()
+        except BaseException:
+            self.dead = True
+            raise
+        self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
+        self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+
+    def _drop(self, sub: int) -> SubStream | None:
+        """The sub-stream leaves the link: nothing more is delivered to it."""
+        gone = self._subs.pop(sub, None)
+        if gone is not None:
+            metrics.WATCH_SUBSTREAMS.dec()
+        return gone
+
+    async def send(self, message: bytes) -> None:
+        if self.dead or self._call is None:
+            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+        async with self._lock:
+            await self._call.write(message)
+
+    def close_sub(self, sub: int) -> None:
+        """Tells the store the sub-stream is done, without waiting (the reader calls it too)."""
+        self._drop(sub)
+        if self.dead:
+            return
+        self._closes.append(sub)
+        if self._closer is None or self._closer.done():
+            self._closer = asyncio.get_running_loop().create_task(self._send_closes())
+
+    async def _send_closes(self) -> None:
+        while self._closes:
+            sub = self._closes.pop(0)
+            try:
+                await self.send(WatchSharedRequest(sub=sub, close=True).SerializeToString())
+            except Exception as exc:  # noqa: BLE001 - the stream is gone: the store dropped the sub too
+                log.debug("watch link: close of sub-stream %d not sent: %s", sub, exc)
+                self._closes.clear()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        end: Any = grpc.aio.EOF
+        try:
+            while True:
+                data = await call.read()
+                if data is grpc.aio.EOF:
+                    break
+                for part in WatchSharedBatch.FromString(data).parts:
+                    sub = self._subs.get(part.sub)
+                    if sub is None:
+                        continue  # closed here: what was under way is dropped
+                    if part.end:
+                        self._drop(part.sub)
+                        sub.finish(grpc.aio.EOF if part.code == 0 else rpc_error(
+                            _CODES.get(part.code, grpc.StatusCode.UNKNOWN), part.message))
+                    elif not sub.deliver(part.batch):
+                        log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
+                        metrics.WATCH_SLOW_CLOSES.inc()
+                        sub.finish(Overflowed())
+                        self.close_sub(part.sub)
+        except grpc.aio.AioRpcError as exc:
+            end = exc
+            self.unimplemented = exc.code() == grpc.StatusCode.UNIMPLEMENTED
+            self.ended_at = time.monotonic()
+        except asyncio.CancelledError:
+            end = rpc_error(grpc.StatusCode.CANCELLED, "watch link closed")
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unparsable message: the stream is no use
+            log.warning("watch link: stream to the store failed: %s", exc)
+            end = rpc_error(grpc.StatusCode.INTERNAL, "watch link failed")
+        finally:
+            self._end(end)
+            call.cancel()
+
+    def _end(self, end: Any) -> None:
+        self.dead = True
+        if isinstance(end, grpc.aio.AioRpcError):
+            self._error = end
+        for sub_id in list(self._subs):
+            sub = self._drop(sub_id)
+            if sub is not None:
+                sub.finish(end)
+
+    async def close(self) -> None:
+        """Ends the stream; its sub-streams end with CANCELLED."""
+        self.dead = True
+        for task in (self._starting, self._reader, self._closer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if self._call is not None:
+            self._call.cancel()
+        self._end(rpc_error(grpc.StatusCode.CANCELLED, "watch link closed"))

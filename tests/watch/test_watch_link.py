@@ -1,0 +1,442 @@
+"""The proxy's client Watch streams share one Store.WatchShared stream per store node
+(proxy/watch_link.py): each is a sub-stream that behaves as its own WatchBatches stream would,
+a slow client's sub-stream is closed and resumed without holding the others back, and a store
+without WatchShared gets one WatchBatches stream per client stream as before.
+
+Against a fake store (an in-process gRPC server on 127.0.0.1 with raw-bytes handlers) that
+records what it is sent and answers what the test scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from prometheus_client import REGISTRY
+
+from protos.etcdserverpb import rpc_pb2 as pb
+from protos.mvccpb import kv_pb2
+from protos.storepb import store_pb2 as spb
+from proxy import store_client, watch, watch_link
+from proxy.identity import Identity
+from proxy.store_client import StoreClient, watch_retryable
+from raftgate.errors import Err
+from raftgate.secret_proof import INTERNAL, Challenges, ProofCheck
+from tests.support.away_store import NoAbortContext
+from tests.support.processes import free_port
+
+SERVICE = "raftgate.storepb.Store"
+
+
+def batch(*responses: bytes) -> bytes:
+    return spb.WatchBatch(responses=list(responses)).SerializeToString()
+
+
+def part(sub: int, data: bytes = b"", **end: Any) -> spb.WatchSharedPart:
+    return spb.WatchSharedPart(sub=sub, batch=data, **end)
+
+
+class FakeStore:
+    """WatchShared (unless ``shared`` is False) and WatchBatches; the test sends each call's answers."""
+
+    def __init__(self, *, shared: bool = True, secret: bytes | None = None) -> None:
+        self.shared = shared
+        #: with a secret, calls must prove it (the store's interceptor); ``issued`` counts challenges
+        self.challenges = Challenges(INTERNAL, (secret,), member_id=7) if secret else None
+        self.issued = 0
+        self.requests: list[spb.WatchSharedRequest] = []  # every WatchShared call's, in order
+        self.plain: list[bytes] = []  # every WatchBatches request
+        self.calls: list[asyncio.Queue[Any]] = []  # one per WatchShared call: what it answers
+        self.plain_calls = 0
+        self._changed = asyncio.Event()
+        #: called with each WatchShared request as it arrives
+        self.observer: Callable[[spb.WatchSharedRequest], Any] | None = None
+        self.server: grpc.aio.Server | None = None
+        self.port = free_port()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            self._changed.clear()
+            await self._changed.wait()
+
+    def poke(self) -> None:
+        """Something the test waits on changed."""
+        self._changed.set()
+
+    def send(self, *parts: spb.WatchSharedPart, call: int = -1) -> None:
+        self.calls[call].put_nowait(spb.WatchSharedBatch(parts=list(parts)).SerializeToString())
+
+    def abort(self, code: grpc.StatusCode, details: str, call: int = -1) -> None:
+        self.calls[call].put_nowait((code, details))
+
+    def closes(self, sub: int) -> int:
+        return sum(1 for r in self.requests if r.sub == sub and r.close)
+
+    def written(self, sub: int) -> list[bytes]:
+        return [r.request for r in self.requests if r.sub == sub and not r.close]
+
+    async def _watch_shared(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        self.calls.append(out)
+        self._changed.set()
+
+        async def take() -> None:
+            async for raw in requests:
+                request = spb.WatchSharedRequest.FromString(raw)
+                self.requests.append(request)
+                if self.observer is not None:
+                    self.observer(request)
+                self._changed.set()
+
+        reader = asyncio.get_running_loop().create_task(take())
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, tuple):
+                    await context.abort(*item)
+                yield item
+        finally:
+            reader.cancel()
+
+    async def _watch_batches(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+        self.plain_calls += 1
+        async for raw in requests:
+            self.plain.append(raw)
+            self._changed.set()
+            yield batch(b"plain:" + raw)
+
+    async def start(self) -> None:
+        handlers = {"WatchBatches": grpc.stream_stream_rpc_method_handler(self._watch_batches)}
+        if self.shared:
+            handlers["WatchShared"] = grpc.stream_stream_rpc_method_handler(self._watch_shared)
+        interceptors = []
+        if self.challenges is not None:
+            issue = self.challenges.issue
+
+            def counted(peer: str) -> bytes:
+                self.issued += 1
+                return issue(peer)
+
+            self.challenges.issue = counted  # type: ignore[method-assign]
+            interceptors.append(ProofCheck(self.challenges, "refused"))
+        self.server = grpc.aio.server(interceptors=interceptors)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+
+
+def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared: bool = True,
+        secret: bytes | None = None) -> None:
+    async def main() -> None:
+        store = FakeStore(shared=shared, secret=secret)
+        await store.start()
+        client = StoreClient(f"127.0.0.1:{store.port}", secret=secret.decode() if secret else None)
+        try:
+            await scenario(store, client)
+        finally:
+            await client.close()
+            assert store.server is not None
+            await store.server.stop(None)
+
+    asyncio.run(asyncio.wait_for(main(), 20))  # a wait that never ends fails, not hangs
+
+
+def test_two_sub_streams_get_their_own_batches_in_order_on_one_stream() -> None:
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        a = await client.watch_streams().open()
+        b = await client.watch_streams().open()
+        await a.write(b"create-a")
+        await b.write(b"create-b")
+        await store.until(lambda: len(store.requests) == 2)
+        assert len(store.calls) == 1  # one store stream for both
+        assert store.written(1) == [b"create-a"] and store.written(2) == [b"create-b"]
+        store.send(part(1, batch(b"a1")), part(2, batch(b"b1")), part(1, batch(b"a2")))
+        store.send(part(2, batch(b"b2")), part(1, batch(b"a3")))
+        assert [spb.WatchBatch.FromString(await a.read()).responses[0] for _ in range(3)] == [b"a1", b"a2", b"a3"]
+        assert [spb.WatchBatch.FromString(await b.read()).responses[0] for _ in range(2)] == [b"b1", b"b2"]
+
+    run(scenario)
+
+
+def test_an_end_part_ends_its_sub_stream_only_after_its_batches() -> None:
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        a = await client.watch_streams().open()
+        b = await client.watch_streams().open()
+        await a.write(b"x")
+        await store.until(lambda: len(store.calls) == 1)
+        code, message = Err.PERMISSION_DENIED.value
+        store.send(part(1, batch(b"a1")), part(1, end=True, code=code.value[0], message=message),
+                   part(2, batch(b"b1")))
+        assert spb.WatchBatch.FromString(await a.read()).responses == [b"a1"]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await a.read()
+        assert (ended.value.code(), ended.value.details()) == (code, message)
+        assert spb.WatchBatch.FromString(await b.read()).responses == [b"b1"]
+        await b.write(b"still")  # the stream and the other sub-stream go on
+        await store.until(lambda: store.written(2) == [b"still"])
+        store.send(part(2, end=True))  # code 0: closed
+        assert await b.read() is grpc.aio.EOF
+        a.cancel()  # ended already: nothing to tell the store
+        b.cancel()
+        c = await client.watch_streams().open()
+        await c.write(b"c")
+        await store.until(lambda: store.written(3) == [b"c"])
+        assert store.closes(1) == store.closes(2) == 0
+
+    run(scenario)
+
+
+def test_cancel_closes_the_sub_stream_at_the_store_once() -> None:
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        a = await client.watch_streams().open()
+        await a.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        a.cancel()
+        a.cancel()
+        await store.until(lambda: store.closes(1) > 0)
+        b = await client.watch_streams().open()
+        await b.write(b"y")
+        await store.until(lambda: store.written(2) == [b"y"])
+        assert store.closes(1) == 1
+        store.send(part(1, batch(b"late")), part(2, batch(b"b1")))  # under way when closed: dropped
+        assert spb.WatchBatch.FromString(await b.read()).responses == [b"b1"]
+
+    run(scenario)
+
+
+def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_others_go_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        closed_before = REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") or 0
+        open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
+        slow = await client.watch_streams().open()
+        other = await client.watch_streams().open()
+        await slow.write(b"x")
+        await store.until(lambda: len(store.calls) == 1)
+        big = [batch(bytes([n]) * 400) for n in range(4)]
+        # two fit, the third does not; what follows it for the slow one is dropped; the other one
+        # gets its batch although nobody reads the slow one
+        store.send(*(part(1, b) for b in big), part(2, batch(b"o1")))
+        assert spb.WatchBatch.FromString(await other.read()).responses == [b"o1"]
+        await store.until(lambda: store.closes(1) == 1)
+        assert [await slow.read() for _ in range(2)] == big[:2]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await slow.read()
+        assert (ended.value.code(), ended.value.details()) == Err.TOO_MANY_REQUESTS.value
+        assert watch_retryable(ended.value)
+        streams = client.watch_streams()
+        streams._down_since = 0.0  # an outage long past RESUME_DEADLINE: a slow client is none
+        assert await streams.ended(ended.value, 0.0) is None
+        assert streams._down_since is None
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") == closed_before + 1
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before + 1  # the other one
+        slow.cancel()  # ended: no second close
+        store.send(part(2, batch(b"o2")))
+        assert spb.WatchBatch.FromString(await other.read()).responses == [b"o2"]
+        assert store.closes(1) == 1
+
+    run(scenario)
+
+
+def test_the_stream_breaking_ends_every_sub_stream_and_the_next_opens_a_new_one() -> None:
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        a = await client.watch_streams().open()
+        b = await client.watch_streams().open()
+        await a.write(b"x")
+        await store.until(lambda: len(store.calls) == 1)
+        store.send(part(1, batch(b"a1")))
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
+        assert spb.WatchBatch.FromString(await a.read()).responses == [b"a1"]
+        for sub in (a, b):
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await sub.read()
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert watch_retryable(ended.value)
+        c = await client.watch_streams().open()
+        await c.write(b"again")
+        await store.until(lambda: len(store.calls) == 2 and store.written(1)[-1:] == [b"again"])
+        store.send(part(1, batch(b"c1")))  # sub-stream ids start again on the new stream
+        assert spb.WatchBatch.FromString(await c.read()).responses == [b"c1"]
+
+    run(scenario)
+
+
+def test_a_store_without_watch_shared_gets_a_watch_batches_stream_per_client_stream() -> None:
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        streams = client.watch_streams()
+        first = await streams.open()
+        await first.write(b"create")
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await first.read()
+        assert ended.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert await streams.ended(ended.value, 0.0) is None  # opened again, not the client's error
+        for _ in range(2):  # remembered: every stream from now on is a WatchBatches one
+            call = await streams.open()
+            await call.write(b"create")
+            assert spb.WatchBatch.FromString(await call.read()).responses == [b"plain:create"]
+            call.cancel()
+        assert store.plain_calls == 2
+
+    run(scenario, shared=False)
+
+
+def test_a_node_without_watch_shared_is_asked_again_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node upgraded since (restarted with WatchShared) is not left on WatchBatches for good."""
+    monkeypatch.setattr(store_client, "WATCH_SHARED_RETRY_SECONDS", 0.0)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        streams = client.watch_streams()
+        for _ in range(2):  # each time the interval has passed: WatchShared is asked again
+            sub = await streams.open()
+            assert isinstance(sub, watch_link.SubStream)
+            await sub.write(b"create")
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await sub.read()
+            assert ended.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert await streams.ended(ended.value, 0.0) is None
+
+    run(scenario, shared=False)
+
+
+def test_a_shared_stream_refused_over_a_stale_challenge_is_opened_again_with_a_new_one() -> None:
+    secret = b"secret-for-tests-0123456789"
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        streams = client.watch_streams()
+        a = await streams.open()
+        await a.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        assert store.issued == 1
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node restarting")
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await a.read()
+        assert await streams.ended(ended.value, 0.0) is None
+        assert store.challenges is not None
+        issued = store.issued
+        store.challenges._key = os.urandom(32)  # what a restarted store is to its callers' challenges
+        b = await streams.open()  # a new stream, over the challenge the proxy holds: refused as stale
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await b.write(b"y")
+            await b.read()
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert await streams.ended(ended.value, 0.0) is None  # not the client's error: asked again
+        c = await streams.open()
+        await c.write(b"z")
+        await store.until(lambda: len(store.calls) == 2 and store.written(1)[-1:] == [b"z"])
+        assert store.issued == issued + 1  # the new stream came with a new challenge
+
+    run(scenario, secret=secret)
+
+
+def _events(first: int, last: int, size: int = 300) -> bytes:
+    return pb.WatchResponse(header=pb.ResponseHeader(revision=last), watch_id=0, events=[
+        kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=b"v" * size, mod_revision=r, create_revision=1, version=r))
+        for r in range(first, last + 1)]).SerializeToString()
+
+
+def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_misses_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's Watch stream over a sub-stream: a client that stops reading lets its sub-stream
+    overflow (closed at the store); the watch resumes on a new sub-stream only once the client
+    took some of what the proxy held, from the first revision it had not been given, and the
+    client sees every event once, in order."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        got: list[int] = []
+        taken_at_resume: list[int] = []
+        store.observer = lambda r: taken_at_resume.append(len(got)) if r.sub == 2 and not taken_at_resume else None
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        last = 31
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, last + 1)))  # the client reads none
+        await store.until(lambda: store.closes(1) == 1)
+        assert {r.sub for r in store.requests} == {1}  # no resume while the client has no room
+
+        async def read() -> None:
+            while True:
+                answer = pb.WatchResponse.FromString(await anext(stream))
+                got.extend(e.kv.mod_revision for e in answer.events)
+                store.poke()
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await store.until(lambda: bool(store.written(2)))
+        resumed = spb.WatchStreamRequest.FromString(store.written(2)[0])
+        assert resumed.resume and taken_at_resume[0] > 0
+        start = resumed.request.create_request.start_revision
+        assert 2 < start < last  # what the sub-stream held, not what was dropped
+        store.send(part(2, batch(_events(start, last))))
+        await store.until(lambda: bool(got) and got[-1] == last)
+        assert got == list(range(2, last + 1))  # each once, in order
+        assert {r.sub for r in store.requests} == {1, 2}  # one resume, no spinning
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_the_next_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between its sub-stream's close (the client read too slowly) and the resume, a client's
+    progress request reaches the store on the new sub-stream, once."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        send_progress = asyncio.Event()
+        taken: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_progress.wait()
+            yield progress
+            taken.append(progress)  # the proxy handled it and asks for the next
+            store.poke()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)))  # the client reads none
+        await store.until(lambda: store.closes(1) == 1)
+        send_progress.set()
+        await store.until(lambda: bool(taken))
+
+        async def read() -> None:
+            while True:
+                await anext(stream)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await store.until(lambda: len(store.written(2)) >= 2)
+        assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
+            progress]
+        assert progress not in [spb.WatchStreamRequest.FromString(w).request.SerializeToString()
+                                for w in store.written(1)]
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
