@@ -162,12 +162,34 @@ def test_two_sub_streams_get_their_own_batches_in_order_on_one_stream() -> None:
     run(scenario)
 
 
+def test_sub_streams_are_numbered_in_the_order_they_first_write() -> None:
+    """The store opens a sub-stream at the first request naming it and ignores a number at or
+    below one it has seen: a client stream opened first but writing second must get the higher
+    number (found with a real 3-node store: the second client's creates were never answered)."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        first = await client.watch_streams().open()
+        second = await client.watch_streams().open()
+        never = await client.watch_streams().open()
+        await second.write(b"from-second")
+        await first.write(b"from-first")
+        await store.until(lambda: len(store.requests) == 2)
+        assert [(r.sub, r.request) for r in store.requests] == [(1, b"from-second"), (2, b"from-first")]
+        never.cancel()  # it never wrote: the store never heard of it, nothing to close
+        third = await client.watch_streams().open()
+        await third.write(b"from-third")
+        await store.until(lambda: len(store.requests) == 3)
+        assert store.requests[2].sub == 3 and not any(r.close for r in store.requests)
+
+    run(scenario)
+
+
 def test_an_end_part_ends_its_sub_stream_only_after_its_batches() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         a = await client.watch_streams().open()
         b = await client.watch_streams().open()
         await a.write(b"x")
-        await store.until(lambda: len(store.calls) == 1)
+        await b.write(b"y")
+        await store.until(lambda: len(store.requests) == 2)
         code, message = Err.PERMISSION_DENIED.value
         store.send(part(1, batch(b"a1")), part(1, end=True, code=code.value[0], message=message),
                    part(2, batch(b"b1")))
@@ -177,7 +199,7 @@ def test_an_end_part_ends_its_sub_stream_only_after_its_batches() -> None:
         assert (ended.value.code(), ended.value.details()) == (code, message)
         assert spb.WatchBatch.FromString(await b.read()).responses == [b"b1"]
         await b.write(b"still")  # the stream and the other sub-stream go on
-        await store.until(lambda: store.written(2) == [b"still"])
+        await store.until(lambda: store.written(2) == [b"y", b"still"])
         store.send(part(2, end=True))  # code 0: closed
         assert await b.read() is grpc.aio.EOF
         a.cancel()  # ended already: nothing to tell the store
@@ -218,7 +240,8 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
         slow = await client.watch_streams().open()
         other = await client.watch_streams().open()
         await slow.write(b"x")
-        await store.until(lambda: len(store.calls) == 1)
+        await other.write(b"y")
+        await store.until(lambda: len(store.requests) == 2)
         big = [batch(bytes([n]) * 400) for n in range(4)]
         # two fit, the third does not; what follows it for the slow one is dropped; the other one
         # gets its batch although nobody reads the slow one
