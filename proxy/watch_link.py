@@ -61,9 +61,11 @@ class SubStream:
     WatchStreamRequest, ``read`` a WatchBatch (``grpc.aio.EOF`` once closed; raises the
     AioRpcError it ended with), ``cancel`` when done."""
 
-    def __init__(self, link: WatchLink, sub: int) -> None:
+    def __init__(self, link: WatchLink) -> None:
         self.link = link
-        self.sub = sub
+        #: its number on the link, given at its first write (0 before): the store opens a sub-stream
+        #: at the first request naming it and takes only rising numbers, so numbers go in that order
+        self.sub = 0
         self._inbox: collections.deque[bytes] = collections.deque()
         self._bytes = 0
         self._ready = asyncio.Event()
@@ -74,7 +76,7 @@ class SubStream:
         if self._end is not None:
             raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
                 grpc.StatusCode.CANCELLED, "watch sub-stream closed")
-        await self.link.send(WatchSharedRequest(sub=self.sub, request=data).SerializeToString())
+        await self.link.send_request(self, data)
 
     async def read(self) -> Any:
         while not self._inbox:
@@ -93,7 +95,7 @@ class SubStream:
         if self._end is not None:
             return False
         self.finish(rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream canceled"))
-        self.link.close_sub(self.sub)
+        self.link.close_sub(self)
         return True
 
     def done(self) -> bool:
@@ -127,7 +129,8 @@ class WatchLink:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._starting: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._subs: dict[int, SubStream] = {}
+        self._subs: dict[int, SubStream] = {}  # by number: those that wrote
+        self._fresh: set[SubStream] = set()  # opened, nothing written yet (no number)
         self._next_sub = 1
         self._lock = asyncio.Lock()  # one write at a time on the call
         self._closes: list[int] = []
@@ -148,9 +151,8 @@ class WatchLink:
         await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
         if self.dead:
             raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
-        sub = SubStream(self, self._next_sub)
-        self._next_sub += 1
-        self._subs[sub.sub] = sub
+        sub = SubStream(self)
+        self._fresh.add(sub)
         metrics.WATCH_SUBSTREAMS.inc()
         return sub
 
@@ -163,25 +165,44 @@ class WatchLink:
         self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
 
-    def _drop(self, sub: int) -> SubStream | None:
-        """The sub-stream leaves the link: nothing more is delivered to it."""
-        gone = self._subs.pop(sub, None)
-        if gone is not None:
-            metrics.WATCH_SUBSTREAMS.dec()
-        return gone
+    def _drop(self, sub: SubStream) -> bool:
+        """The sub-stream leaves the link: nothing more is delivered to it. False: it had left."""
+        if self._subs.get(sub.sub) is sub:
+            del self._subs[sub.sub]
+        elif sub in self._fresh:
+            self._fresh.discard(sub)
+        else:
+            return False
+        metrics.WATCH_SUBSTREAMS.dec()
+        return True
+
+    async def send_request(self, sub: SubStream, request: bytes) -> None:
+        """Writes a request of ``sub``, numbering it first if this is its first."""
+        async with self._lock:
+            if self.dead or self._call is None:
+                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            if sub.sub == 0:
+                if sub not in self._fresh:  # canceled or ended meanwhile
+                    raise rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream closed")
+                sub.sub = self._next_sub
+                self._next_sub += 1
+                self._fresh.discard(sub)
+                self._subs[sub.sub] = sub
+            await self._call.write(WatchSharedRequest(sub=sub.sub, request=request).SerializeToString())
 
     async def send(self, message: bytes) -> None:
-        if self.dead or self._call is None:
-            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
         async with self._lock:
+            if self.dead or self._call is None:
+                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
             await self._call.write(message)
 
-    def close_sub(self, sub: int) -> None:
-        """Tells the store the sub-stream is done, without waiting (the reader calls it too)."""
+    def close_sub(self, sub: SubStream) -> None:
+        """Tells the store the sub-stream is done, without waiting (the reader calls it too); one
+        that never wrote is unknown to the store: nothing to tell."""
         self._drop(sub)
-        if self.dead:
+        if self.dead or sub.sub == 0:
             return
-        self._closes.append(sub)
+        self._closes.append(sub.sub)
         if self._closer is None or self._closer.done():
             self._closer = asyncio.get_running_loop().create_task(self._send_closes())
 
@@ -206,14 +227,14 @@ class WatchLink:
                     if sub is None:
                         continue  # closed here: what was under way is dropped
                     if part.end:
-                        self._drop(part.sub)
+                        self._drop(sub)
                         sub.finish(grpc.aio.EOF if part.code == 0 else rpc_error(
                             _CODES.get(part.code, grpc.StatusCode.UNKNOWN), part.message))
                     elif not sub.deliver(part.batch):
                         log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
                         metrics.WATCH_SLOW_CLOSES.inc()
                         sub.finish(Overflowed())
-                        self.close_sub(part.sub)
+                        self.close_sub(sub)
         except grpc.aio.AioRpcError as exc:
             end = exc
             self.unimplemented = exc.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -232,9 +253,8 @@ class WatchLink:
         self.dead = True
         if isinstance(end, grpc.aio.AioRpcError):
             self._error = end
-        for sub_id in list(self._subs):
-            sub = self._drop(sub_id)
-            if sub is not None:
+        for sub in [*self._subs.values(), *self._fresh]:
+            if self._drop(sub):
                 sub.finish(end)
 
     async def close(self) -> None:
