@@ -65,6 +65,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         store.stop()
 
 
+@pytest.fixture(autouse=True)
+def _no_watch_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test against the shared store starts with no watch open (the ones before it ended
+    theirs: their streams' watches are removed as the store notices the end, not at once)."""
+    if "setup" in request.fixturenames:
+        setup: Setup = request.getfixturevalue("setup")
+        wait_for(lambda: _open_watches(setup) == 0, 20, "the earlier tests' watches to go")
+    yield
+
+
 def _put(setup: Setup, key: bytes, value: bytes, *, check: bool = True) -> bool:
     """A put straight at the store, as a central proxy sends it (auth is off: no user stamped)."""
     with grpc.insecure_channel(setup.store) as base:
