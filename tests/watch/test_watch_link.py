@@ -231,6 +231,30 @@ def test_cancel_closes_the_sub_stream_at_the_store_once() -> None:
     run(scenario)
 
 
+def test_a_client_stream_that_ends_while_its_request_is_written_leaves_the_shared_stream_open() -> None:
+    """A cancelled grpc.aio write cancels its whole call: a client stream that ends (its tasks
+    cancelled) while its request is under way must not end every other client's sub-stream."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        leaving = await client.watch_streams().open()
+        other = await client.watch_streams().open()
+        await leaving.write(b"x")
+        await other.write(b"y")
+        await store.until(lambda: len(store.requests) == 2)
+        writing = asyncio.get_running_loop().create_task(leaving.write(b"under way"))
+        await asyncio.sleep(0)  # one turn of the loop: the write is handed to gRPC, not done
+        assert not writing.done()
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        leaving.cancel()
+        store.send(part(2, batch(b"o1")))
+        assert spb.WatchBatch.FromString(await other.read()).responses == [b"o1"]
+        await other.write(b"still")
+        await store.until(lambda: store.written(2)[-1:] == [b"still"])
+        assert len(store.calls) == 1
+
+    run(scenario)
+
+
 def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_others_go_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
