@@ -133,6 +133,7 @@ class WatchLink:
         self._fresh: set[SubStream] = set()  # opened, nothing written yet (no number)
         self._next_sub = 1
         self._lock = asyncio.Lock()  # one write at a time on the call
+        self._writing: asyncio.Task[None] | None = None  # the last write (see ``_write``)
         self._closes: list[int] = []
         self._closer: asyncio.Task[None] | None = None
         self._error: grpc.aio.AioRpcError | None = None  # what ended the stream
@@ -179,8 +180,7 @@ class WatchLink:
     async def send_request(self, sub: SubStream, request: bytes) -> None:
         """Writes a request of ``sub``, numbering it first if this is its first."""
         async with self._lock:
-            if self.dead or self._call is None:
-                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            call = await self._writable()
             if sub.sub == 0:
                 if sub not in self._fresh:  # canceled or ended meanwhile
                     raise rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream closed")
@@ -188,13 +188,28 @@ class WatchLink:
                 self._next_sub += 1
                 self._fresh.discard(sub)
                 self._subs[sub.sub] = sub
-            await self._call.write(WatchSharedRequest(sub=sub.sub, request=request).SerializeToString())
+            await self._write(call, WatchSharedRequest(sub=sub.sub, request=request).SerializeToString())
 
     async def send(self, message: bytes) -> None:
         async with self._lock:
-            if self.dead or self._call is None:
-                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
-            await self._call.write(message)
+            await self._write(await self._writable(), message)
+
+    async def _writable(self) -> grpc.aio.StreamStreamCall:
+        """Under the lock: the call, once the last write is done (one its caller left may still
+        be under way); raises what ended the stream."""
+        if self._writing is not None and not self._writing.done():
+            await asyncio.wait((self._writing,))
+        if self.dead or self._call is None:
+            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+        return self._call
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, message: bytes) -> None:
+        """Under the lock: writes in a task of its own, which a caller canceled meanwhile (its
+        client stream ended) leaves to finish: grpc.aio cancels the whole call when a write is
+        canceled, which would end every sub-stream."""
+        self._writing = asyncio.get_running_loop().create_task(call.write(message))
+        self._writing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        await asyncio.shield(self._writing)
 
     def close_sub(self, sub: SubStream) -> None:
         """Tells the store the sub-stream is done, without waiting (the reader calls it too); one
@@ -260,7 +275,7 @@ class WatchLink:
     async def close(self) -> None:
         """Ends the stream; its sub-streams end with CANCELLED."""
         self.dead = True
-        for task in (self._starting, self._reader, self._closer):
+        for task in (self._starting, self._reader, self._closer, self._writing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
