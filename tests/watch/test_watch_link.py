@@ -255,6 +255,37 @@ def test_a_client_stream_that_ends_while_its_request_is_written_leaves_the_share
     run(scenario)
 
 
+def test_a_client_stream_that_ends_while_its_watches_resume_leaves_no_sub_stream_open() -> None:
+    """Between the next sub-stream's opening and its first write, the resume awaits the token's
+    identity: a client stream ending meanwhile closes that sub-stream too (the link forgets it, the
+    open sub-stream gauge drops back)."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
+        resuming = asyncio.Event()
+
+        async def identify() -> Identity:
+            resuming.set()
+            await asyncio.Event().wait()  # the token is being resolved when the client leaves
+            raise AssertionError
+
+        proxy = watch.WatchProxy(client, identify=identify)
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        reading = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, end=True))  # the sub-stream closed: the next one opens and resumes
+        await resuming.wait()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before
+
+    run(scenario)
+
+
 def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_others_go_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
