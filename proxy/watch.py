@@ -381,11 +381,13 @@ class WatchProxy:
                     out.put_nowait(final)
                     return
                 continue
+            # held at once (the writers wait for `connected`): a client stream that ends while the
+            # resume awaits the token or the lock cancels it too (serve's end)
+            state.call = call
             identity = None if first else await self._identify()  # resumes are judged by the token now
             async with state.lock:
                 if identity is not None:
                     stamp(state, identity)
-                state.call = call
                 # Re-create what the client has (from the first revision it has not seen), then
                 # what the old stream left unanswered, in the order the client sent it.
                 for watch_id in sorted(state.watches):
