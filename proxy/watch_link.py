@@ -31,6 +31,7 @@ import grpc.aio
 
 from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
 from proxy import metrics
+from proxy.store_pipe import answered_error, rpc_error
 from raftgate.errors import Err, EtcdError
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,7 @@ WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
 #: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
 INBOX_BYTES = 1 << 20
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 Metadata = tuple[tuple[str, str | bytes], ...]
-
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 class Overflowed(grpc.aio.AioRpcError):
@@ -243,8 +239,7 @@ class WatchLink:
                         continue  # closed here: what was under way is dropped
                     if part.end:
                         self._drop(sub)
-                        sub.finish(grpc.aio.EOF if part.code == 0 else rpc_error(
-                            _CODES.get(part.code, grpc.StatusCode.UNKNOWN), part.message))
+                        sub.finish(grpc.aio.EOF if part.code == 0 else answered_error(part.code, part.message))
                     elif not sub.deliver(part.batch):
                         log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
                         metrics.WATCH_SLOW_CLOSES.inc()
