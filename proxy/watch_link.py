@@ -43,6 +43,12 @@ INBOX_BYTES = 1 << 20
 Metadata = tuple[tuple[str, str | bytes], ...]
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Marks a task's error seen: its waiters (if any are left) were told."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Overflowed(grpc.aio.AioRpcError):
     """A sub-stream's end when its client read too slowly: etcd's retryable `too many requests`.
     No outage: the watches resume at once (on the same stream), from the store's history."""
@@ -130,7 +136,7 @@ class WatchLink:
         self._next_sub = 1
         self._lock = asyncio.Lock()  # one write at a time on the call
         self._writing: asyncio.Task[None] | None = None  # the last write (see ``_write``)
-        self._closes: list[int] = []
+        self._closes: collections.deque[int] = collections.deque()  # sub-streams to tell the store of
         self._closer: asyncio.Task[None] | None = None
         self._error: grpc.aio.AioRpcError | None = None  # what ended the stream
         #: the stream ended: no new sub-stream on it
@@ -144,7 +150,7 @@ class WatchLink:
         stream) when the stream could not be opened."""
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
-            self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+            self._starting.add_done_callback(_retrieved)
         await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
         if self.dead:
             raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
@@ -204,7 +210,7 @@ class WatchLink:
         client stream ended) leaves to finish: grpc.aio cancels the whole call when a write is
         canceled, which would end every sub-stream."""
         self._writing = asyncio.get_running_loop().create_task(call.write(message))
-        self._writing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        self._writing.add_done_callback(_retrieved)
         await asyncio.shield(self._writing)
 
     def close_sub(self, sub: SubStream) -> None:
@@ -219,7 +225,7 @@ class WatchLink:
 
     async def _send_closes(self) -> None:
         while self._closes:
-            sub = self._closes.pop(0)
+            sub = self._closes.popleft()
             try:
                 await self.send(WatchSharedRequest(sub=sub, close=True).SerializeToString())
             except Exception as exc:  # noqa: BLE001 - the stream is gone: the store dropped the sub too

@@ -50,22 +50,21 @@ _TOO_MANY_REQUESTS = Err.TOO_MANY_REQUESTS
 SubServe = Callable[[AsyncIterator[bytes], "SubContext"], AsyncIterator[bytes]]
 
 
-class _SubEnded(Exception):
+class _Status(Exception):
+    """An end with a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _SubEnded(_Status):
     """A sub-stream's serving aborted (raised inside it by ``SubContext.abort``)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
-
-class _StreamFailed(Exception):
+class _StreamFailed(_Status):
     """The whole shared stream ends with this status (a request of the proxy's that is wrong)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class SubContext:
