@@ -323,6 +323,34 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
     run(scenario)
 
 
+def test_a_request_waiting_to_be_written_when_its_sub_stream_is_closed_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that waits for the link's turn to write while its sub-stream is closed for a slow
+    client is refused (proxy/watch.py keeps it for the next sub-stream), not written to the closed
+    one, where the store would drop it unanswered."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        slow = await client.watch_streams().open()
+        await slow.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        link = slow.link
+        async with link._lock:  # another write under way
+            waiting = asyncio.get_running_loop().create_task(slow.write(b"progress"))
+            await asyncio.sleep(0)  # one turn: it waits for the link's turn
+            store.send(*(part(1, batch(bytes([n]) * 400)) for n in range(3)))  # the third does not fit
+            while not slow.done():  # the shared reader delivers two and closes it at the third
+                slow._ready.clear()
+                await slow._ready.wait()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await waiting
+        assert refused.value.code() == Err.TOO_MANY_REQUESTS.code
+        await store.until(lambda: store.closes(1) == 1)
+        assert store.written(1) == [b"x"]
+
+    run(scenario)
+
+
 def test_the_stream_breaking_ends_every_sub_stream_and_the_next_opens_a_new_one() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         a = await client.watch_streams().open()
