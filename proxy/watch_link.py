@@ -75,9 +75,6 @@ class SubStream:
         self._end: Any = None
 
     async def write(self, data: bytes) -> None:
-        if self._end is not None:
-            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
-                grpc.StatusCode.CANCELLED, "watch sub-stream closed")
         await self.link.send_request(self, data)
 
     async def read(self) -> Any:
@@ -102,6 +99,12 @@ class SubStream:
 
     def done(self) -> bool:
         return self._end is not None
+
+    def check_open(self) -> None:
+        """Raises what it ended with (a write to it would be dropped unanswered)."""
+        if self._end is not None:
+            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
+                grpc.StatusCode.CANCELLED, "watch sub-stream closed")
 
     # ---- the link's side ----
     def deliver(self, batch: bytes) -> bool:
@@ -183,9 +186,8 @@ class WatchLink:
         """Writes a request of ``sub``, numbering it first if this is its first."""
         async with self._lock:
             call = await self._writable()
+            sub.check_open()  # (it may have ended while this waited for its turn)
             if sub.sub == 0:
-                if sub not in self._fresh:  # canceled or ended meanwhile
-                    raise rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream closed")
                 sub.sub = self._next_sub
                 self._next_sub += 1
                 self._fresh.discard(sub)
