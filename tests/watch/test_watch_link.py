@@ -442,6 +442,25 @@ def test_a_shared_stream_refused_over_a_stale_challenge_is_opened_again_with_a_n
     run(scenario, secret=secret)
 
 
+def test_a_link_closed_while_it_starts_tells_its_waiting_streams_to_resume() -> None:
+    """A node's link closed while it asks for its challenge (the node left the member list): a
+    client stream waiting for it gets a retryable error, not a cancel of its own (its session
+    would end without a word, the client's stream left hanging)."""
+    secret = b"secret-for-tests-0123456789"
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        opening = asyncio.get_running_loop().create_task(client.watch_streams().open())
+        await asyncio.sleep(0)  # one turn: the link starts
+        link = client._leader.watch_link
+        assert link is not None
+        await link.close()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await opening
+        assert watch_retryable(ended.value)
+
+    run(scenario, secret=secret)
+
+
 def _events(first: int, last: int, size: int = 300) -> bytes:
     return pb.WatchResponse(header=pb.ResponseHeader(revision=last), watch_id=0, events=[
         kv_pb2.Event(kv=kv_pb2.KeyValue(key=b"k", value=b"v" * size, mod_revision=r, create_revision=1, version=r))
