@@ -154,7 +154,13 @@ class WatchLink:
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
             self._starting.add_done_callback(_retrieved)
-        await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
+        try:
+            await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._starting.cancelled() or (task is not None and task.cancelling()):
+                raise  # the waiter's own cancel
+            # else the link was closed while it started: an error to resume on, below
         if self.dead:
             raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
         sub = SubStream(self)
