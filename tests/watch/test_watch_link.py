@@ -568,3 +568,49 @@ def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_th
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_dropped_is_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A progress request written before the sub-stream was closed for its slow client, whose
+    answer came after the close (dropped with the rest): the resumed sub-stream asks again, so
+    the client gets its answer as from its own WatchBatches stream."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        send_progress = asyncio.Event()
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_progress.wait()
+            yield progress
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        send_progress.set()
+        await store.until(lambda: len(store.written(1)) == 2)  # asked on the first sub-stream
+        answer = pb.WatchResponse(header=pb.ResponseHeader(revision=31), watch_id=-1).SerializeToString()
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)), part(1, batch(answer)))
+        await store.until(lambda: store.closes(1) == 1)  # the client reads none: the answer is dropped
+
+        async def read() -> None:
+            while True:
+                await anext(stream)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await store.until(lambda: len(store.written(2)) >= 2)
+        assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
+            progress]
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
