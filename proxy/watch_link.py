@@ -33,14 +33,13 @@ from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
 from proxy import metrics
 from proxy.store_pipe import answered_error, rpc_error
 from raftgate.errors import Err, EtcdError
+from raftgate.secret_proof import Metadata
 
 log = logging.getLogger(__name__)
 
 WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
 #: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
 INBOX_BYTES = 1 << 20
-
-Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
