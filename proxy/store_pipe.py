@@ -77,6 +77,11 @@ def rpc_error(code: grpc.StatusCode, details: str,
     return kind(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
+def answered_error(code: int, message: str) -> grpc.aio.AioRpcError:
+    """A status the store sent as data (its code's number and its message), as a call raises it."""
+    return rpc_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+
+
 def too_large(size: int, limit: int) -> grpc.aio.AioRpcError:
     """grpc-go's refusal of a message over the server's send limit (etcd's: math.MaxInt32)."""
     return rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -359,7 +364,7 @@ class _Stream:
         if fut is None or fut.done():
             return
         if result.code:
-            fut.set_exception(rpc_error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message))
+            fut.set_exception(answered_error(result.code, result.message))
         else:
             fut.set_result(response)
 

@@ -64,6 +64,7 @@ IDENTIFY_TIMEOUT = 5.0  # a create whose token cannot be resolved meanwhile keep
 #: is open: its key may have left the key ring (rotated out) long before its ``exp``.
 RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
+_PROGRESS_REQUEST = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
 
@@ -94,7 +95,10 @@ class _State:
     pending: collections.deque[pb.WatchCreateRequest] = field(default_factory=collections.deque)
     #: with an audit log: who sent each create in ``pending`` (in step with it)
     audited: collections.deque[WatchCreate] = field(default_factory=collections.deque)
-    held: list[bytes] = field(default_factory=list)  # cancels / progress requests while reconnecting
+    held: list[bytes] = field(default_factory=list)  # requests kept for the next store stream
+    #: the client asked for progress and has no answer yet: asked again on the next store stream
+    #: (an answer under way is lost with its stream, or with a sub-stream closed for a slow client)
+    progress_asked: bool = False
     #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
     unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
     canceling: set[int] = field(default_factory=set)
@@ -182,6 +186,8 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
     if resp.watch_id in state.dead:
         return None  # nothing more for a watch whose token died
     if not resp.events:
+        if resp.watch_id == -1:  # the answer to a progress request (the stream's, not a watch's)
+            state.progress_asked = False
         targets = state.watches.values() if resp.watch_id == -1 else [
             w for w in (state.watches.get(resp.watch_id),) if w is not None]
         for w in targets:
@@ -296,12 +302,15 @@ class WatchProxy:
                             state.audited.append(audited)
                     elif which == "cancel_request":
                         state.canceling.add(req.cancel_request.watch_id)
+                    elif which == "progress_request":
+                        state.progress_asked = True
                     sent = state.connected and await self._write(state, _envelope(state, data))
                     # Not sent (no store stream, or it is gone: a sub-stream closed because this
                     # client read too slowly is, until the resume): kept for the next stream. A
-                    # create stays pending, and a cancel written to a stream canceling: both are
-                    # sent again there.
-                    if not sent and which != "create_request" and not (which == "cancel_request" and state.connected):
+                    # create stays pending, progress asked, and a cancel written to a stream
+                    # canceling: each is sent again there.
+                    if not sent and which not in ("create_request", "progress_request") and not (
+                            which == "cancel_request" and state.connected):
                         state.keep(held=data)
         except asyncio.CancelledError:
             raise
@@ -381,11 +390,13 @@ class WatchProxy:
                     out.put_nowait(final)
                     return
                 continue
+            # held at once (the writers wait for `connected`): a client stream that ends while the
+            # resume awaits the token or the lock cancels it too (serve's end)
+            state.call = call
             identity = None if first else await self._identify()  # resumes are judged by the token now
             async with state.lock:
                 if identity is not None:
                     stamp(state, identity)
-                state.call = call
                 # Re-create what the client has (from the first revision it has not seen), then
                 # what the old stream left unanswered, in the order the client sent it.
                 for watch_id in sorted(state.watches):
@@ -407,6 +418,8 @@ class WatchProxy:
                 for data in state.held:
                     await self._write(state, _envelope(state, data))
                 state.release_held()
+                if state.progress_asked:
+                    await self._write(state, _envelope(state, _PROGRESS_REQUEST))
                 state.connected = True
             first = False
             error: BaseException | None = None

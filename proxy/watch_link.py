@@ -31,7 +31,9 @@ import grpc.aio
 
 from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
 from proxy import metrics
+from proxy.store_pipe import answered_error, rpc_error
 from raftgate.errors import Err, EtcdError
+from raftgate.secret_proof import Metadata
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,11 @@ WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
 #: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
 INBOX_BYTES = 1 << 20
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-Metadata = tuple[tuple[str, str | bytes], ...]
 
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Marks a task's error seen: its waiters (if any are left) were told."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Overflowed(grpc.aio.AioRpcError):
@@ -73,9 +74,6 @@ class SubStream:
         self._end: Any = None
 
     async def write(self, data: bytes) -> None:
-        if self._end is not None:
-            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
-                grpc.StatusCode.CANCELLED, "watch sub-stream closed")
         await self.link.send_request(self, data)
 
     async def read(self) -> Any:
@@ -100,6 +98,12 @@ class SubStream:
 
     def done(self) -> bool:
         return self._end is not None
+
+    def check_open(self) -> None:
+        """Raises what it ended with (a write to it would be dropped unanswered)."""
+        if self._end is not None:
+            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
+                grpc.StatusCode.CANCELLED, "watch sub-stream closed")
 
     # ---- the link's side ----
     def deliver(self, batch: bytes) -> bool:
@@ -133,7 +137,8 @@ class WatchLink:
         self._fresh: set[SubStream] = set()  # opened, nothing written yet (no number)
         self._next_sub = 1
         self._lock = asyncio.Lock()  # one write at a time on the call
-        self._closes: list[int] = []
+        self._writing: asyncio.Task[None] | None = None  # the last write (see ``_write``)
+        self._closes: collections.deque[int] = collections.deque()  # sub-streams to tell the store of
         self._closer: asyncio.Task[None] | None = None
         self._error: grpc.aio.AioRpcError | None = None  # what ended the stream
         #: the stream ended: no new sub-stream on it
@@ -147,8 +152,14 @@ class WatchLink:
         stream) when the stream could not be opened."""
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
-            self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
-        await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
+            self._starting.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._starting.cancelled() or (task is not None and task.cancelling()):
+                raise  # the waiter's own cancel
+            # else the link was closed while it started: an error to resume on, below
         if self.dead:
             raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
         sub = SubStream(self)
@@ -179,22 +190,35 @@ class WatchLink:
     async def send_request(self, sub: SubStream, request: bytes) -> None:
         """Writes a request of ``sub``, numbering it first if this is its first."""
         async with self._lock:
-            if self.dead or self._call is None:
-                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            call = await self._writable()
+            sub.check_open()  # (it may have ended while this waited for its turn)
             if sub.sub == 0:
-                if sub not in self._fresh:  # canceled or ended meanwhile
-                    raise rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream closed")
                 sub.sub = self._next_sub
                 self._next_sub += 1
                 self._fresh.discard(sub)
                 self._subs[sub.sub] = sub
-            await self._call.write(WatchSharedRequest(sub=sub.sub, request=request).SerializeToString())
+            await self._write(call, WatchSharedRequest(sub=sub.sub, request=request).SerializeToString())
 
     async def send(self, message: bytes) -> None:
         async with self._lock:
-            if self.dead or self._call is None:
-                raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
-            await self._call.write(message)
+            await self._write(await self._writable(), message)
+
+    async def _writable(self) -> grpc.aio.StreamStreamCall:
+        """Under the lock: the call, once the last write is done (one its caller left may still
+        be under way); raises what ended the stream."""
+        if self._writing is not None and not self._writing.done():
+            await asyncio.wait((self._writing,))
+        if self.dead or self._call is None:
+            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+        return self._call
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, message: bytes) -> None:
+        """Under the lock: writes in a task of its own, which a caller canceled meanwhile (its
+        client stream ended) leaves to finish: grpc.aio cancels the whole call when a write is
+        canceled, which would end every sub-stream."""
+        self._writing = asyncio.get_running_loop().create_task(call.write(message))
+        self._writing.add_done_callback(_retrieved)
+        await asyncio.shield(self._writing)
 
     def close_sub(self, sub: SubStream) -> None:
         """Tells the store the sub-stream is done, without waiting (the reader calls it too); one
@@ -208,7 +232,7 @@ class WatchLink:
 
     async def _send_closes(self) -> None:
         while self._closes:
-            sub = self._closes.pop(0)
+            sub = self._closes.popleft()
             try:
                 await self.send(WatchSharedRequest(sub=sub, close=True).SerializeToString())
             except Exception as exc:  # noqa: BLE001 - the stream is gone: the store dropped the sub too
@@ -228,8 +252,7 @@ class WatchLink:
                         continue  # closed here: what was under way is dropped
                     if part.end:
                         self._drop(sub)
-                        sub.finish(grpc.aio.EOF if part.code == 0 else rpc_error(
-                            _CODES.get(part.code, grpc.StatusCode.UNKNOWN), part.message))
+                        sub.finish(grpc.aio.EOF if part.code == 0 else answered_error(part.code, part.message))
                     elif not sub.deliver(part.batch):
                         log.debug("watch link: sub-stream %d holds too much unread: closed", part.sub)
                         metrics.WATCH_SLOW_CLOSES.inc()
@@ -260,7 +283,7 @@ class WatchLink:
     async def close(self) -> None:
         """Ends the stream; its sub-streams end with CANCELLED."""
         self.dead = True
-        for task in (self._starting, self._reader, self._closer):
+        for task in (self._starting, self._reader, self._closer, self._writing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

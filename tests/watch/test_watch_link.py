@@ -231,6 +231,61 @@ def test_cancel_closes_the_sub_stream_at_the_store_once() -> None:
     run(scenario)
 
 
+def test_a_client_stream_that_ends_while_its_request_is_written_leaves_the_shared_stream_open() -> None:
+    """A cancelled grpc.aio write cancels its whole call: a client stream that ends (its tasks
+    cancelled) while its request is under way must not end every other client's sub-stream."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        leaving = await client.watch_streams().open()
+        other = await client.watch_streams().open()
+        await leaving.write(b"x")
+        await other.write(b"y")
+        await store.until(lambda: len(store.requests) == 2)
+        writing = asyncio.get_running_loop().create_task(leaving.write(b"under way"))
+        await asyncio.sleep(0)  # one turn of the loop: the write is handed to gRPC, not done
+        assert not writing.done()
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        leaving.cancel()
+        store.send(part(2, batch(b"o1")))
+        assert spb.WatchBatch.FromString(await other.read()).responses == [b"o1"]
+        await other.write(b"still")
+        await store.until(lambda: store.written(2)[-1:] == [b"still"])
+        assert len(store.calls) == 1
+
+    run(scenario)
+
+
+def test_a_client_stream_that_ends_while_its_watches_resume_leaves_no_sub_stream_open() -> None:
+    """Between the next sub-stream's opening and its first write, the resume awaits the token's
+    identity: a client stream ending meanwhile closes that sub-stream too (the link forgets it, the
+    open sub-stream gauge drops back)."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
+        resuming = asyncio.Event()
+
+        async def identify() -> Identity:
+            resuming.set()
+            await asyncio.Event().wait()  # the token is being resolved when the client leaves
+            raise AssertionError
+
+        proxy = watch.WatchProxy(client, identify=identify)
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        reading = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, end=True))  # the sub-stream closed: the next one opens and resumes
+        await resuming.wait()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before
+
+    run(scenario)
+
+
 def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_others_go_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
@@ -268,6 +323,34 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
     run(scenario)
 
 
+def test_a_request_waiting_to_be_written_when_its_sub_stream_is_closed_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that waits for the link's turn to write while its sub-stream is closed for a slow
+    client is refused (proxy/watch.py keeps it for the next sub-stream), not written to the closed
+    one, where the store would drop it unanswered."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        slow = await client.watch_streams().open()
+        await slow.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        link = slow.link
+        async with link._lock:  # another write under way
+            waiting = asyncio.get_running_loop().create_task(slow.write(b"progress"))
+            await asyncio.sleep(0)  # one turn: it waits for the link's turn
+            store.send(*(part(1, batch(bytes([n]) * 400)) for n in range(3)))  # the third does not fit
+            while not slow.done():  # the shared reader delivers two and closes it at the third
+                slow._ready.clear()
+                await slow._ready.wait()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await waiting
+        assert refused.value.code() == Err.TOO_MANY_REQUESTS.code
+        await store.until(lambda: store.closes(1) == 1)
+        assert store.written(1) == [b"x"]
+
+    run(scenario)
+
+
 def test_the_stream_breaking_ends_every_sub_stream_and_the_next_opens_a_new_one() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         a = await client.watch_streams().open()
@@ -295,7 +378,8 @@ def test_a_store_without_watch_shared_gets_a_watch_batches_stream_per_client_str
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         streams = client.watch_streams()
         first = await streams.open()
-        await first.write(b"create")
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the refusal may already be in: as a call's write
+            await first.write(b"create")
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await first.read()
         assert ended.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -355,6 +439,25 @@ def test_a_shared_stream_refused_over_a_stale_challenge_is_opened_again_with_a_n
         await c.write(b"z")
         await store.until(lambda: len(store.calls) == 2 and store.written(1)[-1:] == [b"z"])
         assert store.issued == issued + 1  # the new stream came with a new challenge
+
+    run(scenario, secret=secret)
+
+
+def test_a_link_closed_while_it_starts_tells_its_waiting_streams_to_resume() -> None:
+    """A node's link closed while it asks for its challenge (the node left the member list): a
+    client stream waiting for it gets a retryable error, not a cancel of its own (its session
+    would end without a word, the client's stream left hanging)."""
+    secret = b"secret-for-tests-0123456789"
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        opening = asyncio.get_running_loop().create_task(client.watch_streams().open())
+        await asyncio.sleep(0)  # one turn: the link starts
+        link = client._leader.watch_link
+        assert link is not None
+        await link.close()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await opening
+        assert watch_retryable(ended.value)
 
     run(scenario, secret=secret)
 
@@ -460,6 +563,52 @@ def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_th
             progress]
         assert progress not in [spb.WatchStreamRequest.FromString(w).request.SerializeToString()
                                 for w in store.written(1)]
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_dropped_is_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A progress request written before the sub-stream was closed for its slow client, whose
+    answer came after the close (dropped with the rest): the resumed sub-stream asks again, so
+    the client gets its answer as from its own WatchBatches stream."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        send_progress = asyncio.Event()
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_progress.wait()
+            yield progress
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        send_progress.set()
+        await store.until(lambda: len(store.written(1)) == 2)  # asked on the first sub-stream
+        answer = pb.WatchResponse(header=pb.ResponseHeader(revision=31), watch_id=-1).SerializeToString()
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)), part(1, batch(answer)))
+        await store.until(lambda: store.closes(1) == 1)  # the client reads none: the answer is dropped
+
+        async def read() -> None:
+            while True:
+                await anext(stream)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await store.until(lambda: len(store.written(2)) >= 2)
+        assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
+            progress]
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         await stream.aclose()

@@ -412,3 +412,38 @@ def test_a_stream_not_read_holds_its_sub_streams_back() -> None:
         assert got == [bytes([i]) * (1 << 20) for i in range(40)]
         await run.out.aclose()
     asyncio.run(main())
+
+
+def test_refusals_a_stream_does_not_read_are_bounded() -> None:
+    """A proxy that opens sub-stream after sub-stream over the cap and reads nothing: the end parts
+    refusing them wait within ``out_bytes`` (the store reads no more of its requests meanwhile);
+    once read, every refusal comes, in order."""
+    async def main() -> None:
+        count = 500
+        taken: list[int] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            for sub in range(1, count + 1):
+                taken.append(sub)
+                yield spb.WatchSharedRequest(sub=sub, request=b"x").SerializeToString()
+
+        async def never_served(feed: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            raise AssertionError("no sub-stream fits")
+            yield b""
+
+        out = shared.SharedWatches(never_served, max_subs=0, out_bytes=1000).serve(requests(), _Context())
+        first = asyncio.ensure_future(out.__anext__())
+        for _ in range(200):  # turns of the loop: the stream's reader runs as far as it may
+            await asyncio.sleep(0)
+        # each refusal is about 40 bytes: the bound, the message being written, one more
+        assert len(taken) <= 60, f"{len(taken)} requests read for a stream that reads nothing"
+        ends: list[int] = []
+        raw = await first
+        while True:
+            ends += [p.sub for p in spb.WatchSharedBatch.FromString(raw).parts if p.end]
+            if len(ends) == count:
+                break
+            raw = await asyncio.wait_for(out.__anext__(), 10)
+        assert ends == list(range(1, count + 1))
+        await out.aclose()
+    asyncio.run(main())

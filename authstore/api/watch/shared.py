@@ -11,7 +11,8 @@ status goes to the proxy as an end part, the shared stream goes on. Every input 
 open sub-streams (``MAX_SUBS``), the requests one sub-stream has not read (``SUB_REQUEST_BYTES``),
 those of the whole stream (``REQUEST_BYTES``: no more is read meanwhile), and the parts the proxy
 has not read (``OUT_BYTES``: a sub-stream waits for room, so its hub stream fills and its watchers
-fall back to history, exactly as a slow WatchBatches reader's).
+fall back to history, exactly as a slow WatchBatches reader's; no more requests are read meanwhile,
+as a hub stream reads none while its reader is behind: a refusal's end part is put without waiting).
 """
 
 from __future__ import annotations
@@ -49,22 +50,21 @@ _TOO_MANY_REQUESTS = Err.TOO_MANY_REQUESTS
 SubServe = Callable[[AsyncIterator[bytes], "SubContext"], AsyncIterator[bytes]]
 
 
-class _SubEnded(Exception):
+class _Status(Exception):
+    """An end with a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _SubEnded(_Status):
     """A sub-stream's serving aborted (raised inside it by ``SubContext.abort``)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
-
-class _StreamFailed(Exception):
+class _StreamFailed(_Status):
     """The whole shared stream ends with this status (a request of the proxy's that is wrong)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class SubContext:
@@ -151,6 +151,8 @@ class SharedWatches:
                 self._take(msg)
                 if not self._requests.room.is_set():
                     await self._requests.room.wait()
+                while not self._out.room.is_set():  # a proxy that reads nothing sends no more (its
+                    await self._out.room.wait()  # requests may add end parts, which never wait)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the stream broke, or a request names no sub-stream: its writer raises it
