@@ -146,6 +146,28 @@ def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared
     asyncio.run(asyncio.wait_for(main(), 20))  # a wait that never ends fails, not hangs
 
 
+def test_a_full_stream_is_joined_by_another_so_no_client_waits_for_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store serves at most WATCH_SHARED_MAX_SUBS sub-streams on one stream: past that the
+    proxy opens another stream to the node (before, a proxy with more client Watch streams than
+    that retried `too many requests` until RESUME_DEADLINE, then failed them)."""
+    monkeypatch.setattr(watch_link, "SUBS_PER_LINK", 2)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        subs = [await client.watch_streams().open() for _ in range(5)]
+        for n, sub in enumerate(subs):
+            await sub.write(b"create-%d" % n)
+        await store.until(lambda: len(store.requests) == 5)
+        assert len(store.calls) == 3  # 2 + 2 + 1
+        subs[0].cancel()  # room again on the first stream: the next client stream goes there
+        await store.until(lambda: store.closes(1) == 1)
+        late = await client.watch_streams().open()
+        await late.write(b"late")
+        await store.until(lambda: len(store.requests) == 7)
+        assert len(store.calls) == 3
+
+    run(scenario)
+
+
 def test_two_sub_streams_get_their_own_batches_in_order_on_one_stream() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         a = await client.watch_streams().open()
