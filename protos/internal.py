@@ -16,6 +16,9 @@ INTERNAL_TOKEN_METADATA = "x-raftgate-client-token"
 #: responses, Raft messages); a single larger item still travels, alone. Well under the 64 MiB
 #: gRPC message limit of the store's ports.
 STREAM_BATCH_BYTES = 4 << 20
+#: The most sub-streams one Store.WatchShared stream carries at once: the store refuses one more
+#: (`too many requests`), the proxy opens another stream to the node before it gets there.
+WATCH_SHARED_MAX_SUBS = 10_000
 #: The most bytes of one answer a DoStream message carries; a larger answer travels in parts of
 #: this size, interleaved with other answers (each DoStream message then stays within
 #: STREAM_BATCH_BYTES).

@@ -139,8 +139,9 @@ class _Endpoint:
         self.serves_reads = False
         #: a read on it failed (unreachable, cut off from the leader): no spread reads until then
         self.suspect_until = 0.0
-        #: the proxy's client Watch streams on this node, as sub-streams of one stream (WatchShared)
-        self.watch_link: WatchLink | None = None
+        #: the proxy's client Watch streams on this node, as sub-streams of one stream (WatchShared),
+        #: or of a few once one is full (kept once opened, at most the peak's worth: closed with the node)
+        self.watch_links: list[WatchLink] = []
 
     async def metadata(self, timeout: float | None = None) -> Metadata:
         """What each call carries: a proof of the secret (raises the Challenge call's error)."""
@@ -350,8 +351,8 @@ class StoreClient:
 
     @staticmethod
     async def _close_endpoint(ep: _Endpoint) -> None:
-        if ep.watch_link is not None:
-            await ep.watch_link.close()
+        for link in ep.watch_links:
+            await link.close()
         await ep.pipe.close()
         await ep.channel.close()
 
@@ -580,14 +581,22 @@ class StoreClient:
         return WatchStreams(self)
 
     def _watch_link(self, endpoint: _Endpoint) -> WatchLink | None:
-        """The node's shared watch stream (a new one if the last ended); None if the node
-        served no WatchShared (a store older than the proxy: one WatchBatches stream each) when
-        last asked, less than WATCH_SHARED_RETRY_SECONDS ago (it may be upgraded since)."""
-        link = endpoint.watch_link
-        if link is not None and link.unimplemented and time.monotonic() - link.ended_at < WATCH_SHARED_RETRY_SECONDS:
+        """A shared watch stream of the node with room for one more sub-stream (a new one if
+        each ended or is full); None if the node served no WatchShared (a store older than the
+        proxy: one WatchBatches stream each) when last asked, less than
+        WATCH_SHARED_RETRY_SECONDS ago (it may be upgraded since)."""
+        now = time.monotonic()
+        refused = [link for link in endpoint.watch_links
+                   if link.unimplemented and now - link.ended_at < WATCH_SHARED_RETRY_SECONDS]
+        if refused:
+            endpoint.watch_links = refused[-1:]
             return None
-        if link is None or link.dead:
-            link = endpoint.watch_link = WatchLink(endpoint.channel, endpoint.metadata)
+        endpoint.watch_links = [link for link in endpoint.watch_links if not link.dead]
+        for link in endpoint.watch_links:
+            if not link.full:
+                return link
+        link = WatchLink(endpoint.channel, endpoint.metadata)
+        endpoint.watch_links.append(link)
         return link
 
     async def close(self) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from protos.internal import WATCH_SHARED_MAX_SUBS
 from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
 from proxy import metrics
 from proxy.store_pipe import answered_error, rpc_error
@@ -38,6 +39,8 @@ from raftgate.secret_proof import Metadata
 log = logging.getLogger(__name__)
 
 WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
+#: sub-streams one link carries at once (the store's bound): a full link is joined by another
+SUBS_PER_LINK = WATCH_SHARED_MAX_SUBS
 #: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
 INBOX_BYTES = 1 << 20
 
@@ -146,6 +149,11 @@ class WatchLink:
         #: the node answered WatchShared with UNIMPLEMENTED (a store older than the proxy)
         self.unimplemented = False
         self.ended_at = 0.0  # when the stream ended (time.monotonic)
+
+    @property
+    def full(self) -> bool:
+        """As many sub-streams open as the store serves on one stream: open the next elsewhere."""
+        return len(self._subs) + len(self._fresh) >= SUBS_PER_LINK
 
     async def open(self) -> SubStream:
         """A new sub-stream; raises the AioRpcError of the proof's Challenge call (or of the

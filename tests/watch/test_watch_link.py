@@ -474,8 +474,7 @@ def test_a_link_closed_while_it_starts_tells_its_waiting_streams_to_resume() -> 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         opening = asyncio.get_running_loop().create_task(client.watch_streams().open())
         await asyncio.sleep(0)  # one turn: the link starts
-        link = client._leader.watch_link
-        assert link is not None
+        (link,) = client._leader.watch_links
         await link.close()
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await opening

@@ -26,7 +26,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import wire
-from protos.internal import STREAM_BATCH_BYTES
+from protos.internal import STREAM_BATCH_BYTES, WATCH_SHARED_MAX_SUBS
 from protos.storepb import store_pb2 as spb
 from raftgate.byte_queue import ByteBudget, ByteQueue
 from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err
@@ -34,7 +34,7 @@ from raftgate.errors import STREAM_UNMARSHAL_ERROR_PREFIX, Err
 log = logging.getLogger("raftgate.store.watch")
 
 #: sub-streams open at once on one shared stream; one more is ended at once with `too many requests`
-MAX_SUBS = 10_000
+MAX_SUBS = WATCH_SHARED_MAX_SUBS
 #: request bytes one sub-stream has not read (its hub stream waits for its reader); one more
 #: request ends it with `too many requests` (each stream of its own would be held back by HTTP/2,
 #: which here would hold back every sub-stream)
