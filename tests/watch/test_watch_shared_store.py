@@ -412,3 +412,47 @@ def test_a_stream_not_read_holds_its_sub_streams_back() -> None:
         assert got == [bytes([i]) * (1 << 20) for i in range(40)]
         await run.out.aclose()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("request_bytes", [b"", b"leader"], ids=["over-the-cap", "ending-at-once"])
+def test_a_stream_not_read_reads_no_more_requests_whose_ends_it_cannot_send(request_bytes: bytes) -> None:
+    """A caller that never reads and names new sub-streams, each refused (over ``max_subs``) or
+    ending at once, is read no further once its unread parts reach ``out_bytes``: each end part
+    was queued however much the caller left unread (unbounded store memory for a few bytes of
+    request each); once read, every end part comes, none lost."""
+    async def main() -> None:
+        read = 0
+        subs = 5_000
+
+        async def requests() -> AsyncIterator[bytes]:
+            nonlocal read
+            yield spb.WatchSharedRequest(sub=1, request=b"hold").SerializeToString()
+            for sub in range(2, subs + 2):
+                read += 1
+                yield spb.WatchSharedRequest(sub=sub, request=request_bytes).SerializeToString()
+            await asyncio.Event().wait()
+
+        async def serve(feed: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            async for r in feed:
+                if r == b"hold":
+                    await asyncio.Event().wait()
+                if r == b"leader":
+                    await context.abort(*Err.NOT_LEADER.value)
+                yield r
+
+        out = shared.SharedWatches(serve, max_subs=1 if not request_bytes else 100,
+                                   out_bytes=4096).serve(requests(), _Context())
+        first = asyncio.ensure_future(out.__anext__())
+        for _ in range(2000):  # turns of the loop: the stream reads as far as it may
+            await asyncio.sleep(0)
+        assert read < 1_000, f"{read} requests read, their end parts queued, for a stream that reads nothing"
+        ends: list[int] = []
+        raw = await first
+        while True:
+            ends += [p.sub for p in spb.WatchSharedBatch.FromString(raw).parts if p.end]
+            if len(ends) == subs:
+                break
+            raw = await asyncio.wait_for(out.__anext__(), 10)
+        assert sorted(ends) == list(range(2, subs + 2))
+        await out.aclose()
+    asyncio.run(main())
