@@ -11,7 +11,8 @@ status goes to the proxy as an end part, the shared stream goes on. Every input 
 open sub-streams (``MAX_SUBS``), the requests one sub-stream has not read (``SUB_REQUEST_BYTES``),
 those of the whole stream (``REQUEST_BYTES``: no more is read meanwhile), and the parts the proxy
 has not read (``OUT_BYTES``: a sub-stream waits for room, so its hub stream fills and its watchers
-fall back to history, exactly as a slow WatchBatches reader's).
+fall back to history, exactly as a slow WatchBatches reader's; no more requests are read
+meanwhile either, as each may end a sub-stream, whose end part is queued at once).
 """
 
 from __future__ import annotations
@@ -149,8 +150,12 @@ class SharedWatches:
                     raise _StreamFailed(grpc.StatusCode.INTERNAL,
                                         STREAM_UNMARSHAL_ERROR_PREFIX + "WatchSharedRequest names sub-stream 0")
                 self._take(msg)
-                if not self._requests.room.is_set():
+                # an end part (a sub-stream refused, or ending at once) is queued without waiting:
+                # what the proxy has not read bounds what is read, or a caller that never reads
+                # would have one queued for each few bytes it sends
+                while not (self._requests.room.is_set() and self._out.room.is_set()):
                     await self._requests.room.wait()
+                    await self._out.room.wait()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the stream broke, or a request names no sub-stream: its writer raises it
