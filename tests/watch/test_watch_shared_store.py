@@ -172,7 +172,9 @@ def test_each_sub_stream_has_its_own_watch_ids_and_events(setup: Setup) -> None:
 
 def test_a_failing_sub_stream_ends_alone(setup: Setup) -> None:
     """A sidecar's request that does not decode fails its WatchBatches stream (`not capable`):
-    here its sub-stream only, whose later requests are ignored; the other sub-stream goes on."""
+    here its sub-stream only, whose later requests are ignored; the other sub-stream goes on.
+    A caller's bad input is no failure of the store's: nothing logs a traceback."""
+    tracebacks = setup.program.output().count("Traceback")
     s = Shared(setup.store, SIDECAR_SECRET)
     try:
         s.send(1, _create(b"fail/a"))
@@ -191,6 +193,7 @@ def test_a_failing_sub_stream_ends_alone(setup: Setup) -> None:
         assert s.created(2) == [0] and not s.events(2) and set(s.ends) == {2}
     finally:
         s.close()
+    assert setup.program.output().count("Traceback") == tracebacks, setup.program.output()[-3000:]
 
 
 def test_a_closed_sub_stream_and_an_ended_stream_leave_no_watch(setup: Setup) -> None:
