@@ -465,3 +465,34 @@ def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_th
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_write_waiting_its_turn_when_its_sub_stream_is_closed_for_a_slow_client_is_not_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that waits for the stream (another sub-stream's write under way) while its own
+    sub-stream is closed for a slow client raises, as one written after the close does, so
+    proxy/watch.py holds it for the next sub-stream: written to the closed one it went to a
+    sub-stream whose answers are dropped (a progress request never answered)."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        slow = await client.watch_streams().open()
+        other = await client.watch_streams().open()
+        await slow.write(b"x")
+        await other.write(b"y")
+        await store.until(lambda: len(store.requests) == 2)
+        async with slow.link._lock:  # another sub-stream's write is under way (held by flow control)
+            late = asyncio.get_running_loop().create_task(slow.write(b"progress"))
+            await asyncio.sleep(0)  # it waits for its turn
+            store.send(*(part(1, batch(bytes([n]) * 400)) for n in range(4)), part(2, batch(b"o1")))
+            assert spb.WatchBatch.FromString(await other.read()).responses == [b"o1"]
+            assert slow.done()  # closed for its slow client meanwhile
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await late
+        assert refused.value.details() == Err.TOO_MANY_REQUESTS.message
+        await store.until(lambda: store.closes(1) == 1)
+        await other.write(b"z")
+        await store.until(lambda: store.written(2) == [b"y", b"z"])
+        assert store.written(1) == [b"x"]
+
+    run(scenario)
