@@ -73,10 +73,14 @@ class SubStream:
         self._end: Any = None
 
     async def write(self, data: bytes) -> None:
+        self.check_open()
+        await self.link.send_request(self, data)
+
+    def check_open(self) -> None:
+        """Raises what ended it (a write to it would go nowhere: its answers are dropped)."""
         if self._end is not None:
             raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
                 grpc.StatusCode.CANCELLED, "watch sub-stream closed")
-        await self.link.send_request(self, data)
 
     async def read(self) -> Any:
         while not self._inbox:
@@ -181,6 +185,7 @@ class WatchLink:
         async with self._lock:
             if self.dead or self._call is None:
                 raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            sub.check_open()  # it may have ended (a slow client's close) while this waited its turn
             if sub.sub == 0:
                 if sub not in self._fresh:  # canceled or ended meanwhile
                     raise rpc_error(grpc.StatusCode.CANCELLED, "watch sub-stream closed")
