@@ -496,3 +496,55 @@ def test_a_write_waiting_its_turn_when_its_sub_stream_is_closed_for_a_slow_clien
         assert store.written(1) == [b"x"]
 
     run(scenario)
+
+
+def test_a_client_stream_that_ends_while_its_watches_resume_leaves_no_sub_stream_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client stream that ends while its next sub-stream is opened (its token being resolved
+    again for the resume) leaves nothing on the link: the sub-stream opened for it is dropped
+    (before: held by the link until the stream to the node ended, counted as open)."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        resolving = asyncio.Event()
+        resolved = 0
+
+        async def identify() -> Identity:
+            nonlocal resolved
+            resolved += 1
+            if resolved > 1:  # the resume's: the client goes away meanwhile
+                resolving.set()
+                await asyncio.Event().wait()
+            return Identity("bob", 1)
+
+        open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
+        proxy = watch.WatchProxy(client, identify=identify)
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await asyncio.Event().wait()
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await first).created
+        store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)))  # the client reads none
+        await store.until(lambda: store.closes(1) == 1)
+
+        async def read() -> None:
+            while True:
+                await anext(stream)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await resolving.wait()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await stream.aclose()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") == open_before
+
+    run(scenario)
