@@ -381,8 +381,13 @@ class WatchProxy:
                     out.put_nowait(final)
                     return
                 continue
-            identity = None if first else await self._identify()  # resumes are judged by the token now
-            async with state.lock:
+            try:
+                identity = None if first else await self._identify()  # resumes are judged by the token now
+                await state.lock.acquire()
+            except BaseException:
+                call.cancel()  # the client stream ended meanwhile: the stream opened for it is not used
+                raise
+            try:
                 if identity is not None:
                     stamp(state, identity)
                 state.call = call
@@ -408,6 +413,8 @@ class WatchProxy:
                     await self._write(state, _envelope(state, data))
                 state.release_held()
                 state.connected = True
+            finally:
+                state.lock.release()
             first = False
             error: BaseException | None = None
             started = time.monotonic()
