@@ -605,7 +605,10 @@ class StoreService:
         the hub judges it again while the watches it created are open (``_judge_token``). A simple
         token travels as its digest, which every auth change re-checks."""
         async for raw in requests:
-            msg = spb.WatchStreamRequest.FromString(raw)
+            try:
+                msg = spb.WatchStreamRequest.FromString(raw)
+            except DecodeError:  # the caller's bad input, not the store's failure: no traceback
+                raise EtcdError(Err.NOT_CAPABLE) from None
             token = msg.token if msg.HasField("token") else None
             header, found = await self._verified(token)
             msg.header.CopyFrom(header)

@@ -263,3 +263,31 @@ def test_password_changed_during_failover(tmp_path: Path) -> None:
                 ws.close()
 
         asyncio.run(main())
+
+
+def test_a_token_death_ends_only_its_streams_watches(simple: RaftgateLocal) -> None:  # noqa: F811
+    """Two users' streams on one proxy share its store stream (sub-streams of one WatchShared):
+    one user's password change cancels that user's watches only; the other's stream goes on."""
+    async def scenario(ch: grpc.aio.Channel) -> None:
+        await reader(ch, "dies", b"dies/")
+        await reader(ch, "lives", b"lives/")
+        dying = WatchStream(ch, await login(ch, "dies", "pw"))
+        living = [WatchStream(ch, await login(ch, "lives", "pw")) for _ in range(2)]
+        try:
+            assert not (await dying.create(b"dies/", range_end=b"dies0")).canceled
+            for ws in living:
+                assert not (await ws.create(b"lives/", range_end=b"lives0")).canceled
+            root = await login(ch, "root", ROOT_PW)
+            await pbg.AuthStub(ch).UserChangePassword(
+                pb.AuthUserChangePasswordRequest(name="dies", password="new"), metadata=md(root))
+            canceled = await next_cancel(dying)
+            assert (canceled.watch_id, canceled.cancel_reason) == (0, INVALID_TOKEN), canceled
+            rev = await put(ch, b"lives/after", b"v")
+            for ws in living:
+                resp = await ws.recv()
+                assert not resp.canceled and [e.kv.mod_revision for e in resp.events] == [rev], resp
+        finally:
+            for ws in [dying, *living]:
+                ws.close()
+
+    run(simple, scenario)
