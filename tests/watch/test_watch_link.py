@@ -146,6 +146,15 @@ def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared
     asyncio.run(asyncio.wait_for(main(), 20))  # a wait that never ends fails, not hangs
 
 
+async def written(store: FakeStore, client: StoreClient, *requests: bytes) -> list[Any]:
+    """One sub-stream per request, each opened, then each writing its request, once the store has them all."""
+    subs = [await client.watch_streams().open() for _ in requests]
+    for sub, request in zip(subs, requests, strict=True):
+        await sub.write(request)
+    await store.until(lambda: len(store.requests) >= len(requests))
+    return subs
+
+
 def test_a_full_stream_is_joined_by_another_so_no_client_waits_for_room(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store serves at most WATCH_SHARED_MAX_SUBS sub-streams on one stream: past that the
     proxy opens another stream to the node (before, a proxy with more client Watch streams than
@@ -170,11 +179,7 @@ def test_a_full_stream_is_joined_by_another_so_no_client_waits_for_room(monkeypa
 
 def test_two_sub_streams_get_their_own_batches_in_order_on_one_stream() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
-        a = await client.watch_streams().open()
-        b = await client.watch_streams().open()
-        await a.write(b"create-a")
-        await b.write(b"create-b")
-        await store.until(lambda: len(store.requests) == 2)
+        a, b = await written(store, client, b"create-a", b"create-b")
         assert len(store.calls) == 1  # one store stream for both
         assert store.written(1) == [b"create-a"] and store.written(2) == [b"create-b"]
         store.send(part(1, batch(b"a1")), part(2, batch(b"b1")), part(1, batch(b"a2")))
@@ -208,11 +213,7 @@ def test_sub_streams_are_numbered_in_the_order_they_first_write() -> None:
 
 def test_an_end_part_ends_its_sub_stream_only_after_its_batches() -> None:
     async def scenario(store: FakeStore, client: StoreClient) -> None:
-        a = await client.watch_streams().open()
-        b = await client.watch_streams().open()
-        await a.write(b"x")
-        await b.write(b"y")
-        await store.until(lambda: len(store.requests) == 2)
+        a, b = await written(store, client, b"x", b"y")
         code, message = Err.PERMISSION_DENIED.value
         store.send(part(1, batch(b"a1")), part(1, end=True, code=code.value[0], message=message),
                    part(2, batch(b"b1")))
@@ -257,11 +258,7 @@ def test_a_client_stream_that_ends_while_its_request_is_written_leaves_the_share
     """A cancelled grpc.aio write cancels its whole call: a client stream that ends (its tasks
     cancelled) while its request is under way must not end every other client's sub-stream."""
     async def scenario(store: FakeStore, client: StoreClient) -> None:
-        leaving = await client.watch_streams().open()
-        other = await client.watch_streams().open()
-        await leaving.write(b"x")
-        await other.write(b"y")
-        await store.until(lambda: len(store.requests) == 2)
+        leaving, other = await written(store, client, b"x", b"y")
         writing = asyncio.get_running_loop().create_task(leaving.write(b"under way"))
         await asyncio.sleep(0)  # one turn of the loop: the write is handed to gRPC, not done
         assert not writing.done()
@@ -315,11 +312,7 @@ def test_a_sub_stream_read_too_slowly_is_closed_and_told_to_resume_while_the_oth
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         closed_before = REGISTRY.get_sample_value("raftgate_proxy_watch_slow_closes_total") or 0
         open_before = REGISTRY.get_sample_value("raftgate_proxy_watch_substreams") or 0
-        slow = await client.watch_streams().open()
-        other = await client.watch_streams().open()
-        await slow.write(b"x")
-        await other.write(b"y")
-        await store.until(lambda: len(store.requests) == 2)
+        slow, other = await written(store, client, b"x", b"y")
         big = [batch(bytes([n]) * 400) for n in range(4)]
         # two fit, the third does not; what follows it for the slow one is dropped; the other one
         # gets its batch although nobody reads the slow one
