@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -23,8 +24,6 @@ from protos.internal import MAX_ANSWER_BYTES
 from proxy.audit.writer import AuditLog
 from proxy.authenticate import Authenticator
 from proxy.config import ProxyConfig
-from proxy.gateway import Gateway
-from proxy.gateway_health import PipelineStore
 from proxy.identity import Resolver
 from proxy.identity_file import IdentityFiles
 from proxy.passwords import PasswordHasher
@@ -39,6 +38,9 @@ from raftgate.crl import RevocationCheck
 from raftgate.jwt_keys import JWKS_PATH
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import Observability, start_observability
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
 
 METADATA_LIMIT = 1 << 20
 
@@ -99,10 +101,7 @@ class ProxyServer:
         self._jwks_task: asyncio.Task[None] | None = None
         self.addresses: list[str] = []
         # The JSON gateway calls the same handlers (never the lending pipeline: no identity over HTTP).
-        self.gateway = Gateway(self.pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes,
-                               access=config.gateway_access, limits=config.gateway_limits,
-                               members=self.store, health=PipelineStore(self.pipeline)) \
-            if config.listen_gateway else None
+        self.gateway: Gateway | None = _gateway(self.pipeline, self.store, config) if config.listen_gateway else None
 
     def _grpc_server(self, pipeline: Pipeline) -> grpc.aio.Server:
         server = grpc.aio.server(
@@ -200,3 +199,15 @@ def _bind(server: grpc.aio.Server, address: str, tls: ServerTLS | None = None) -
         raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here")
     host = address.rsplit(":", 1)[0]
     return f"{host}:{port}"
+
+
+def _gateway(pipeline: Pipeline, store: StoreClient, config: ProxyConfig) -> Gateway:
+    """The JSON gateway, imported only when it is served: its HTTP stack (aiohttp) is most of a
+    proxy's import time, paid at every start of a sidecar otherwise."""
+    from proxy.gateway import Gateway
+    from proxy.gateway_health import PipelineStore
+
+    return Gateway(pipeline, config.listen_gateway, max_message_bytes=config.grpc_max_receive_bytes,
+                   access=config.gateway_access, limits=config.gateway_limits,
+                   members=store, health=PipelineStore(pipeline))
+
