@@ -150,6 +150,10 @@ class WatchLink:
         self.unimplemented = False
         self.ended_at = 0.0  # when the stream ended (time.monotonic)
 
+    def _ended(self) -> grpc.aio.AioRpcError:
+        """What a use of the stream after its end raises: what ended it, if it was an error."""
+        return self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+
     @property
     def full(self) -> bool:
         """As many sub-streams open as the store serves on one stream: open the next elsewhere."""
@@ -169,7 +173,7 @@ class WatchLink:
                 raise  # the waiter's own cancel
             # else the link was closed while it started: an error to resume on, below
         if self.dead:
-            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            raise self._ended()
         sub = SubStream(self)
         self._fresh.add(sub)
         metrics.WATCH_SUBSTREAMS.inc()
@@ -217,7 +221,7 @@ class WatchLink:
         if self._writing is not None and not self._writing.done():
             await asyncio.wait((self._writing,))
         if self.dead or self._call is None:
-            raise self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+            raise self._ended()
         return self._call
 
     async def _write(self, call: grpc.aio.StreamStreamCall, message: bytes) -> None:

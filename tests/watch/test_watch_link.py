@@ -482,6 +482,15 @@ def _events(first: int, last: int, size: int = 300) -> bytes:
         for r in range(first, last + 1)]).SerializeToString()
 
 
+async def created(store: FakeStore, stream: AsyncIterator[bytes]) -> None:
+    """The client stream's first watch is created on sub-stream 1 and the client has the answer."""
+    first = asyncio.get_running_loop().create_task(anext(stream))
+    await store.until(lambda: len(store.written(1)) == 1)
+    store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
+                                              created=True).SerializeToString())))
+    assert pb.WatchResponse.FromString(await first).created
+
+
 def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_misses_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy's Watch stream over a sub-stream: a client that stops reading lets its sub-stream
@@ -502,11 +511,7 @@ def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_
         got: list[int] = []
         taken_at_resume: list[int] = []
         store.observer = lambda r: taken_at_resume.append(len(got)) if r.sub == 2 and not taken_at_resume else None
-        first = asyncio.get_running_loop().create_task(anext(stream))
-        await store.until(lambda: len(store.written(1)) == 1)
-        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
-                                                  created=True).SerializeToString())))
-        assert pb.WatchResponse.FromString(await first).created
+        await created(store, stream)
         last = 31
         store.send(*(part(1, batch(_events(r, r))) for r in range(2, last + 1)))  # the client reads none
         await store.until(lambda: store.closes(1) == 1)
@@ -557,11 +562,7 @@ def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_th
             await asyncio.Event().wait()  # the client stays
 
         stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
-        first = asyncio.get_running_loop().create_task(anext(stream))
-        await store.until(lambda: len(store.written(1)) == 1)
-        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
-                                                  created=True).SerializeToString())))
-        assert pb.WatchResponse.FromString(await first).created
+        await created(store, stream)
         store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)))  # the client reads none
         await store.until(lambda: store.closes(1) == 1)
         send_progress.set()
@@ -604,11 +605,7 @@ def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_droppe
             await asyncio.Event().wait()  # the client stays
 
         stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
-        first = asyncio.get_running_loop().create_task(anext(stream))
-        await store.until(lambda: len(store.written(1)) == 1)
-        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=0,
-                                                  created=True).SerializeToString())))
-        assert pb.WatchResponse.FromString(await first).created
+        await created(store, stream)
         send_progress.set()
         await store.until(lambda: len(store.written(1)) == 2)  # asked on the first sub-stream
         answer = pb.WatchResponse(header=pb.ResponseHeader(revision=31), watch_id=-1).SerializeToString()
