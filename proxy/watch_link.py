@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +52,14 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def _again(error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """A copy of ``error`` (its class, code, details and metadata) without its traceback, to
+    raise: one stored error raised again and again gathers each raise's frames, and the requests
+    they hold, on its traceback, kept as long as the error is (an awaited future's error does not:
+    asyncio raises it with the traceback it was set with)."""
+    return copy.copy(error)
+
+
 class Overflowed(grpc.aio.AioRpcError):
     """A sub-stream's end when its client read too slowly: etcd's retryable `too many requests`.
     No outage: the watches resume at once (on the same stream), from the store's history."""
@@ -58,6 +67,9 @@ class Overflowed(grpc.aio.AioRpcError):
     def __init__(self) -> None:
         err = EtcdError(Err.TOO_MANY_REQUESTS)
         super().__init__(err.code, grpc.aio.Metadata(), grpc.aio.Metadata(), err.message)
+
+    def __reduce__(self) -> tuple[type[Overflowed], tuple[()]]:
+        return Overflowed, ()  # (copied by ``_again``)
 
 
 class SubStream:
@@ -84,7 +96,7 @@ class SubStream:
             if self._end is not None:
                 if self._end is grpc.aio.EOF:
                     return grpc.aio.EOF
-                raise self._end
+                raise _again(self._end)
             self._ready.clear()
             await self._ready.wait()
         data = self._inbox.popleft()
@@ -105,7 +117,7 @@ class SubStream:
     def check_open(self) -> None:
         """Raises what it ended with (a write to it would be dropped unanswered)."""
         if self._end is not None:
-            raise self._end if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
+            raise _again(self._end) if isinstance(self._end, grpc.aio.AioRpcError) else rpc_error(
                 grpc.StatusCode.CANCELLED, "watch sub-stream closed")
 
     # ---- the link's side ----
@@ -152,7 +164,7 @@ class WatchLink:
 
     def _ended(self) -> grpc.aio.AioRpcError:
         """What a use of the stream after its end raises: what ended it, if it was an error."""
-        return self._error or rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
+        return _again(self._error) if self._error else rpc_error(grpc.StatusCode.UNAVAILABLE, "watch link ended")
 
     @property
     def full(self) -> bool:

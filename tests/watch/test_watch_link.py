@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -385,6 +387,37 @@ def test_the_stream_breaking_ends_every_sub_stream_and_the_next_opens_a_new_one(
         await store.until(lambda: len(store.calls) == 2 and store.written(1)[-1:] == [b"again"])
         store.send(part(1, batch(b"c1")))  # sub-stream ids start again on the new stream
         assert spb.WatchBatch.FromString(await c.read()).responses == [b"c1"]
+
+    run(scenario)
+
+
+def test_requests_refused_by_an_ended_stream_are_not_kept() -> None:
+    """Every buffer bounded in bytes: while the store is away a client stream's requests are
+    refused by the ended stream (proxy/watch.py keeps them, within its bound, for the next one).
+    The link raised the one error that ended it for every refused write, and each raise chained the
+    write's frames, with the request they held, onto that error: a proxy whose store was down kept
+    every create its clients sent until the link was freed (the outage test grew by 64 MiB)."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        sub = await client.watch_streams().open()
+        await sub.write(b"x")
+        await store.until(lambda: len(store.calls) == 1)
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await sub.read()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(32):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await sub.write(b"%d" % i + bytes(1 << 20))
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            del refused
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert kept < 2 << 20, f"{kept >> 20} MiB of refused requests kept"
 
     run(scenario)
 
