@@ -296,21 +296,25 @@ class WatchProxy:
                             return
                     if identity is not None:
                         stamp(state, identity)
+                    # What each new store stream sends again until the store answers it (a
+                    # create pending, a cancel of an open watch, progress asked) is not held as
+                    # bytes too. A cancel of no watch is passed on once: the store ignores it, as
+                    # etcd does, so it is never answered and, kept, would be kept for good.
+                    resent = which in ("create_request", "progress_request")
                     if which == "create_request":
                         state.keep(req.create_request)
                         if audited is not None:
                             state.audited.append(audited)
                     elif which == "cancel_request":
-                        state.canceling.add(req.cancel_request.watch_id)
+                        resent = req.cancel_request.watch_id in state.watches
+                        if resent:
+                            state.canceling.add(req.cancel_request.watch_id)
                     elif which == "progress_request":
                         state.progress_asked = True
                     sent = state.connected and await self._write(state, _envelope(state, data))
                     # Not sent (no store stream, or it is gone: a sub-stream closed because this
-                    # client read too slowly is, until the resume): kept for the next stream. A
-                    # create stays pending, progress asked, and a cancel written to a stream
-                    # canceling: each is sent again there.
-                    if not sent and which not in ("create_request", "progress_request") and not (
-                            which == "cancel_request" and state.connected):
+                    # client read too slowly is, until the resume): the next stream gets it.
+                    if not sent and not resent:
                         state.keep(held=data)
         except asyncio.CancelledError:
             raise
@@ -362,11 +366,9 @@ class WatchProxy:
         for watch_id in sorted(set(state.watches) - state.dead):
             state.dead.add(watch_id)
             state.canceling.add(watch_id)
-            data = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
-            if state.connected:
+            if state.connected:  # (else the next stream sends it, as every cancel not answered)
+                data = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
                 await self._write(state, _envelope(state, data))
-            else:
-                state.keep(held=data)
 
     @staticmethod
     async def _write(state: _State, data: bytes) -> bool:
@@ -412,9 +414,8 @@ class WatchProxy:
                     await self._write(state, _envelope(
                         state, pb.WatchRequest(create_request=create).SerializeToString()))
                 for watch_id in sorted(state.canceling):
-                    if not first:
-                        await self._write(state, _envelope(state, pb.WatchRequest(
-                            cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()))
+                    await self._write(state, _envelope(state, pb.WatchRequest(
+                        cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()))
                 for data in state.held:
                     await self._write(state, _envelope(state, data))
                 state.release_held()

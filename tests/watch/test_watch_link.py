@@ -658,3 +658,88 @@ def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_droppe
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_cancel_sent_while_the_proxy_has_no_store_stream_reaches_the_next_one_once() -> None:
+    """A cancel that arrived while the store stream was down was kept twice (held with the other
+    requests, and as a watch being canceled) and sent twice on the next stream."""
+    cancel = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=0)).SerializeToString()
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        outage, back, send = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def rediscover() -> None:  # the proxy looks for the leader: the outage lasts until `back`
+            outage.set()
+            await back.wait()
+
+        client._rediscover = rediscover  # type: ignore[method-assign]
+        taken: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send.wait()
+            for request in (cancel, progress):  # the progress request is the last the next stream gets
+                yield request
+                taken.append(request)
+            store.poke()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        await created(store, stream)
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
+        await outage.wait()
+        send.set()
+        await store.until(lambda: len(taken) == 2)
+        back.set()
+        await store.until(lambda: len(store.calls) == 2 and any(
+            spb.WatchStreamRequest.FromString(w).request.HasField("progress_request") for w in store.written(1)))
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(1)]
+        assert sum(r.HasField("cancel_request") for r in sent) == 1
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_cancels_of_watches_that_do_not_exist_are_passed_on_and_not_kept() -> None:
+    """Every buffer bounded in bytes: the proxy kept the id of every cancel a client sent until the
+    store answered it, and the store (as etcd) never answers a cancel of a watch that does not
+    exist, so a client sending such cancels grew the proxy without bound."""
+    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+    count = 10_000
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await sending.wait()
+            for watch_id in range(1000, 1000 + count):
+                yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
+            yield progress
+            await asyncio.Event().wait()  # the client stays
+
+        sending = asyncio.Event()
+        asked: list[bool] = []
+
+        def observe(request: spb.WatchSharedRequest) -> None:
+            if spb.WatchStreamRequest.FromString(request.request).request.HasField("progress_request"):
+                asked.append(True)
+            store.requests.clear()  # (the test's own memory: only the proxy's is measured)
+
+        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        await created(store, stream)
+        store.observer = observe
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/proxy/*")])
+            sending.set()
+            await store.until(lambda: bool(asked))
+            gc.collect()
+            after = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/proxy/*")])
+        finally:
+            tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        assert grown < 256 << 10, f"the proxy kept {grown >> 10} KiB for {count} cancels of no watch"
+        await stream.aclose()
+
+    run(scenario)
