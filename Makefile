@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # side on 2 cores; a module stays on one (its fixtures start once)
 TEST_WORKERS ?= 3
 
-.PHONY: run test test-soak test-fast lint protos clean
+.PHONY: run test test-soak test-fast lint protos clean bytecode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,19 @@ run: $(STAMP)
 
 ## test: lint (ruff, then the import contracts in pyproject.toml), then the whole test suite but
 ## its soak variants (`-m soak`: more kill rounds of paths the suite covers once, the quick benchmark)
-test: $(STAMP)
+test: $(STAMP) bytecode
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not soak" $(PYTEST_ARGS)
 
+# The suite starts a store or a proxy about a thousand times; each compiles every module it
+# imports unless its bytecode is on disk, which Python does not write where PYTHONDONTWRITEBYTECODE
+# is set (as in many CI images): compiled once here (only what changed), ~0.1 s of CPU per start.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 authstore proxy raftgate protos bench tests
+
 ## test-soak: only the soak variants (CI runs them after `make test`, in a step of its own with a time bound)
-test-soak: $(STAMP)
+test-soak: $(STAMP) bytecode
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m soak $(PYTEST_ARGS)
 
 ## test-fast: the unit tests, the Raft core and a short Raft simulation (no processes; about a minute)
