@@ -658,3 +658,52 @@ def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_droppe
         await stream.aclose()
 
     run(scenario)
+
+
+def test_cancels_of_watches_the_stream_never_had_are_not_kept_nor_sent_again_on_the_next_sub_stream() -> None:
+    """etcd answers nothing to a cancel of a watch id the stream does not have, so nothing ever
+    took such an id off the proxy's list of watches being canceled: a client sending cancels of
+    unknown ids grew the proxy's memory without bound (an int per cancel, for the stream's life),
+    and every resume re-sent all of them to the store (a burst past the store's bound of one
+    sub-stream's unread requests). Only cancels of watches the store may have are kept."""
+    unknown = 10_000
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+        resumed = asyncio.Event()
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            for watch_id in range(1000, 1000 + unknown):
+                yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
+            yield progress  # the last before the resume
+            await resumed.wait()
+            yield progress  # the first after it
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            await created(store, stream)
+            await store.until(lambda: len(store.written(1)) == 2 + unknown)
+            gc.collect()
+            kept = sum(stat.size for stat in tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, watch.__file__)]).statistics("filename"))
+        finally:
+            tracemalloc.stop()
+        assert kept < 256 << 10, f"{kept >> 10} KiB kept for {unknown} cancels of unknown watches"
+        store.send(part(1, end=True))  # the sub-stream ended (closed): the watch resumes on the next
+        await store.until(lambda: len(store.written(2)) >= 1)
+        resumed.set()
+        # (the first progress had no answer: asked again by the resume; the second is the client's)
+        await store.until(lambda: sum(1 for r in store.requests[-2:] if r.sub == 2 and (
+            spb.WatchStreamRequest.FromString(r.request).request.HasField("progress_request"))) == 2)
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
+        assert [r.WhichOneof("request_union") for r in sent] == ["create_request", *["progress_request"] * 2], (
+            f"{sum(1 for r in sent if r.HasField('cancel_request'))} cancels of unknown watches sent again")
+        assert sent[0].create_request.watch_id == 0
+        await stream.aclose()
+
+    run(scenario)
