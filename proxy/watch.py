@@ -101,6 +101,9 @@ class _State:
     progress_asked: bool = False
     #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
     unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
+    #: watches the client asked to cancel, not yet answered (asked again on the next store
+    #: stream): only ids the store may have (open, or a create not answered yet could make it),
+    #: since etcd answers nothing to a cancel of an unknown id, and nothing else would take it off
     canceling: set[int] = field(default_factory=set)
     call: Any = None
     connected: bool = False
@@ -122,6 +125,10 @@ class _State:
         create = self.pending.popleft()
         self.unsent.release(create.ByteSize())
         return create
+
+    def may_cancel(self, watch_id: int) -> bool:
+        """Whether the store may have the watch (a cancel of it will be answered)."""
+        return watch_id in self.watches or bool(self.pending)
 
     def release_held(self) -> None:
         self.unsent.release(sum(len(data) for data in self.held))
@@ -165,6 +172,8 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         if ok:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
+        if not state.pending and state.canceling:  # a cancel kept for a create that did not make its id
+            state.canceling.intersection_update(state.watches)
         if events is not None:
             events.created(state.audited.popleft() if state.audited else None, create, resp.watch_id,
                            "ok" if ok else resp.cancel_reason or "canceled")
@@ -300,7 +309,7 @@ class WatchProxy:
                         state.keep(req.create_request)
                         if audited is not None:
                             state.audited.append(audited)
-                    elif which == "cancel_request":
+                    elif which == "cancel_request" and state.may_cancel(req.cancel_request.watch_id):
                         state.canceling.add(req.cancel_request.watch_id)
                     elif which == "progress_request":
                         state.progress_asked = True
