@@ -707,3 +707,40 @@ def test_cancels_of_watches_the_stream_never_had_are_not_kept_nor_sent_again_on_
         await stream.aclose()
 
     run(scenario)
+
+
+def test_cancels_of_unknown_watches_while_a_create_is_unanswered_count_against_the_unsent_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a create is unanswered, a cancel of any id may be for the watch it makes, so it is
+    kept; a client that keeps a create unanswered and sends cancels of unknown ids is read no
+    further past ``UNSENT_BYTES`` (an int kept per cancel, without bound, before), and is read
+    again once the create is answered (the cancels that did not name its watch are forgotten)."""
+    monkeypatch.setattr(watch, "UNSENT_BYTES", 16 << 10)
+    cancels = 5_000
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        sent: list[int] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"j")).SerializeToString()
+            for watch_id in range(1000, 1000 + cancels):
+                yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
+                sent.append(watch_id)
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        await created(store, stream)  # the first create answered, the second not
+        await store.until(lambda: len(store.written(1)) >= 100)
+        for _ in range(3000):  # turns of the loop: the proxy reads the client as far as it may
+            await asyncio.sleep(0)
+        assert len(sent) < cancels // 5, f"{len(sent)} cancels read while a create was unanswered"
+        second = asyncio.get_running_loop().create_task(anext(stream))
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=1,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await second).watch_id == 1
+        await store.until(lambda: len(store.written(1)) == 2 + cancels)
+        await stream.aclose()
+
+    run(scenario)
