@@ -67,6 +67,9 @@ INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 _PROGRESS_REQUEST = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
+#: what a cancel of an id not open, kept while a create is unanswered, counts in UNSENT_BYTES
+#: (about the memory of its id in two sets)
+_MAYBE_CANCEL_BYTES = 128
 
 
 @dataclass
@@ -105,6 +108,9 @@ class _State:
     #: stream): only ids the store may have (open, or a create not answered yet could make it),
     #: since etcd answers nothing to a cancel of an unknown id, and nothing else would take it off
     canceling: set[int] = field(default_factory=set)
+    #: of those, the ids not open when asked (a create not answered yet may make them): each
+    #: counts in `unsent` until the creates are answered (then those that name no watch go)
+    maybe_canceling: set[int] = field(default_factory=set)
     call: Any = None
     connected: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -126,9 +132,33 @@ class _State:
         self.unsent.release(create.ByteSize())
         return create
 
-    def may_cancel(self, watch_id: int) -> bool:
-        """Whether the store may have the watch (a cancel of it will be answered)."""
-        return watch_id in self.watches or bool(self.pending)
+    def cancel(self, watch_id: int) -> None:
+        """The client asked to cancel ``watch_id``: kept until answered if the store may have the
+        watch (open, or a create not answered yet may make it)."""
+        if watch_id in self.watches:
+            self.canceling.add(watch_id)
+        elif self.pending and watch_id not in self.canceling:
+            self.canceling.add(watch_id)
+            self.maybe_canceling.add(watch_id)
+            self.unsent.charge(_MAYBE_CANCEL_BYTES)
+
+    def canceled(self, watch_id: int) -> bool:
+        """The store answered the cancel of ``watch_id``: whether it had been asked."""
+        if watch_id in self.maybe_canceling:
+            self.maybe_canceling.discard(watch_id)
+            self.unsent.release(_MAYBE_CANCEL_BYTES)
+        if watch_id in self.canceling:
+            self.canceling.discard(watch_id)
+            return True
+        return False
+
+    def creates_answered(self) -> None:
+        """No create is unanswered: a cancel kept for an id none of them made is never answered."""
+        maybe, watches = self.maybe_canceling, self.watches
+        # a new set: one emptied in place keeps the table it grew to
+        self.canceling = {w for w in self.canceling if w not in maybe or w in watches}
+        self.unsent.release(_MAYBE_CANCEL_BYTES * len(self.maybe_canceling))
+        self.maybe_canceling.clear()
 
     def release_held(self) -> None:
         self.unsent.release(sum(len(data) for data in self.held))
@@ -172,16 +202,15 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         if ok:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
-        if not state.pending and state.canceling:  # a cancel kept for a create that did not make its id
-            state.canceling.intersection_update(state.watches)
+        if not state.pending and state.maybe_canceling:
+            state.creates_answered()
         if events is not None:
             events.created(state.audited.popleft() if state.audited else None, create, resp.watch_id,
                            "ok" if ok else resp.cancel_reason or "canceled")
         return data
     if resp.canceled:
         gone = state.watches.pop(resp.watch_id, None)
-        asked = resp.watch_id in state.canceling
-        state.canceling.discard(resp.watch_id)
+        asked = state.canceled(resp.watch_id)
         if events is not None and gone is not None:
             dead = resp.watch_id in state.dead and not resp.cancel_reason
             why = INVALID_TOKEN_REASON if dead else resp.cancel_reason or ("ok" if asked else "canceled")
@@ -309,8 +338,8 @@ class WatchProxy:
                         state.keep(req.create_request)
                         if audited is not None:
                             state.audited.append(audited)
-                    elif which == "cancel_request" and state.may_cancel(req.cancel_request.watch_id):
-                        state.canceling.add(req.cancel_request.watch_id)
+                    elif which == "cancel_request":
+                        state.cancel(req.cancel_request.watch_id)
                     elif which == "progress_request":
                         state.progress_asked = True
                     sent = state.connected and await self._write(state, _envelope(state, data))
