@@ -744,3 +744,67 @@ def test_cancels_of_unknown_watches_while_a_create_is_unanswered_count_against_t
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_write_under_way_when_the_link_is_closed_raises_its_error_not_a_cancel() -> None:
+    """A link is closed when its node stops leading (or leaves): a client stream's write under
+    way then must fail as a write to an ended stream does (an AioRpcError: proxy/watch.py keeps
+    the request for the next sub-stream), not raise CancelledError into the client stream's
+    reader, which ended it: that client's later requests were never read."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        sub = await client.watch_streams().open()
+        await sub.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        writing = asyncio.get_running_loop().create_task(sub.write(bytes(3 << 20)))
+        await asyncio.sleep(0)  # one turn of the loop: the write is handed to gRPC, not done
+        assert not writing.done()
+        await sub.link.close()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await writing
+        assert watch_retryable(refused.value)
+
+    run(scenario)
+
+
+def test_a_client_whose_request_is_under_way_when_the_link_is_closed_is_still_read() -> None:
+    """The same through proxy/watch.py: the client's request under way when its link closes is
+    sent again on the next sub-stream, and the client's next request is read and sent there too."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        go, send_big = asyncio.Event(), asyncio.Event()
+        big = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=bytes(3 << 20))).SerializeToString()
+        progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_big.wait()
+            yield big
+            await go.wait()
+            yield progress
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        link = client._leader.watch_links[0]
+        answered = link._writing
+        send_big.set()
+        while link._writing is answered or link._writing is None or link._writing.done():
+            await asyncio.sleep(0)  # until the big create is handed to gRPC
+        await link.close()  # (its node stopped leading)
+        await store.until(lambda: len(store.calls) == 2)  # the watch resumes on the next stream
+        go.set()
+
+        def last() -> bytes:
+            return spb.WatchStreamRequest.FromString(store.requests[-1].request).request.SerializeToString()
+
+        await store.until(lambda: last() == progress)
+        sent = [spb.WatchStreamRequest.FromString(r.request).request.SerializeToString()
+                for r in store.requests[-3:]]
+        assert sent[-2] == big  # the resumed watch, the create under way, the next request
+        assert pb.WatchRequest.FromString(sent[-3]).create_request.key == b"k"
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await stream.aclose()
+
+    run(scenario)
