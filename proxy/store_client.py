@@ -293,6 +293,7 @@ class StoreClient:
             if best.leader_id in by_id:
                 if by_id[best.leader_id] is not self._leader:
                     log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
+                    self._end_watch_links(self._leader)
                 self._leader = by_id[best.leader_id]
                 return
             if not changed:
@@ -348,6 +349,17 @@ class StoreClient:
         self._endpoints = kept + [_Endpoint(t, self._channel(t, self._tls), self._secret,
                                             None if t in self._seeds else owner.get(t)) for t in added]
         return bool(added)
+
+    def _end_watch_links(self, ep: _Endpoint) -> None:
+        """The node no longer leads: its shared watch streams end, so their sub-streams resume on
+        the new leader. A node that stopped leading ends them itself; one paused, or cut off with
+        its connections open, never would, and its watches would wait for it for good."""
+        links = [link for link in ep.watch_links if not link.dead]
+        ep.watch_links = [link for link in ep.watch_links if link.dead]  # (those refused: remembered)
+        for link in links:
+            task = asyncio.get_running_loop().create_task(link.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     @staticmethod
     async def _close_endpoint(ep: _Endpoint) -> None:

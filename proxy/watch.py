@@ -67,6 +67,9 @@ INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 _PROGRESS_REQUEST = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
 UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
+#: what a cancel of an id not open, kept while a create is unanswered, counts in UNSENT_BYTES
+#: (about the memory of its id in two sets)
+_MAYBE_CANCEL_BYTES = 128
 
 
 @dataclass
@@ -101,7 +104,13 @@ class _State:
     progress_asked: bool = False
     #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
     unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
+    #: watches the client asked to cancel, not yet answered (asked again on the next store
+    #: stream): only ids the store may have (open, or a create not answered yet could make it),
+    #: since etcd answers nothing to a cancel of an unknown id, and nothing else would take it off
     canceling: set[int] = field(default_factory=set)
+    #: of those, the ids not open when asked (a create not answered yet may make them): each
+    #: counts in `unsent` until the creates are answered (then those that name no watch go)
+    maybe_canceling: set[int] = field(default_factory=set)
     call: Any = None
     connected: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -122,6 +131,35 @@ class _State:
         create = self.pending.popleft()
         self.unsent.release(create.ByteSize())
         return create
+
+    def cancel(self, watch_id: int) -> bool:
+        """The client asked to cancel ``watch_id``: kept until answered (True) if the store may
+        have the watch (open, or a create not answered yet may make it)."""
+        if watch_id in self.watches:
+            self.canceling.add(watch_id)
+        elif self.pending and watch_id not in self.canceling:
+            self.canceling.add(watch_id)
+            self.maybe_canceling.add(watch_id)
+            self.unsent.charge(_MAYBE_CANCEL_BYTES)
+        return watch_id in self.canceling
+
+    def canceled(self, watch_id: int) -> bool:
+        """The store answered the cancel of ``watch_id``: whether it had been asked."""
+        if watch_id in self.maybe_canceling:
+            self.maybe_canceling.discard(watch_id)
+            self.unsent.release(_MAYBE_CANCEL_BYTES)
+        if watch_id in self.canceling:
+            self.canceling.discard(watch_id)
+            return True
+        return False
+
+    def creates_answered(self) -> None:
+        """No create is unanswered: a cancel kept for an id none of them made is never answered."""
+        maybe, watches = self.maybe_canceling, self.watches
+        # a new set: one emptied in place keeps the table it grew to
+        self.canceling = {w for w in self.canceling if w not in maybe or w in watches}
+        self.unsent.release(_MAYBE_CANCEL_BYTES * len(self.maybe_canceling))
+        self.maybe_canceling.clear()
 
     def release_held(self) -> None:
         self.unsent.release(sum(len(data) for data in self.held))
@@ -165,14 +203,15 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         if ok:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
+        if not state.pending and state.maybe_canceling:
+            state.creates_answered()
         if events is not None:
             events.created(state.audited.popleft() if state.audited else None, create, resp.watch_id,
                            "ok" if ok else resp.cancel_reason or "canceled")
         return data
     if resp.canceled:
         gone = state.watches.pop(resp.watch_id, None)
-        asked = resp.watch_id in state.canceling
-        state.canceling.discard(resp.watch_id)
+        asked = state.canceled(resp.watch_id)
         if events is not None and gone is not None:
             dead = resp.watch_id in state.dead and not resp.cancel_reason
             why = INVALID_TOKEN_REASON if dead else resp.cancel_reason or ("ok" if asked else "canceled")
@@ -297,18 +336,15 @@ class WatchProxy:
                     if identity is not None:
                         stamp(state, identity)
                     # What each new store stream sends again until the store answers it (a
-                    # create pending, a cancel of an open watch, progress asked) is not held as
-                    # bytes too. A cancel of no watch is passed on once: the store ignores it, as
-                    # etcd does, so it is never answered and, kept, would be kept for good.
+                    # create pending, a cancel kept by ``state.cancel``, progress asked) is not
+                    # held as bytes too; a cancel of no watch is passed on once.
                     resent = which in ("create_request", "progress_request")
                     if which == "create_request":
                         state.keep(req.create_request)
                         if audited is not None:
                             state.audited.append(audited)
                     elif which == "cancel_request":
-                        resent = req.cancel_request.watch_id in state.watches
-                        if resent:
-                            state.canceling.add(req.cancel_request.watch_id)
+                        resent = state.cancel(req.cancel_request.watch_id)
                     elif which == "progress_request":
                         state.progress_asked = True
                     sent = state.connected and await self._write(state, _envelope(state, data))

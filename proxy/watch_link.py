@@ -242,7 +242,16 @@ class WatchLink:
         canceled, which would end every sub-stream."""
         self._writing = asyncio.get_running_loop().create_task(call.write(message))
         self._writing.add_done_callback(_retrieved)
-        await asyncio.shield(self._writing)
+        try:
+            await asyncio.shield(self._writing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller's own cancel
+            # the write was canceled under it (the link closed: its node stopped leading or
+            # left): a write to an ended stream, not a cancel of the caller (the client stream's
+            # reader, which a CancelledError ended)
+            raise self._ended() from None
 
     def close_sub(self, sub: SubStream) -> None:
         """Tells the store the sub-stream is done, without waiting (the reader calls it too); one

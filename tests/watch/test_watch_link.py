@@ -701,45 +701,151 @@ def test_a_cancel_sent_while_the_proxy_has_no_store_stream_reaches_the_next_one_
     run(scenario)
 
 
-def test_cancels_of_watches_that_do_not_exist_are_passed_on_and_not_kept() -> None:
-    """Every buffer bounded in bytes: the proxy kept the id of every cancel a client sent until the
-    store answered it, and the store (as etcd) never answers a cancel of a watch that does not
-    exist, so a client sending such cancels grew the proxy without bound."""
-    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
-    count = 10_000
+def test_cancels_of_watches_the_stream_never_had_are_not_kept_nor_sent_again_on_the_next_sub_stream() -> None:
+    """etcd answers nothing to a cancel of a watch id the stream does not have, so nothing ever
+    took such an id off the proxy's list of watches being canceled: a client sending cancels of
+    unknown ids grew the proxy's memory without bound (an int per cancel, for the stream's life),
+    and every resume re-sent all of them to the store (a burst past the store's bound of one
+    sub-stream's unread requests). Only cancels of watches the store may have are kept."""
+    unknown = 10_000
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+        resumed = asyncio.Event()
+
         async def requests() -> AsyncIterator[bytes]:
             yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
-            await sending.wait()
-            for watch_id in range(1000, 1000 + count):
+            for watch_id in range(1000, 1000 + unknown):
                 yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
-            yield progress
+            yield progress  # the last before the resume
+            await resumed.wait()
+            yield progress  # the first after it
             await asyncio.Event().wait()  # the client stays
 
-        sending = asyncio.Event()
-        asked: list[bool] = []
-
-        def observe(request: spb.WatchSharedRequest) -> None:
-            if spb.WatchStreamRequest.FromString(request.request).request.HasField("progress_request"):
-                asked.append(True)
-            store.requests.clear()  # (the test's own memory: only the proxy's is measured)
-
-        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
-        await created(store, stream)
-        store.observer = observe
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
         gc.collect()
         tracemalloc.start()
         try:
-            before = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/proxy/*")])
-            sending.set()
-            await store.until(lambda: bool(asked))
+            await created(store, stream)
+            await store.until(lambda: len(store.written(1)) == 2 + unknown)
             gc.collect()
-            after = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/proxy/*")])
+            kept = sum(stat.size for stat in tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, watch.__file__)]).statistics("filename"))
         finally:
             tracemalloc.stop()
-        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        assert grown < 256 << 10, f"the proxy kept {grown >> 10} KiB for {count} cancels of no watch"
+        assert kept < 256 << 10, f"{kept >> 10} KiB kept for {unknown} cancels of unknown watches"
+        store.send(part(1, end=True))  # the sub-stream ended (closed): the watch resumes on the next
+        await store.until(lambda: len(store.written(2)) >= 1)
+        resumed.set()
+        # (the first progress had no answer: asked again by the resume; the second is the client's)
+        await store.until(lambda: sum(1 for r in store.requests[-2:] if r.sub == 2 and (
+            spb.WatchStreamRequest.FromString(r.request).request.HasField("progress_request"))) == 2)
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
+        assert [r.WhichOneof("request_union") for r in sent] == ["create_request", *["progress_request"] * 2], (
+            f"{sum(1 for r in sent if r.HasField('cancel_request'))} cancels of unknown watches sent again")
+        assert sent[0].create_request.watch_id == 0
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_cancels_of_unknown_watches_while_a_create_is_unanswered_count_against_the_unsent_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a create is unanswered, a cancel of any id may be for the watch it makes, so it is
+    kept; a client that keeps a create unanswered and sends cancels of unknown ids is read no
+    further past ``UNSENT_BYTES`` (an int kept per cancel, without bound, before), and is read
+    again once the create is answered (the cancels that did not name its watch are forgotten)."""
+    monkeypatch.setattr(watch, "UNSENT_BYTES", 16 << 10)
+    cancels = 5_000
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        sent: list[int] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"j")).SerializeToString()
+            for watch_id in range(1000, 1000 + cancels):
+                yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
+                sent.append(watch_id)
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        await created(store, stream)  # the first create answered, the second not
+        await store.until(lambda: len(store.written(1)) >= 100)
+        for _ in range(3000):  # turns of the loop: the proxy reads the client as far as it may
+            await asyncio.sleep(0)
+        assert len(sent) < cancels // 5, f"{len(sent)} cancels read while a create was unanswered"
+        second = asyncio.get_running_loop().create_task(anext(stream))
+        store.send(part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=1,
+                                                  created=True).SerializeToString())))
+        assert pb.WatchResponse.FromString(await second).watch_id == 1
+        await store.until(lambda: len(store.written(1)) == 2 + cancels)
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_a_write_under_way_when_the_link_is_closed_raises_its_error_not_a_cancel() -> None:
+    """A link is closed when its node stops leading (or leaves): a client stream's write under
+    way then must fail as a write to an ended stream does (an AioRpcError: proxy/watch.py keeps
+    the request for the next sub-stream), not raise CancelledError into the client stream's
+    reader, which ended it: that client's later requests were never read."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        sub = await client.watch_streams().open()
+        await sub.write(b"x")
+        await store.until(lambda: len(store.requests) == 1)
+        writing = asyncio.get_running_loop().create_task(sub.write(bytes(3 << 20)))
+        await asyncio.sleep(0)  # one turn of the loop: the write is handed to gRPC, not done
+        assert not writing.done()
+        await sub.link.close()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await writing
+        assert watch_retryable(refused.value)
+
+    run(scenario)
+
+
+def test_a_client_whose_request_is_under_way_when_the_link_is_closed_is_still_read() -> None:
+    """The same through proxy/watch.py: the client's request under way when its link closes is
+    sent again on the next sub-stream, and the client's next request is read and sent there too."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        proxy = watch.WatchProxy(client)
+        go, send_big = asyncio.Event(), asyncio.Event()
+        big = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=bytes(3 << 20))).SerializeToString()
+        progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send_big.wait()
+            yield big
+            await go.wait()
+            yield progress
+            await asyncio.Event().wait()  # the client stays
+
+        stream = proxy.serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))
+        await store.until(lambda: len(store.written(1)) == 1)
+        link = client._leader.watch_links[0]
+        answered = link._writing
+        send_big.set()
+        while link._writing is answered or link._writing is None or link._writing.done():
+            await asyncio.sleep(0)  # until the big create is handed to gRPC
+        await link.close()  # (its node stopped leading)
+        await store.until(lambda: len(store.calls) == 2)  # the watch resumes on the next stream
+        go.set()
+
+        def last() -> bytes:
+            return spb.WatchStreamRequest.FromString(store.requests[-1].request).request.SerializeToString()
+
+        await store.until(lambda: last() == progress)
+        sent = [spb.WatchStreamRequest.FromString(r.request).request.SerializeToString()
+                for r in store.requests[-3:]]
+        assert sent[-2] == big  # the resumed watch, the create under way, the next request
+        assert pb.WatchRequest.FromString(sent[-3]).create_request.key == b"k"
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         await stream.aclose()
 
     run(scenario)

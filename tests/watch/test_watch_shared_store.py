@@ -350,8 +350,10 @@ def test_sub_streams_over_the_cap_are_refused_and_ended_ones_free_their_place() 
 
 
 def test_a_sub_stream_that_reads_no_requests_ends_at_its_request_bound() -> None:
+    """Past its bound a sub-stream holds the stream's reading back until it has room (as HTTP/2
+    a stream of its own); one that takes none of its requests meanwhile is ended."""
     async def main() -> None:
-        run = _Run(sub_request_bytes=100)
+        run = _Run(sub_request_bytes=100, sub_stall_seconds=0.05)
         run.send(1, b"hold")
         run.send(2, b"x")
         await run.until(lambda: 2 in run.batches)
@@ -363,6 +365,53 @@ def test_a_sub_stream_that_reads_no_requests_ends_at_its_request_bound() -> None
         await run.served(1)  # the ended sub-stream is served no more
         await run.out.aclose()
         await run.served(0)
+    asyncio.run(main())
+
+
+def test_a_sub_stream_past_its_bound_that_reads_on_holds_the_stream_back_and_is_not_ended() -> None:
+    """A proxy's resume sends every watch of a client stream at once (megabytes), which its
+    sub-stream takes one create at a time: past its bound the stream reads no further until it
+    has room, and the sub-stream, which reads on, is not ended (it was, with `too many requests`,
+    at every resume); the other sub-streams' requests come after."""
+    async def main() -> None:
+        gate = asyncio.Semaphore(0)
+        read = 0
+
+        async def serve(feed: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            async for r in feed:
+                await gate.acquire()  # one request taken per release
+                yield r
+
+        async def requests() -> AsyncIterator[bytes]:
+            nonlocal read
+            for i in range(10):
+                read += 1
+                yield spb.WatchSharedRequest(sub=1, request=bytes([i]) * 40).SerializeToString()
+            read += 1
+            yield spb.WatchSharedRequest(sub=2, request=b"other").SerializeToString()
+            await asyncio.Event().wait()
+
+        out = shared.SharedWatches(serve, sub_request_bytes=100, sub_stall_seconds=60).serve(requests(), _Context())
+        first = asyncio.ensure_future(out.__anext__())
+        for _ in range(200):  # turns of the loop: the stream reads as far as it may
+            await asyncio.sleep(0)
+        assert read < 10, f"{read} requests read past sub-stream 1's bound"
+        for _ in range(11):
+            gate.release()
+        batches: dict[int, list[bytes]] = {}
+        ends: list[int] = []
+        raw = await asyncio.wait_for(first, 10)
+        while True:
+            for p in spb.WatchSharedBatch.FromString(raw).parts:
+                if p.end:
+                    ends.append(p.sub)
+                else:
+                    batches.setdefault(p.sub, []).append(p.batch)
+            if len(batches.get(1, [])) == 10 and batches.get(2):
+                break
+            raw = await asyncio.wait_for(out.__anext__(), 10)
+        assert batches == {1: [bytes([i]) * 40 for i in range(10)], 2: [b"other"]} and not ends
+        await out.aclose()
     asyncio.run(main())
 
 

@@ -8,8 +8,10 @@ Each sub-stream is served by exactly the code that serves a WatchBatches stream 
 by the server: the hub's serving, behind the caller class's token verification), fed the requests
 the proxy sends for it and given a ``SubContext`` whose ``abort`` ends that sub-stream only: its
 status goes to the proxy as an end part, the shared stream goes on. Every input is bounded: the
-open sub-streams (``MAX_SUBS``), the requests one sub-stream has not read (``SUB_REQUEST_BYTES``),
-those of the whole stream (``REQUEST_BYTES``: no more is read meanwhile), and the parts the proxy
+open sub-streams (``MAX_SUBS``), the requests one sub-stream has not read (``SUB_REQUEST_BYTES``:
+past it no more is read until it has room, as HTTP/2 holds back a stream of its own; one that takes
+none for ``SUB_STALL_SECONDS`` is ended), those of the whole stream (``REQUEST_BYTES``: no more is
+read meanwhile), and the parts the proxy
 has not read (``OUT_BYTES``: a sub-stream waits for room, so its hub stream fills and its watchers
 fall back to history, exactly as a slow WatchBatches reader's; no more requests are read meanwhile,
 as a hub stream reads none while its reader is behind: a refusal's end part is put without waiting).
@@ -18,6 +20,7 @@ as a hub stream reads none while its reader is behind: a refusal's end part is p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
@@ -35,10 +38,14 @@ log = logging.getLogger("raftgate.store.watch")
 
 #: sub-streams open at once on one shared stream; one more is ended at once with `too many requests`
 MAX_SUBS = WATCH_SHARED_MAX_SUBS
-#: request bytes one sub-stream has not read (its hub stream waits for its reader); one more
-#: request ends it with `too many requests` (each stream of its own would be held back by HTTP/2,
-#: which here would hold back every sub-stream)
+#: request bytes one sub-stream has not read (its hub stream waits for its reader, or takes one
+#: create at a time: a proxy's resume sends every watch of a client stream at once, megabytes):
+#: past it the shared stream is read no further until it has room again, as HTTP/2 holds back a
+#: stream of its own
 SUB_REQUEST_BYTES = 1 << 20
+#: a sub-stream past SUB_REQUEST_BYTES that takes none of its requests meanwhile is ended with
+#: `too many requests` (holding the shared stream back no longer: every sub-stream waits)
+SUB_STALL_SECONDS = 5.0
 #: request bytes of all sub-streams not read yet: over it the shared stream is read no further
 REQUEST_BYTES = 8 << 20
 #: parts the proxy has not read yet (as a hub stream's STREAM_BUFFER_BYTES)
@@ -80,12 +87,13 @@ class SubContext:
 class _Sub:
     """One open sub-stream: the requests it has not read, and the task serving it."""
 
-    __slots__ = ("id", "requests", "task")
+    __slots__ = ("id", "requests", "task", "taken")
 
     def __init__(self, sub_id: int, request_bytes: int) -> None:
         self.id = sub_id
         self.requests: ByteQueue[bytes | None] = ByteQueue(request_bytes)  # None: the proxy sends no more
         self.task: asyncio.Task[None] | None = None
+        self.taken = 0  # requests its serving took
 
 
 def _batch_part(sub: int, batch: bytes) -> bytes:
@@ -104,10 +112,13 @@ class SharedWatches:
     as a stream of its own, and their answers multiplexed into the stream's messages."""
 
     def __init__(self, serve: SubServe, *, max_subs: int = MAX_SUBS, sub_request_bytes: int = SUB_REQUEST_BYTES,
-                 request_bytes: int = REQUEST_BYTES, out_bytes: int = OUT_BYTES) -> None:
+                 request_bytes: int = REQUEST_BYTES, out_bytes: int = OUT_BYTES,
+                 sub_stall_seconds: float = SUB_STALL_SECONDS) -> None:
         self._serve = serve
         self._max_subs = max_subs
         self._sub_request_bytes = sub_request_bytes
+        self._sub_stall_seconds = sub_stall_seconds
+        self._full: _Sub | None = None  # a sub-stream past its bound: read no more until it has room
         self._requests = ByteBudget(request_bytes)  # requests read, not yet read by their sub-stream
         #: encoded parts the stream has not written, then what ends it (an exception)
         self._out: ByteQueue[bytes | BaseException] = ByteQueue(out_bytes)
@@ -149,6 +160,9 @@ class SharedWatches:
                     raise _StreamFailed(grpc.StatusCode.INTERNAL,
                                         STREAM_UNMARSHAL_ERROR_PREFIX + "WatchSharedRequest names sub-stream 0")
                 self._take(msg)
+                if self._full is not None:
+                    await self._until_room(self._full)
+                    self._full = None
                 if not self._requests.room.is_set():
                     await self._requests.room.wait()
                 while not self._out.room.is_set():  # a proxy that reads nothing sends no more (its
@@ -181,12 +195,21 @@ class SharedWatches:
         data = msg.request
         if not data:
             return
-        if not sub.requests.fits(len(data)):
-            self._forget(sub)
-            self._end(sub.id, _TOO_MANY_REQUESTS.code, _TOO_MANY_REQUESTS.message)
-            return
         sub.requests.put_nowait(data)
         self._requests.charge(len(data))
+        if not sub.requests.room.is_set():
+            self._full = sub
+
+    async def _until_room(self, sub: _Sub) -> None:
+        """Reads no more until ``sub`` has room; one that takes none of its requests for
+        SUB_STALL_SECONDS is ended instead (every other sub-stream waits meanwhile)."""
+        while self._subs.get(sub.id) is sub and not sub.requests.room.is_set():
+            taken = sub.taken
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sub.requests.room.wait(), self._sub_stall_seconds)
+            if sub.taken == taken and self._subs.get(sub.id) is sub and not sub.requests.room.is_set():
+                self._forget(sub)
+                self._end(sub.id, _TOO_MANY_REQUESTS.code, _TOO_MANY_REQUESTS.message)
 
     def _open(self, sub_id: int) -> _Sub:
         sub = _Sub(sub_id, self._sub_request_bytes)
@@ -198,6 +221,7 @@ class SharedWatches:
         """The sub-stream's requests, as its own stream would deliver them."""
         while (data := await sub.requests.get()) is not None:
             self._requests.release(len(data))
+            sub.taken += 1
             yield data
 
     def _forget(self, sub: _Sub) -> None:
@@ -206,6 +230,7 @@ class SharedWatches:
             return
         del self._subs[sub.id]
         self._requests.release(sub.requests.bytes)
+        sub.requests.room.set()  # (the reader may wait for its room: it is gone)
         if sub.task is not None and sub.task is not asyncio.current_task():
             sub.task.cancel()
 
