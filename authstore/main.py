@@ -36,6 +36,7 @@ from authstore.state.auth import initial_root
 from authstore.state.backend import Backend
 from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
+from protos.internal import STORE_MESSAGE_BYTES
 from protos.storepb import store_pb2 as spb
 from raftgate import event_loop, stages
 from raftgate.crl import CRLError, RevocationList
@@ -335,7 +336,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address,
                                   revocations=_revocations(cfg))
     peer_server = grpc.aio.server(interceptors=security.interceptors(rec.member_id), options=[
-        ("grpc.max_receive_message_length", 64 << 20), *FIXED_RECEIVE_WINDOW, ("grpc.so_reuseport", 0)])
+        ("grpc.max_receive_message_length", STORE_MESSAGE_BYTES), *FIXED_RECEIVE_WINDOW, ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
     peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"

@@ -12,6 +12,14 @@ from protos.etcdserverpb import raft_internal_pb2
 #: that are not DoStream / WatchBatches messages (those carry it in a field): the store verifies it.
 INTERNAL_TOKEN_METADATA = "x-raftgate-client-token"
 #: Development shared secrets travel as proofs, never themselves: raftgate/secret_proof.py.
+#: The largest message each of the store's ports takes (a DoStream or WatchShared message, a Raft
+#: message to a peer).
+STORE_MESSAGE_BYTES = 64 << 20
+#: The largest --max-request-bytes a proxy takes: a request of that size (a stream's message may be
+#: 512 KiB more, as etcd's), with its stamped header, its caller's token (metadata: under 1 MiB)
+#: and its call's framing, still fits a store message (a larger one would be refused with the whole
+#: stream carrying it, every other caller's calls on it too).
+MAX_REQUEST_BYTES_LIMIT = STORE_MESSAGE_BYTES - (2 << 20)
 #: The most bytes one batch message of an internal stream carries (DoStream both ways, watch
 #: responses, Raft messages); a single larger item still travels, alone. Well under the 64 MiB
 #: gRPC message limit of the store's ports.

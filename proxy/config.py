@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from protos.internal import MAX_REQUEST_BYTES_LIMIT
 from proxy.audit.writer import DEFAULT_LEVEL as AUDIT_DEFAULT_LEVEL
 from proxy.audit.writer import LEVELS as AUDIT_LEVELS
 from proxy.gateway_access import (
@@ -299,7 +300,10 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConf
         log.warning("%s %d is out of range %d..%d; using %d", f.source("bcrypt_cost"), cost, MIN_COST, MAX_COST,
                     DEFAULT_COST)
         cost = DEFAULT_COST
-    max_bytes = integer(f, "max_request_bytes", 1, 2**31 - 1 - GRPC_OVERHEAD_BYTES)
+    max_bytes = integer(f, "max_request_bytes", 1)
+    if max_bytes > MAX_REQUEST_BYTES_LIMIT:
+        raise f.error("max_request_bytes", f"must be at most {MAX_REQUEST_BYTES_LIMIT} (62 MiB: the store takes "
+                      f"messages of up to 64 MiB), got {max_bytes}")
     workers = integer(f, "bcrypt_workers", 1) if f["bcrypt_workers"] is not None else os.cpu_count() or 1
     queue_limit = integer(f, "bcrypt_queue_limit", 0) if f["bcrypt_queue_limit"] is not None \
         else QUEUE_PER_WORKER * workers

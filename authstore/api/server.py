@@ -51,7 +51,7 @@ from authstore.state.auth.store import token_digest
 from protos import wire
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
-from protos.internal import INTERNAL_TOKEN_METADATA, MAX_ANSWER_BYTES
+from protos.internal import INTERNAL_TOKEN_METADATA, MAX_ANSWER_BYTES, STORE_MESSAGE_BYTES
 from protos.storepb import store_pb2 as spb
 from raftgate import secret_proof, stages
 from raftgate.crl import RevocationCheck, RevocationList
@@ -74,7 +74,7 @@ from raftgate.token_verifier import TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
 
-MAX_MESSAGE = 64 << 20
+MAX_MESSAGE = STORE_MESSAGE_BYTES
 #: Calls taken from one DoStream and not yet written back (running, or answered and waiting in
 #: its outbox), and answer bytes waiting (the outbox's STREAM_BYTES_HELD): beyond either the store
 #: reads no more calls from that stream until the caller reads answers (HTTP/2 flow control then

@@ -28,7 +28,7 @@ from authstore.node.ports import Receiver
 from authstore.raft.codec import decode_message, encode_message, message_from_pb
 from authstore.raft.types import Message
 from protos import wire
-from protos.internal import STREAM_BATCH_BYTES
+from protos.internal import STORE_MESSAGE_BYTES, STREAM_BATCH_BYTES
 from protos.raftpb import raft_pb2
 from protos.storepb import peer_pb2
 from raftgate import secret_proof
@@ -42,7 +42,7 @@ REMOVED = "raftgate: the sending member was removed from the cluster"
 SERVICE = "raftgate.storepb.Peer"
 QUEUE_LIMIT = 4096
 CHUNK = 256 << 10
-MAX_MESSAGE = 64 << 20
+MAX_MESSAGE = STORE_MESSAGE_BYTES
 #: Longest wait between attempts to reach a peer: a quarter of the default election timeout, so
 #: a restarted node hears the leader soon after it listens again (a refused connection costs
 #: next to nothing). gRPC's own connection back-off (1 s at first, then up to 120 s) is bounded

@@ -170,3 +170,14 @@ def test_sidecar_refuses_client_certificate_auth(secret: str) -> None:
     carry identities the store verifies itself, and the store never sees that certificate."""
     with pytest.raises(ConfigError, match="--client-cert-auth cannot be used with --sidecar"):
         load(base(secret, "--sidecar", "--client-cert-auth"), env={})
+
+
+def test_a_request_size_the_store_could_not_take_is_refused_at_start(secret: str) -> None:
+    """The store takes messages of up to 64 MiB on each of its ports (a request on its way in, an
+    entry replicated to a follower). A proxy started with a larger --max-request-bytes let one
+    client's request over that reach the store, which refused the whole stream carrying it, and
+    with it every other client's call on the stream (and every watch on a shared watch stream,
+    again at each resume). Refused at start instead, naming the flag; up to 62 MiB is taken."""
+    with pytest.raises(ConfigError, match=r"--max-request-bytes.*at most 65011712"):
+        load(base(secret, "--max-request-bytes=65011713"), env={})
+    assert load(base(secret, "--max-request-bytes=65011712"), env={}).max_request_bytes == 65011712
