@@ -10,9 +10,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from protos.etcdserverpb import rpc_pb2 as pb
-from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.cluster import local_cluster
+from tests.support.put_load import put_until
 from tests.support.wclient import WatchStream
 
 pytestmark = pytest.mark.slow
@@ -25,23 +24,12 @@ def test_watch_order_across_leader_kill(tmp_path: Path) -> None:
         acked: list[int] = []
         stop = asyncio.Event()
 
-        async def writer(ch: grpc.aio.Channel) -> None:
-            kv = pbg.KVStub(ch)
-            i = 0
-            while not stop.is_set():
-                try:
-                    r = await kv.Put(pb.PutRequest(key=b"w/%d" % (i % 7), value=b"%d" % i), timeout=5)
-                    acked.append(r.header.revision)
-                except grpc.aio.AioRpcError:
-                    await asyncio.sleep(0.05)
-                i += 1
-
         async def main() -> tuple[list[int], int]:
             async with grpc.aio.insecure_channel(target) as ch:
                 ws = WatchStream(ch)
                 created = await ws.create(b"w/", range_end=b"w0")
                 start = created.header.revision + 1
-                t = asyncio.get_running_loop().create_task(writer(ch))
+                t = asyncio.get_running_loop().create_task(put_until(ch, stop, b"w/", 7, acked))
                 revs: list[int] = []
 
                 async def collect(n: int) -> None:

@@ -19,6 +19,7 @@ from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.cluster import unstarted_cluster
 from tests.support.probes import sample, scrape
 from tests.support.processes import Program, free_port, wait_for
+from tests.support.put_load import put_until
 
 pytestmark = pytest.mark.slow
 STREAMS = 24
@@ -69,16 +70,6 @@ def test_many_sub_streams_survive_leader_kill_with_churn(tmp_path: Path) -> None
                         assert resp.watch_id == 100 + i
                         revs[i].extend(e.kv.mod_revision for e in resp.events)
 
-                async def writer() -> None:
-                    n = 0
-                    while not stop.is_set():
-                        try:
-                            r = await kv.Put(pb.PutRequest(key=b"c/%d" % (n % 5), value=b"%d" % n), timeout=5)
-                            acked.append(r.header.revision)
-                        except grpc.aio.AioRpcError:
-                            await asyncio.sleep(0.05)
-                        n += 1
-
                 async def churn() -> None:
                     while not stop.is_set():
                         c = pbg.WatchStub(ch).Watch()
@@ -91,7 +82,8 @@ def test_many_sub_streams_survive_leader_kill_with_churn(tmp_path: Path) -> None
                             c.cancel()
 
                 readers = [asyncio.ensure_future(reader(i)) for i in range(STREAMS)]
-                tasks = [asyncio.ensure_future(writer()), *(asyncio.ensure_future(churn()) for _ in range(4))]
+                tasks = [asyncio.ensure_future(put_until(kch, stop, b"c/", 5, acked)),
+                         *(asyncio.ensure_future(churn()) for _ in range(4))]
 
                 async def until(n: int) -> None:
                     async with asyncio.timeout(90):
