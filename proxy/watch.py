@@ -66,9 +66,9 @@ RECHECK_SECONDS = 2.0
 INVALID_TOKEN_REASON = EtcdError(Err.INVALID_AUTH_TOKEN).status_string()
 _PROGRESS_REQUEST = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 CLIENT_BUFFER_BYTES = 4 << 20  # memory of the answers one client stream may leave untaken in the proxy
-UNSENT_BYTES = 4 << 20  # a client's unanswered creates and held requests the proxy keeps
-#: what a cancel of an id not open, kept while a create is unanswered, counts in UNSENT_BYTES
-#: (about the memory of its id in two sets)
+UNSENT_BYTES = 4 << 20  # a client's unanswered creates, cancels kept of ids not open, and held requests
+#: what a cancel of an id not open, kept while a create sent before it is unanswered, counts in
+#: UNSENT_BYTES (about the memory of its id in a set and a dict)
 _MAYBE_CANCEL_BYTES = 128
 
 
@@ -102,15 +102,18 @@ class _State:
     #: the client asked for progress and has no answer yet: asked again on the next store stream
     #: (an answer under way is lost with its stream, or with a sub-stream closed for a slow client)
     progress_asked: bool = False
-    #: bytes in `pending` and `held`; its room is set while below UNSENT_BYTES
+    #: bytes in `pending`, `maybe_canceling` and `held`; its room is set while below UNSENT_BYTES
     unsent: ByteBudget = field(default_factory=lambda: ByteBudget(UNSENT_BYTES, UNSENT_BYTES - 1))
     #: watches the client asked to cancel, not yet answered (asked again on the next store
     #: stream): only ids the store may have (open, or a create not answered yet could make it),
     #: since etcd answers nothing to a cancel of an unknown id, and nothing else would take it off
     canceling: set[int] = field(default_factory=set)
-    #: of those, the ids not open when asked (a create not answered yet may make them): each
-    #: counts in `unsent` until the creates are answered (then those that name no watch go)
-    maybe_canceling: set[int] = field(default_factory=set)
+    #: of those, the ids not open when asked (a create sent before and not answered yet may make
+    #: them), each with the count of answered creates by which those creates are all answered:
+    #: then it goes if none of them made it (a later create may make that id: never canceled).
+    #: Each counts in `unsent` meanwhile.
+    maybe_canceling: dict[int, int] = field(default_factory=dict)
+    creates_done: int = 0  # creates the store has answered on this client stream
     call: Any = None
     connected: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -130,6 +133,7 @@ class _State:
             return pb.WatchCreateRequest()
         create = self.pending.popleft()
         self.unsent.release(create.ByteSize())
+        self.creates_done += 1
         return create
 
     def cancel(self, watch_id: int) -> bool:
@@ -139,27 +143,33 @@ class _State:
             self.canceling.add(watch_id)
         elif self.pending and watch_id not in self.canceling:
             self.canceling.add(watch_id)
-            self.maybe_canceling.add(watch_id)
+            self.maybe_canceling[watch_id] = self.creates_done + len(self.pending)
             self.unsent.charge(_MAYBE_CANCEL_BYTES)
         return watch_id in self.canceling
 
     def canceled(self, watch_id: int) -> bool:
         """The store answered the cancel of ``watch_id``: whether it had been asked."""
-        if watch_id in self.maybe_canceling:
-            self.maybe_canceling.discard(watch_id)
+        if self.maybe_canceling.pop(watch_id, None) is not None:
             self.unsent.release(_MAYBE_CANCEL_BYTES)
         if watch_id in self.canceling:
             self.canceling.discard(watch_id)
             return True
         return False
 
-    def creates_answered(self) -> None:
-        """No create is unanswered: a cancel kept for an id none of them made is never answered."""
-        maybe, watches = self.maybe_canceling, self.watches
-        # a new set: one emptied in place keeps the table it grew to
-        self.canceling = {w for w in self.canceling if w not in maybe or w in watches}
-        self.unsent.release(_MAYBE_CANCEL_BYTES * len(self.maybe_canceling))
-        self.maybe_canceling.clear()
+    def settle_cancels(self) -> None:
+        """After a create's answer: a cancel kept for an id not open whose earlier creates are
+        all answered now cancels a watch one of them made, or nothing (never answered: it goes)."""
+        maybe = self.maybe_canceling
+        while maybe:
+            watch_id, due = next(iter(maybe.items()))  # (in the order asked: dues never fall)
+            if due > self.creates_done:
+                return
+            del maybe[watch_id]
+            self.unsent.release(_MAYBE_CANCEL_BYTES)
+            if watch_id not in self.watches:
+                self.canceling.discard(watch_id)
+        # all settled: new tables (a dict or set emptied in place keeps the size it grew to)
+        self.maybe_canceling, self.canceling = {}, set(self.canceling)
 
     def release_held(self) -> None:
         self.unsent.release(sum(len(data) for data in self.held))
@@ -203,8 +213,8 @@ def track(state: _State, data: bytes, events: WatchEvents | None = None) -> byte
         if ok:
             create.watch_id = resp.watch_id
             state.watches[resp.watch_id] = _Watch(create, create.start_revision or rev + 1)
-        if not state.pending and state.maybe_canceling:
-            state.creates_answered()
+        if state.maybe_canceling:
+            state.settle_cancels()
         if events is not None:
             events.created(state.audited.popleft() if state.audited else None, create, resp.watch_id,
                            "ok" if ok else resp.cancel_reason or "canceled")

@@ -849,3 +849,41 @@ def test_a_client_whose_request_is_under_way_when_the_link_is_closed_is_still_re
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_cancel_of_an_id_no_earlier_create_made_never_cancels_a_later_watch() -> None:
+    """A cancel of an id not open is kept while creates sent before it are unanswered (one of them
+    may make that watch). It was judged only once every create was answered, so an id that a
+    create sent *after* the cancel made (as etcd numbers them) stayed being canceled, and the next
+    sub-stream canceled that watch, which the client never canceled."""
+    def create(key: bytes) -> bytes:
+        return pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)).SerializeToString()
+
+    def answer(watch_id: int) -> spb.WatchSharedPart:
+        return part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=watch_id,
+                                              created=True).SerializeToString()))
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        async def requests() -> AsyncIterator[bytes]:
+            yield create(b"a")
+            yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1)).SerializeToString()
+            yield create(b"b")
+            # not answered: asked again last on the next sub-stream, after every create and cancel
+            yield pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))  # (the stream runs once read)
+        await store.until(lambda: len(store.written(1)) == 4)
+        store.send(answer(0), answer(1))  # the store ignored the cancel of 1: the second create made it
+        assert pb.WatchResponse.FromString(await first).watch_id == 0
+        assert pb.WatchResponse.FromString(await anext(stream)).watch_id == 1
+        store.send(part(1, end=True))  # the sub-stream ended: both watches resume on the next
+        await store.until(lambda: any(spb.WatchStreamRequest.FromString(w).request.HasField("progress_request")
+                                      for w in store.written(2)))
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
+        assert [r.WhichOneof("request_union") for r in sent] == ["create_request", "create_request",
+                                                                 "progress_request"], sent
+        await stream.aclose()
+
+    run(scenario)
