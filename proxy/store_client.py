@@ -217,6 +217,8 @@ class StoreClient:
         self._seeds = tuple(dict.fromkeys(targets))
         self._endpoints = [_Endpoint(t, self._channel(t, tls), self._secret) for t in self._seeds]
         self._leader = self._endpoints[0]
+        #: the leader discovery last named, as (member ID, Raft term); None before the first
+        self._leadership: tuple[int, int] | None = None
         #: endpoints that left the member list, with when they left: closed after RETIRE_SECONDS
         self._retired: list[tuple[float, _Endpoint]] = []
         self._closing: set[asyncio.Task[None]] = set()  # retired endpoints being closed (kept referenced)
@@ -293,8 +295,17 @@ class StoreClient:
             if best.leader_id in by_id:
                 if by_id[best.leader_id] is not self._leader:
                     log.info("store leader is %s (term %d)", by_id[best.leader_id].target, best.raft_term)
-                    self._end_watch_links(self._leader)
+                    # Another node leads in a newer term: the old one's shared watch streams end.
+                    # Not for the same node under another of its addresses (a seed's and the one
+                    # it publishes), nor for an answer older than the leadership already known.
+                    old = asked.get(self._leader.target)
+                    old_id = old.member_id if old is not None else self._leadership and self._leadership[0]
+                    if old_id != best.leader_id and (self._leadership is None
+                                                     or best.raft_term > self._leadership[1]):
+                        self._end_watch_links(self._leader)
                 self._leader = by_id[best.leader_id]
+                if self._leadership is None or best.raft_term >= self._leadership[1]:
+                    self._leadership = (best.leader_id, best.raft_term)
                 return
             if not changed:
                 return
