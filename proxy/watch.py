@@ -446,7 +446,8 @@ class WatchProxy:
                 if identity is not None:
                     stamp(state, identity)
                 # Re-create what the client has (from the first revision it has not seen), then
-                # what the old stream left unanswered, in the order the client sent it.
+                # what the old stream left unanswered: the creates in the order the client sent
+                # them, then the cancels, then the requests held.
                 for watch_id in sorted(state.watches):
                     w = state.watches[watch_id]
                     w.replayed = w.partial
