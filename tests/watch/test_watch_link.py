@@ -887,3 +887,80 @@ def test_a_cancel_of_an_id_no_earlier_create_made_never_cancels_a_later_watch() 
         await stream.aclose()
 
     run(scenario)
+
+
+def test_a_cancel_kept_while_creates_are_unanswered_is_resent_before_the_creates_sent_after_it() -> None:
+    """A resume sent every unanswered create, then the cancels: a cancel of an id not open, sent
+    between two creates, reached the next sub-stream after the later create, which the store may
+    give that very id (as etcd numbers them), so it canceled a watch the client never canceled.
+    The cancel goes where the client sent it: after the creates sent before it, before the rest."""
+    def create(key: bytes) -> bytes:
+        return pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)).SerializeToString()
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        async def requests() -> AsyncIterator[bytes]:
+            yield create(b"a")
+            yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1)).SerializeToString()
+            yield create(b"b")
+            yield pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        first = asyncio.get_running_loop().create_task(anext(stream))  # (the stream runs once read)
+        await store.until(lambda: len(store.written(1)) == 4)
+        store.send(part(1, end=True))  # nothing answered: all of it is sent again on the next sub-stream
+        await store.until(lambda: any(spb.WatchStreamRequest.FromString(w).request.HasField("progress_request")
+                                      for w in store.written(2)))
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
+        assert [r.WhichOneof("request_union") for r in sent] == [
+            "create_request", "cancel_request", "create_request", "progress_request"], sent
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await stream.aclose()
+
+    run(scenario)
+
+
+def test_a_cancel_of_no_watch_held_while_the_store_is_away_is_sent_before_the_creates_after_it() -> None:
+    """A cancel of an id not open, sent while no create was unanswered and the proxy had no store
+    stream, is held and passed on once; the next stream sent it after the creates the client sent
+    later, one of which the store may give that id, so that watch was canceled."""
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        outage, back, send = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def rediscover() -> None:  # the proxy looks for the leader: the outage lasts until `back`
+            outage.set()
+            await back.wait()
+
+        client._rediscover = rediscover  # type: ignore[method-assign]
+        taken: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
+            await send.wait()
+            for request in (pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1)),
+                            pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"j")),
+                            pb.WatchRequest(progress_request=pb.WatchProgressRequest())):
+                yield request.SerializeToString()
+                taken.append(request.SerializeToString())
+            store.poke()
+            await asyncio.Event().wait()  # the client stays
+
+        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
+        await created(store, stream)
+        before = len(store.written(1))  # (the first stream's sub-stream 1 has the same number)
+        store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
+        await outage.wait()
+        send.set()
+        await store.until(lambda: len(taken) == 3)
+        back.set()
+        await store.until(lambda: len(store.calls) == 2 and any(
+            spb.WatchStreamRequest.FromString(w).request.HasField("progress_request") for w in store.written(1)))
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(1)[before:]]
+        kinds = [r.WhichOneof("request_union") for r in sent]
+        assert kinds == ["create_request", "cancel_request", "create_request", "progress_request"], sent
+        assert sent[0].create_request.watch_id == 0 and sent[1].cancel_request.watch_id == 1
+        await stream.aclose()
+
+    run(scenario)
