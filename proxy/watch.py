@@ -201,6 +201,11 @@ def _envelope(state: _State, request: bytes, *, resume: bool = False) -> bytes:
     return out
 
 
+def _cancel_request(state: _State, watch_id: int) -> bytes:
+    request = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id))
+    return _envelope(state, request.SerializeToString())
+
+
 def track(state: _State, data: bytes, events: WatchEvents | None = None) -> bytes | EventsAnswer | None:
     """Learns from one store answer; returns what the client gets (None: nothing; an ``EventsAnswer``:
     events that may merge with the next answers of their watch). ``events`` records creates and
@@ -426,6 +431,22 @@ class WatchProxy:
             return False
         return True
 
+    async def _resend_unanswered(self, state: _State) -> None:
+        """Under the lock, on a new store stream: the creates not answered, each cancel of an id
+        not open after the creates sent before it (a later one may take that id), then the
+        cancels of watches open."""
+        maybe = list(state.maybe_canceling.items())  # (dues never fall)
+        done, at = state.creates_done, 0
+        for create in (None, *state.pending):
+            if create is not None:
+                done += 1
+                await self._write(state, _envelope(state, pb.WatchRequest(create_request=create).SerializeToString()))
+            while at < len(maybe) and maybe[at][1] <= done:
+                await self._write(state, _cancel_request(state, maybe[at][0]))
+                at += 1
+        for watch_id in sorted(state.canceling.difference(state.maybe_canceling)):
+            await self._write(state, _cancel_request(state, watch_id))
+
     async def _sessions(self, state: _State, out: ByteQueue[Any]) -> None:
         streams = self.store.watch_streams()
         first = True
@@ -446,8 +467,11 @@ class WatchProxy:
                 if identity is not None:
                     stamp(state, identity)
                 # Re-create what the client has (from the first revision it has not seen), then
-                # what the old stream left unanswered: the creates in the order the client sent
-                # them, then the cancels, then the requests held.
+                # what the old stream left unanswered, in the order the client sent it where a
+                # later create may take the id a cancel names: the requests held (cancels of no
+                # watch, all sent before any create still unanswered), the creates with each
+                # cancel of an id not open after the creates sent before it, then the other
+                # cancels (of watches open) and progress.
                 for watch_id in sorted(state.watches):
                     w = state.watches[watch_id]
                     w.replayed = w.partial
@@ -457,15 +481,10 @@ class WatchProxy:
                     create.start_revision = w.next_rev
                     await self._write(state, _envelope(
                         state, pb.WatchRequest(create_request=create).SerializeToString(), resume=True))
-                for create in state.pending:
-                    await self._write(state, _envelope(
-                        state, pb.WatchRequest(create_request=create).SerializeToString()))
-                for watch_id in sorted(state.canceling):
-                    await self._write(state, _envelope(state, pb.WatchRequest(
-                        cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()))
                 for data in state.held:
                     await self._write(state, _envelope(state, data))
                 state.release_held()
+                await self._resend_unanswered(state)
                 if state.progress_asked:
                     await self._write(state, _envelope(state, _PROGRESS_REQUEST))
                 state.connected = True
