@@ -304,8 +304,9 @@ class StoreClient:
                                                      or best.raft_term > self._leadership[1]):
                         self._end_watch_links(self._leader)
                 self._leader = by_id[best.leader_id]
-                if self._leadership is None or best.raft_term >= self._leadership[1]:
-                    self._leadership = (best.leader_id, best.raft_term)
+                # (even older than the last: the leader taken, as Raft terms start again in a
+                # cluster restored at the same addresses; kept, the next change would end nothing)
+                self._leadership = (best.leader_id, best.raft_term)
                 return
             if not changed:
                 return
