@@ -660,42 +660,67 @@ def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_droppe
     run(scenario)
 
 
-def test_a_cancel_sent_while_the_proxy_has_no_store_stream_reaches_the_next_one_once() -> None:
-    """A cancel that arrived while the store stream was down was kept twice (held with the other
-    requests, and as a watch being canceled) and sent twice on the next stream."""
-    cancel = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=0)).SerializeToString()
-    progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+def held_outage(client: StoreClient) -> tuple[asyncio.Event, asyncio.Event]:
+    """Once a store stream ends, the proxy looks for the leader: ``outage`` is set then, and the
+    outage (no store stream) lasts until the test sets ``back``."""
+    outage, back = asyncio.Event(), asyncio.Event()
 
+    async def rediscover() -> None:
+        outage.set()
+        await back.wait()
+
+    client._rediscover = rediscover  # type: ignore[method-assign]
+    return outage, back
+
+
+_CANCEL_0 = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=0))
+_CANCEL_1 = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1))
+_CREATE_J = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"j"))
+_PROGRESS = pb.WatchRequest(progress_request=pb.WatchProgressRequest())
+
+
+@pytest.mark.parametrize("during, resent", [
+    # a cancel of the open watch: it was kept twice (held, and as a watch being canceled) and sent
+    # twice on the next stream
+    ([_CANCEL_0, _PROGRESS], [("create_request", 0), ("cancel_request", 0), ("progress_request", 0)]),
+    # a cancel of no watch, sent while no create was unanswered, is held and passed on once; the
+    # next stream sent it after a create the client sent later, which the store may give that id
+    ([_CANCEL_1, _CREATE_J, _PROGRESS],
+     [("create_request", 0), ("cancel_request", 1), ("create_request", 0), ("progress_request", 0)]),
+], ids=["cancel-of-the-open-watch", "cancel-of-no-watch-then-a-create"])
+def test_what_a_client_sends_while_the_proxy_has_no_store_stream_reaches_the_next_once_in_order(
+        during: list[pb.WatchRequest], resent: list[tuple[str, int]]) -> None:
+    """The client has watch 0 open when the store stream ends; what it sends before another comes
+    reaches the next stream once, where the client's order matters (the progress request, not
+    answered, is asked last)."""
     async def scenario(store: FakeStore, client: StoreClient) -> None:
-        outage, back, send = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-        async def rediscover() -> None:  # the proxy looks for the leader: the outage lasts until `back`
-            outage.set()
-            await back.wait()
-
-        client._rediscover = rediscover  # type: ignore[method-assign]
+        outage, back = held_outage(client)
+        send = asyncio.Event()
         taken: list[bytes] = []
 
         async def requests() -> AsyncIterator[bytes]:
             yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
             await send.wait()
-            for request in (cancel, progress):  # the progress request is the last the next stream gets
-                yield request
-                taken.append(request)
+            for request in during:
+                yield request.SerializeToString()
+                taken.append(request.SerializeToString())
             store.poke()
             await asyncio.Event().wait()  # the client stays
 
         stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
         await created(store, stream)
+        before = len(store.written(1))  # (the next stream's sub-stream has the same number, 1)
         store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
         await outage.wait()
         send.set()
-        await store.until(lambda: len(taken) == 2)
+        await store.until(lambda: len(taken) == len(during))
         back.set()
         await store.until(lambda: len(store.calls) == 2 and any(
             spb.WatchStreamRequest.FromString(w).request.HasField("progress_request") for w in store.written(1)))
-        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(1)]
-        assert sum(r.HasField("cancel_request") for r in sent) == 1
+        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(1)[before:]]
+        got = [(r.WhichOneof("request_union"), r.cancel_request.watch_id if r.HasField("cancel_request")
+                else r.create_request.watch_id) for r in sent]
+        assert got == resent, sent
         await stream.aclose()
 
     run(scenario)
@@ -851,15 +876,21 @@ def test_a_client_whose_request_is_under_way_when_the_link_is_closed_is_still_re
     run(scenario)
 
 
-def test_a_cancel_of_an_id_no_earlier_create_made_never_cancels_a_later_watch() -> None:
-    """A cancel of an id not open is kept while creates sent before it are unanswered (one of them
-    may make that watch). It was judged only once every create was answered, so an id that a
-    create sent *after* the cancel made (as etcd numbers them) stayed being canceled, and the next
-    sub-stream canceled that watch, which the client never canceled."""
+@pytest.mark.parametrize("answered, resent", [
+    (True, ["create_request", "create_request", "progress_request"]),
+    (False, ["create_request", "cancel_request", "create_request", "progress_request"]),
+], ids=["creates-answered", "nothing-answered"])
+def test_a_cancel_of_an_id_not_open_never_cancels_a_watch_a_later_create_makes(
+        answered: bool, resent: list[str]) -> None:
+    """A client sends create a, a cancel of id 1 (not open), create b: the store ignores the cancel
+    (as etcd) and gives b id 1. The cancel is kept while a create sent before it is unanswered (a
+    may make that id). Two ways the next sub-stream canceled b, which the client never canceled:
+    the cancel was judged only once *every* create was answered (b made 1: kept for good), and a
+    resume sent every unanswered create before the kept cancels (b could be given 1 before it)."""
     def create(key: bytes) -> bytes:
         return pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)).SerializeToString()
 
-    def answer(watch_id: int) -> spb.WatchSharedPart:
+    def created_as(watch_id: int) -> spb.WatchSharedPart:
         return part(1, batch(pb.WatchResponse(header=pb.ResponseHeader(revision=1), watch_id=watch_id,
                                               created=True).SerializeToString()))
 
@@ -875,46 +906,17 @@ def test_a_cancel_of_an_id_no_earlier_create_made_never_cancels_a_later_watch() 
         stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
         first = asyncio.get_running_loop().create_task(anext(stream))  # (the stream runs once read)
         await store.until(lambda: len(store.written(1)) == 4)
-        store.send(answer(0), answer(1))  # the store ignored the cancel of 1: the second create made it
-        assert pb.WatchResponse.FromString(await first).watch_id == 0
-        assert pb.WatchResponse.FromString(await anext(stream)).watch_id == 1
-        store.send(part(1, end=True))  # the sub-stream ended: both watches resume on the next
+        if answered:
+            store.send(created_as(0), created_as(1))
+            assert pb.WatchResponse.FromString(await first).watch_id == 0
+            assert pb.WatchResponse.FromString(await anext(stream)).watch_id == 1
+        store.send(part(1, end=True))  # the sub-stream ended: what it carried goes on the next
         await store.until(lambda: any(spb.WatchStreamRequest.FromString(w).request.HasField("progress_request")
                                       for w in store.written(2)))
         sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
-        assert [r.WhichOneof("request_union") for r in sent] == ["create_request", "create_request",
-                                                                 "progress_request"], sent
-        await stream.aclose()
-
-    run(scenario)
-
-
-def test_a_cancel_kept_while_creates_are_unanswered_is_resent_before_the_creates_sent_after_it() -> None:
-    """A resume sent every unanswered create, then the cancels: a cancel of an id not open, sent
-    between two creates, reached the next sub-stream after the later create, which the store may
-    give that very id (as etcd numbers them), so it canceled a watch the client never canceled.
-    The cancel goes where the client sent it: after the creates sent before it, before the rest."""
-    def create(key: bytes) -> bytes:
-        return pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)).SerializeToString()
-
-    async def scenario(store: FakeStore, client: StoreClient) -> None:
-        async def requests() -> AsyncIterator[bytes]:
-            yield create(b"a")
-            yield pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1)).SerializeToString()
-            yield create(b"b")
-            yield pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
-            await asyncio.Event().wait()  # the client stays
-
-        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
-        first = asyncio.get_running_loop().create_task(anext(stream))  # (the stream runs once read)
-        await store.until(lambda: len(store.written(1)) == 4)
-        store.send(part(1, end=True))  # nothing answered: all of it is sent again on the next sub-stream
-        await store.until(lambda: any(spb.WatchStreamRequest.FromString(w).request.HasField("progress_request")
-                                      for w in store.written(2)))
-        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(2)]
-        assert [r.WhichOneof("request_union") for r in sent] == [
-            "create_request", "cancel_request", "create_request", "progress_request"], sent
-        first.cancel()
+        assert [r.WhichOneof("request_union") for r in sent] == resent, sent
+        if not first.done():
+            first.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await first
         await stream.aclose()
@@ -922,45 +924,3 @@ def test_a_cancel_kept_while_creates_are_unanswered_is_resent_before_the_creates
     run(scenario)
 
 
-def test_a_cancel_of_no_watch_held_while_the_store_is_away_is_sent_before_the_creates_after_it() -> None:
-    """A cancel of an id not open, sent while no create was unanswered and the proxy had no store
-    stream, is held and passed on once; the next stream sent it after the creates the client sent
-    later, one of which the store may give that id, so that watch was canceled."""
-    async def scenario(store: FakeStore, client: StoreClient) -> None:
-        outage, back, send = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-        async def rediscover() -> None:  # the proxy looks for the leader: the outage lasts until `back`
-            outage.set()
-            await back.wait()
-
-        client._rediscover = rediscover  # type: ignore[method-assign]
-        taken: list[bytes] = []
-
-        async def requests() -> AsyncIterator[bytes]:
-            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k")).SerializeToString()
-            await send.wait()
-            for request in (pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=1)),
-                            pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"j")),
-                            pb.WatchRequest(progress_request=pb.WatchProgressRequest())):
-                yield request.SerializeToString()
-                taken.append(request.SerializeToString())
-            store.poke()
-            await asyncio.Event().wait()  # the client stays
-
-        stream = watch.WatchProxy(client).serve(Identity("bob", 1), requests(), NoAbortContext())  # type: ignore[arg-type]
-        await created(store, stream)
-        before = len(store.written(1))  # (the first stream's sub-stream 1 has the same number)
-        store.abort(grpc.StatusCode.UNAVAILABLE, "node going away")
-        await outage.wait()
-        send.set()
-        await store.until(lambda: len(taken) == 3)
-        back.set()
-        await store.until(lambda: len(store.calls) == 2 and any(
-            spb.WatchStreamRequest.FromString(w).request.HasField("progress_request") for w in store.written(1)))
-        sent = [spb.WatchStreamRequest.FromString(w).request for w in store.written(1)[before:]]
-        kinds = [r.WhichOneof("request_union") for r in sent]
-        assert kinds == ["create_request", "cancel_request", "create_request", "progress_request"], sent
-        assert sent[0].create_request.watch_id == 0 and sent[1].cancel_request.watch_id == 1
-        await stream.aclose()
-
-    run(scenario)
