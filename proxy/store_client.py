@@ -298,8 +298,11 @@ class StoreClient:
                     # Another node leads in a newer term: the old one's shared watch streams end.
                     # Not for the same node under another of its addresses (a seed's and the one
                     # it publishes), nor for an answer older than the leadership already known.
-                    old = asked.get(self._leader.target)
-                    old_id = old.member_id if old is not None else self._leadership and self._leadership[0]
+                    old = asked.get(self._leader.target)  # the old endpoint's own answer names its node
+                    if old is not None:
+                        old_id: int | None = old.member_id
+                    else:
+                        old_id = self._leadership[0] if self._leadership is not None else None
                     if old_id != best.leader_id and (self._leadership is None
                                                      or best.raft_term > self._leadership[1]):
                         self._end_watch_links(self._leader)

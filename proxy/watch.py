@@ -418,8 +418,7 @@ class WatchProxy:
             state.dead.add(watch_id)
             state.canceling.add(watch_id)
             if state.connected:  # (else the next stream sends it, as every cancel not answered)
-                data = pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)).SerializeToString()
-                await self._write(state, _envelope(state, data))
+                await self._write(state, _cancel_request(state, watch_id))
 
     @staticmethod
     async def _write(state: _State, data: bytes) -> bool:
@@ -435,12 +434,11 @@ class WatchProxy:
         """Under the lock, on a new store stream: the creates not answered, each cancel of an id
         not open after the creates sent before it (a later one may take that id), then the
         cancels of watches open."""
-        maybe = list(state.maybe_canceling.items())  # (dues never fall)
+        maybe = list(state.maybe_canceling.items())  # (dues never fall; each after a create pending)
         done, at = state.creates_done, 0
-        for create in (None, *state.pending):
-            if create is not None:
-                done += 1
-                await self._write(state, _envelope(state, pb.WatchRequest(create_request=create).SerializeToString()))
+        for create in state.pending:
+            done += 1
+            await self._write(state, _envelope(state, pb.WatchRequest(create_request=create).SerializeToString()))
             while at < len(maybe) and maybe[at][1] <= done:
                 await self._write(state, _cancel_request(state, maybe[at][0]))
                 at += 1

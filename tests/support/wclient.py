@@ -21,6 +21,17 @@ async def login(ch: grpc.aio.Channel, name: str, password: str) -> str:
     return resp.token
 
 
+async def next_events(call: Any, n: int, timeout: float = 120.0) -> list[pb.Event]:
+    """The next ``n`` events or more (whole answers) a Watch call gets, none of them a cancel."""
+    got: list[pb.Event] = []
+    async with asyncio.timeout(timeout):
+        while len(got) < n:
+            resp = await call.read()
+            assert not resp.canceled, resp
+            got.extend(resp.events)
+    return got
+
+
 def md(token: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("token", token),) if token else None
 

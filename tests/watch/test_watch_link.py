@@ -524,14 +524,33 @@ async def created(store: FakeStore, stream: AsyncIterator[bytes]) -> None:
     assert pb.WatchResponse.FromString(await first).created
 
 
-def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_misses_nothing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def slow_client_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small bounds, so that a client reading nothing fills its sub-stream's inbox in 30 answers."""
+    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
+    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
+
+
+async def reading_until(store: FakeStore, stream: AsyncIterator[bytes], condition: Callable[[], bool]) -> None:
+    """The client reads everything (it has room again) until ``condition`` holds at the store."""
+    async def read() -> None:
+        while True:
+            await anext(stream)
+
+    reader = asyncio.get_running_loop().create_task(read())
+    try:
+        await store.until(condition)
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+@pytest.mark.usefixtures("slow_client_bounds")
+def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_misses_nothing() -> None:
     """The proxy's Watch stream over a sub-stream: a client that stops reading lets its sub-stream
     overflow (closed at the store); the watch resumes on a new sub-stream only once the client
     took some of what the proxy held, from the first revision it had not been given, and the
     client sees every event once, in order."""
-    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
-    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         proxy = watch.WatchProxy(client)
@@ -573,12 +592,10 @@ def test_a_client_too_slow_for_its_sub_stream_resumes_only_once_it_has_room_and_
     run(scenario)
 
 
-def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_the_next_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("slow_client_bounds")
+def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_the_next_one() -> None:
     """Between its sub-stream's close (the client read too slowly) and the resume, a client's
     progress request reaches the store on the new sub-stream, once."""
-    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
-    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
     progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
@@ -601,30 +618,21 @@ def test_a_request_sent_while_a_slow_clients_sub_stream_was_closed_is_sent_on_th
         send_progress.set()
         await store.until(lambda: bool(taken))
 
-        async def read() -> None:
-            while True:
-                await anext(stream)
-
-        reader = asyncio.get_running_loop().create_task(read())
-        await store.until(lambda: len(store.written(2)) >= 2)
+        await reading_until(store, stream, lambda: len(store.written(2)) >= 2)
         assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
             progress]
         assert progress not in [spb.WatchStreamRequest.FromString(w).request.SerializeToString()
                                 for w in store.written(1)]
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
         await stream.aclose()
 
     run(scenario)
 
 
-def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_dropped_is_asked_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("slow_client_bounds")
+def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_dropped_is_asked_again() -> None:
     """A progress request written before the sub-stream was closed for its slow client, whose
     answer came after the close (dropped with the rest): the resumed sub-stream asks again, so
     the client gets its answer as from its own WatchBatches stream."""
-    monkeypatch.setattr(watch_link, "INBOX_BYTES", 4000)
-    monkeypatch.setattr(watch, "CLIENT_BUFFER_BYTES", 1000)
     progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
@@ -645,16 +653,9 @@ def test_a_progress_request_whose_answer_a_slow_clients_closed_sub_stream_droppe
         store.send(*(part(1, batch(_events(r, r))) for r in range(2, 32)), part(1, batch(answer)))
         await store.until(lambda: store.closes(1) == 1)  # the client reads none: the answer is dropped
 
-        async def read() -> None:
-            while True:
-                await anext(stream)
-
-        reader = asyncio.get_running_loop().create_task(read())
-        await store.until(lambda: len(store.written(2)) >= 2)
+        await reading_until(store, stream, lambda: len(store.written(2)) >= 2)
         assert [spb.WatchStreamRequest.FromString(w).request.SerializeToString() for w in store.written(2)[1:]] == [
             progress]
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
         await stream.aclose()
 
     run(scenario)

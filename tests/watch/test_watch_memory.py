@@ -21,6 +21,7 @@ from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.memory import memory_kib, value
 from tests.support.processes import free_port, proxy_program, store_program, wait_serving
+from tests.support.wclient import next_events
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +74,10 @@ def test_a_watcher_that_never_reads_grows_nothing_and_misses_nothing(tmp_path: P
                 await kv.Range(pb.RangeRequest(key=b"big/k"))
                 mem["proxy"] = max(mem["proxy"], memory_kib(proxy_pid, "VmRSS"))
                 mem["store"] = max(mem["store"], memory_kib(store_pid, "RssAnon"))
-                events: list[pb.Event] = []
-                async with asyncio.timeout(300):
-                    while len(events) < PUTS:
-                        resp = await call.read()
-                        assert not resp.canceled, resp
-                        events.extend(resp.events)
+                got = await next_events(call, PUTS, timeout=300)
                 call.cancel()
                 mem["revs0"], mem["revs-1"] = revs[0], revs[-1]
-                return mem, events
+                return mem, got
 
         mem, events = asyncio.run(scenario())
     proxy_growth = (mem["proxy"] - mem["proxy0"]) // 1024

@@ -18,20 +18,11 @@ from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.memory import value
 from tests.support.probes import sample, scrape
 from tests.support.processes import free_port, proxy_program, store_program, wait_serving
+from tests.support.wclient import next_events
 
 PUTS = 120
 FAST = 20
 SLOW_CLOSES = "raftgate_proxy_watch_slow_closes_total"
-
-
-async def _events(call: grpc.aio.StreamStreamCall, n: int) -> list[pb.Event]:
-    events: list[pb.Event] = []
-    async with asyncio.timeout(120):
-        while len(events) < n:
-            resp = await call.read()
-            assert not resp.canceled, resp
-            events.extend(resp.events)
-    return events
 
 
 def test_a_stalled_client_neither_delays_nor_loses_the_others(tmp_path: Path) -> None:
@@ -57,7 +48,7 @@ def test_a_stalled_client_neither_delays_nor_loses_the_others(tmp_path: Path) ->
                 for call in fast:
                     await call.write(create)
                     assert (await call.read()).created
-                readers = [asyncio.ensure_future(_events(call, PUTS)) for call in fast]
+                readers = [asyncio.ensure_future(next_events(call, PUTS)) for call in fast]
                 kv = pbg.KVStub(kch)
                 revs = [(await kv.Put(pb.PutRequest(key=b"big/k", value=value(i)))).header.revision
                         for i in range(PUTS)]
@@ -66,14 +57,14 @@ def test_a_stalled_client_neither_delays_nor_loses_the_others(tmp_path: Path) ->
                     assert [e.kv.mod_revision for e in got] == want
                     assert [e.prev_kv.value[:8] for e in got[1:]] == [b"%08d" % i for i in range(PUTS - 1)]
                 assert sample(scrape(metrics), SLOW_CLOSES) >= 1  # the stalled one was closed
-                got = await _events(stalled, PUTS)
+                got = await next_events(stalled, PUTS)
                 assert [e.kv.mod_revision for e in got] == want
                 assert [e.kv.value[:8] for e in got] == [b"%08d" % i for i in range(PUTS)]
                 assert [e.prev_kv.value[:8] for e in got[1:]] == [b"%08d" % i for i in range(PUTS - 1)]
                 # nothing more (no duplicate after the resume): a put after is the next event
                 rev = (await kv.Put(pb.PutRequest(key=b"big/k", value=b"last"))).header.revision
                 for call in [stalled, *fast]:
-                    nxt = await _events(call, 1)
+                    nxt = await next_events(call, 1)
                     assert [e.kv.mod_revision for e in nxt] == [rev]
                 for call in [stalled, *fast]:
                     call.cancel()
