@@ -3,12 +3,28 @@ extra: ``pip install -e '.[bench]'``; without it no chart is written and the ben
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
 KINDS = ("raftgate", "etcd")
 #: Every target a row may hold, in column order (the floor only on Put and Range rows).
 COLUMNS = ("raftgate", "etcd", "floor")
+#: A cell whose rounds lie further apart than this share of their median is marked ``~``: the
+#: machine (a small VM here) moved under that row, and its ratios say less than the others'.
+SPREAD = 0.2
+SPREAD_NOTE = (f"~ marks a value whose rounds lie more than {SPREAD * 100:.0f} % of their median apart: the "
+               "machine moved under that row, so its ratios say less than the others'.")
+
+
+def spread(result: dict[str, Any]) -> float | None:
+    """How far a target's rounds in one row lie apart, as a share of their median (None: fewer
+    than two rounds, or a median of zero)."""
+    rounds = [float(x) for x in result.get("rounds") or () if x is not None]
+    if len(rounds) < 2:
+        return None
+    middle = statistics.median(rounds)
+    return (max(rounds) - min(rounds)) / middle if middle else None
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -33,6 +49,9 @@ def cell(row: dict[str, Any], kind: str) -> str:
         text += " err"
     elif r.get("errors"):
         text += f" [{r['errors']} err]"
+    apart = spread(r)
+    if apart is not None and apart > SPREAD:
+        text += " ~"
     return text
 
 
@@ -79,6 +98,7 @@ def ab_table(doc: dict[str, Any]) -> str:
           for v in doc["ab"]),
         f"Measured in one rotation ({a}, {b}, floor, {a}, {b}, floor, ...). {b}÷{a}: for /s rows above 1 means "
         f"{b} is faster, for ms and s rows below 1 does.",
+        SPREAD_NOTE,
         "",
     ]  # fmt: skip
     rows = [["row", a, b, "floor", f"{b}÷{a}", f"{a}÷floor", f"{b}÷floor"]]
@@ -135,6 +155,7 @@ def table(doc: dict[str, Any]) -> str:
         "measured in the same rotation: the limit of any Python gRPC server here.",
         "raftgate÷etcd and raftgate÷floor: for /s rows higher is better (÷ floor: the share of the floor reached), "
         "for ms and s rows lower is better; Authenticate rows show (% of the bcrypt limit).",
+        SPREAD_NOTE,
         "",
     ]  # fmt: skip
     if doc.get("settings", {}).get("proxy_workers", 1) > 1:

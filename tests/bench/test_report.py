@@ -69,3 +69,21 @@ def test_without_matplotlib_no_chart_and_the_reason(tmp_path: Path, monkeypatch:
     why = report.chart(_doc([_row(raftgate=1.0, etcd=2.0)]), path)
     assert why is not None and "matplotlib is not installed" in why
     assert not path.exists()
+
+
+def test_a_cell_whose_rounds_disagree_is_marked_and_the_header_says_why() -> None:
+    """A row measured while the machine moved under it (one round a fifth off the other) must not
+    read like the rest: its cell carries ``~`` and the table's header says what that means."""
+    steady = _row(raftgate=1500.0, etcd=6000.0, floor=5000.0)
+    steady["raftgate"]["rounds"] = [1450.0, 1550.0]  # 7 % apart: unmarked
+    moved = _row(raftgate=1391.0, etcd=4578.0, floor=4247.0)
+    moved["row"] = "Put/s, 16 clients · simple · 1 node"
+    moved["etcd"]["rounds"] = [4046.0, 5109.0]  # 23 % of their median apart
+    table = report.table(_doc([steady, moved]))
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+             for line in table.splitlines() if line.startswith("| Put/s")}
+    assert cells[steady["row"]][1:4] == ["1,500", "6,000", "5,000"]
+    assert cells["Put/s, 16 clients · simple · 1 node"][1:4] == ["1,391", "4,578 ~", "4,247"]
+    assert any(line.startswith("~ ") and "20 %" in line for line in table.splitlines())
+    assert report.spread({"rounds": [4046.0, 5109.0]}) == pytest.approx(1063 / 4577.5)
+    assert report.spread({"rounds": [5.0]}) is None and report.spread({"rounds": []}) is None
