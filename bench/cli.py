@@ -600,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{settings.procs} client processes, {settings.duration}s x {settings.rounds} rounds per row",
         flush=True,
     )
+    print(f"bench: {report.SPREAD_NOTE}", flush=True)  # the rows below may carry it as they come
     limits = bcrypt_limits(sorted(set(costs)), machine["nproc"])
     for cost, lim in limits.items():
         print(f"bench: bcrypt cost {cost}: checkpw {lim['checkpw_s'] * 1000:.2f} ms -> limit "

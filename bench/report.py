@@ -3,6 +3,7 @@ extra: ``pip install -e '.[bench]'``; without it no chart is written and the ben
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,19 @@ SPREAD_NOTE = (f"~ marks a value whose rounds lie more than {SPREAD * 100:.0f} %
 
 def spread(result: dict[str, Any]) -> float | None:
     """How far a target's rounds in one row lie apart, as a share of their median (None: fewer
-    than two rounds, or a median of zero)."""
-    rounds = [float(x) for x in result.get("rounds") or () if x is not None]
+    than two rounds with a value). A round that failed beside one that did, or rounds that differ
+    around a median of zero, are as far apart as can be (infinity)."""
+    given = list(result.get("rounds") or ())
+    rounds = [float(x) for x in given if x is not None]
     if len(rounds) < 2:
-        return None
+        return math.inf if rounds and len(given) > len(rounds) else None
+    if len(given) > len(rounds):
+        return math.inf
     middle = statistics.median(rounds)
-    return (max(rounds) - min(rounds)) / middle if middle else None
+    width = max(rounds) - min(rounds)
+    if not middle:
+        return math.inf if width else 0.0
+    return width / middle
 
 
 def fmt(value: float | None, unit: str) -> str:

@@ -87,3 +87,31 @@ def test_a_cell_whose_rounds_disagree_is_marked_and_the_header_says_why() -> Non
     assert any(line.startswith("~ ") and "20 %" in line for line in table.splitlines())
     assert report.spread({"rounds": [4046.0, 5109.0]}) == pytest.approx(1063 / 4577.5)
     assert report.spread({"rounds": [5.0]}) is None and report.spread({"rounds": []}) is None
+
+
+@pytest.mark.parametrize(("rounds", "marked"), [
+    ([100.0, 119.0], False),  # 19 % of the median apart
+    ([100.0, 125.0], True),
+    ([100.0, 101.0, 140.0], True),  # three rounds: max - min against the median (101)
+    ([0.0, 0.0], False),  # steady at zero
+    ([0.0, 0.0, 50.0], True),  # a median of zero, yet one round far off
+    ([120.0, None], True),  # a round that failed: the row is not steady
+    ([None, None], False),  # no value at all: nothing to mark (the cell says err)
+])  # fmt: skip
+def test_which_rounds_count_as_unsteady(rounds: list[float | None], marked: bool) -> None:
+    row = _row(raftgate=100.0, etcd=200.0)
+    row["raftgate"]["rounds"] = rounds
+    assert report.cell(row, "raftgate").endswith(" ~") is marked
+
+
+def test_the_ab_table_and_the_progress_line_mark_and_explain_it_too() -> None:
+    row = _row(A=1000.0, B=1300.0, floor=3000.0)
+    row["B"]["rounds"] = [1000.0, 1600.0]
+    row.update(report.ab_shares(row, "A", "B"))
+    doc = _doc([row])
+    doc["ab"] = [{"name": "A", "env": {}, "build": "here"}, {"name": "B", "env": {}, "build": "there"}]
+    table = report.ab_table(doc)
+    assert report.SPREAD_NOTE in table.splitlines()
+    line = next(x for x in table.splitlines() if x.startswith("| Put/s"))
+    assert [c.strip() for c in line.strip("|").split("|")][1:3] == ["1,000", "1,300 ~"]
+    assert "B 1,300 ~" in report.line(row)
