@@ -1,5 +1,6 @@
-"""``python -m bench.profile``: one benchmark load against raftgate while py-spy samples the proxy
-and the store leader; prints where the time goes (self and inclusive, per process).
+"""``python -m bench.profile``: one benchmark load against raftgate while py-spy samples the proxy,
+the store leader and (``--nodes 3`` or 5) one follower; prints where the time goes (self and
+inclusive, per process).
 
 Needs py-spy (``pip install py-spy``; not a raftgate dependency). Example:
 
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         procs = {"proxy": next(x["pid"] for x in t.local_json()["processes"] if x["role"] == "proxy")}
         if leader is not None:
             procs["store-leader"] = leader
+            followers = [x["pid"] for x in t.local_json()["processes"]
+                         if x["role"] == "store" and x["pid"] != leader]  # fmt: skip
+            if followers:
+                procs["store-follower"] = followers[0]
         token = admin.token(*BENCH) if a.auth != "off" else None
         job = {"target": t.grpc_target, "op": a.op, "duration": a.seconds + 2, "max_ops": 10_000_000,
                "token": token, "key": f"{PREFIX}p/" if a.op == "put" else f"{PREFIX}r",
