@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.auth != "off":
             admin.enable_auth()
         leader = t.leader_pid()
-        procs = {"proxy": next(x["pid"] for x in t.local_json()["processes"] if x["role"] == "proxy")}
+        processes = t.local_json()["processes"]
+        procs = {"proxy": next(x["pid"] for x in processes if x["role"] == "proxy")}
         if leader is not None:
             procs["store-leader"] = leader
-            followers = [x["pid"] for x in t.local_json()["processes"]
-                         if x["role"] == "store" and x["pid"] != leader]  # fmt: skip
+            followers = [x["pid"] for x in processes if x["role"] == "store" and x["pid"] != leader]
             if followers:
                 procs["store-follower"] = followers[0]
         token = admin.token(*BENCH) if a.auth != "off" else None

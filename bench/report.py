@@ -20,13 +20,13 @@ SPREAD_NOTE = (f"~ marks a value whose rounds lie more than {SPREAD * 100:.0f} %
 
 def spread(result: dict[str, Any]) -> float | None:
     """How far a target's rounds in one row lie apart, as a share of their median (None: fewer
-    than two rounds with a value). A round that failed beside one that did, or rounds that differ
+    than two rounds, or none with a value). A round that failed beside one that did, or rounds that differ
     around a median of zero, are as far apart as can be (infinity)."""
     given = list(result.get("rounds") or ())
     rounds = [float(x) for x in given if x is not None]
-    if len(rounds) < 2:
-        return math.inf if rounds and len(given) > len(rounds) else None
-    if len(given) > len(rounds):
+    if not rounds or len(given) < 2:
+        return None
+    if len(rounds) < len(given):
         return math.inf
     middle = statistics.median(rounds)
     width = max(rounds) - min(rounds)
