@@ -5,9 +5,10 @@ For each phase (a node count, a token kind, a bcrypt cost) both targets are star
 alternately (raftgate, etcd, raftgate, etcd, …) with the same load from a pool of client
 processes. Rows measured before ``AuthEnable`` are the "auth off" variants.
 
-The floor (``bench/floor.py``: a bare gRPC-Python server answering Put and Range with canned bytes)
-runs beside them for the whole run and is measured in the same rotation on every Put and Range row,
-so each of those rows also says what share of the floor raftgate reaches.
+The floor (``bench/floor.py``: a bare gRPC-Python server answering Put and Range with canned bytes,
+and fanning each Put out to its Watch streams) runs beside them for the whole run and is measured
+in the same rotation on every Put, Range and watch fan-out row, so each of those rows also says
+what share of the floor raftgate reaches.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 KINDS = ("raftgate", "etcd")
 #: Measured on the rows whose operation it answers.
 FLOOR = "floor"
-FLOOR_OPS = ("put", "range")
+FLOOR_OPS = ("put", "range", "watch")
 
 
 @dataclass
@@ -646,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
         "bcrypt": {str(k): v for k, v in limits.items()},
         "setup_seconds": runner.setup_seconds,
         "targets": {"raftgate": "raftgate local (store nodes + proxy)", "etcd": _etcd_version(),
-                    "floor": "bare gRPC-Python asyncio server, canned Put/Range answers (bench/floor.py)"},
+                    "floor": ("bare gRPC-Python asyncio server, canned Put/Range answers, each Put fanned out to its "
+                              "Watch streams (bench/floor.py)")},
         "ab": None if variants is None else [{"name": v.name, "env": v.env, "build": str(v.build or REPO_ROOT)}
                                              for v in variants],
         "loadavg_end": os.getloadavg(),

