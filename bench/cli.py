@@ -39,7 +39,7 @@ import grpc
 
 from bench import report
 from bench.admin import BENCH, PREFIX, Admin, grant_key
-from bench.load import run_job
+from bench.load import WATCH_WRITERS, run_job
 from bench.targets import REPO_ROOT, FloorTarget, Target, etcd_binary, make_target, stop_all
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 
@@ -122,6 +122,7 @@ class Settings:
     procs: int
     watchers: int
     max_ops: int = 1_000_000
+    watch_writers: int = WATCH_WRITERS
 
 
 def _machine() -> dict[str, Any]:
@@ -369,8 +370,9 @@ class Runner:
             barrier = self.manager.Barrier(n_jobs)
             shares = _split(spec.params["watchers"], n_jobs)
             key = f"{PREFIX}w{time.monotonic_ns()}/"
-            jobs = [{**base, "key": key, "watchers": w, "writer": i == 0, "barrier": barrier, "index": i}
-                    for i, w in enumerate(shares)]  # fmt: skip
+            writers = spec.params.get("writers", WATCH_WRITERS)
+            jobs = [{**base, "key": key, "watchers": w, "writer": i == 0, "barrier": barrier, "index": i,
+                     "writer_conc": writers} for i, w in enumerate(shares)]  # fmt: skip
         else:
             shares = _split(spec.conc, min(self.s.procs, spec.conc))
             jobs = [{**base, "conc": c, "index": i} for i, c in enumerate(shares)]
@@ -427,6 +429,18 @@ class Runner:
         if self.ab is not None:
             row.update(report.ab_shares(row, *self.ab))
         return row
+
+
+def size_watch_rows(phases: list[Phase], watchers: int, writers: int) -> None:
+    """The watch rows get ``watchers`` and ``writers``; writers other than the default are named in
+    the row (a row with more writers measures the fan-out's capacity, not a Put's latency under it)."""
+    for p in phases:
+        for s in p.off + p.on:
+            if s.group == "watch":
+                s.conc = watchers
+                s.params.update(watchers=watchers, writers=writers)
+                s.label = f"Watch fan-out, {watchers} watchers" + (
+                    f", {writers} writers" if writers != WATCH_WRITERS else "")
 
 
 def row_name(phase: Phase, spec: Spec, mode: str, metric: str) -> str:
@@ -541,6 +555,10 @@ def _parser() -> argparse.ArgumentParser:
                         "--proxy-workers; default 1)")
     p.add_argument("--only", default=None, help="regular expression: measure only the rows it matches")
     p.add_argument("--watchers", type=int, default=None, help="watchers in the fan-out row (default 100, quick 20)")
+    p.add_argument("--watch-writers", type=int, default=WATCH_WRITERS,
+                   help=f"writers in the fan-out row, each waiting for its Put before the next (default "
+                        f"{WATCH_WRITERS}; more keep the fan-out busy: its capacity, not a Put's latency "
+                        "under it)")  # fmt: skip
     p.add_argument("--ab", nargs=2, metavar=("A", "B"), default=None,
                    help="A/B: two raftgate variants in one rotation with the floor, side by side with B÷A, "
                         "each NAME:KEY=VALUE[,KEY=VALUE] (environment of every raftgate process) or NAME:@DIR "
@@ -580,17 +598,16 @@ def main(argv: list[str] | None = None) -> int:
         rounds=a.rounds or (1 if a.quick else 2),
         procs=a.procs or min(8, max(2, 2 * cores)),
         watchers=a.watchers or (20 if a.quick else 100),
+        watch_writers=a.watch_writers,
     )
+    if settings.watch_writers < 1:
+        print("bench: --watch-writers must be at least 1", file=sys.stderr)
+        return 2
     nodes = [int(x) for x in (a.nodes or ("1" if a.quick else "1,3")).split(",")]
     tokens = [x.strip() for x in a.auth.split(",") if x.strip()]
     costs = [int(x) for x in a.costs.split(",")]
     phases = plan(a.quick, nodes, tokens, costs)
-    for p in phases:
-        for s in p.off + p.on:
-            if s.group == "watch":
-                s.conc = settings.watchers
-                s.params["watchers"] = settings.watchers
-                s.label = f"Watch fan-out, {settings.watchers} watchers"
+    size_watch_rows(phases, settings.watchers, settings.watch_writers)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="raftgate-bench-"))

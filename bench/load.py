@@ -18,6 +18,8 @@ import grpc
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 
 RPC_TIMEOUT = 10.0
+#: Writers of the watch row, each waiting for its Put before the next (``--watch-writers``).
+WATCH_WRITERS = 4
 #: Connect and warm-up are bounded too.
 CONNECT_TIMEOUT = 15.0
 
@@ -159,7 +161,7 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
                     errors.append(f"{e.code().name}: {e.details()}")
                     return
 
-        await asyncio.gather(*(one(w) for w in range(job.get("writer_conc", 4))))
+        await asyncio.gather(*(one(w) for w in range(job.get("writer_conc", WATCH_WRITERS))))
         await kv.Put(rpc_pb2.PutRequest(key=stop_key, value=b"1"), metadata=md, timeout=RPC_TIMEOUT)
 
     tasks = [watcher(c) for c in calls]

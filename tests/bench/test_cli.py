@@ -22,3 +22,15 @@ def test_only_matches_the_row_names_the_table_shows() -> None:
     assert "Put, 1 client · off" in _selected("Put, 1 client: p50 · off")
     assert _selected("Put/s, 64") == ["Put, 64 clients · off", "Put, 64 clients · simple"]
     assert "Put, 16 clients · off" in _selected("Put, 16 clients · off")  # the label still works
+
+
+def test_watch_writers_other_than_the_default_are_named_in_the_row() -> None:
+    """`--watch-writers 16` measures the fan-out's capacity, not a Put's latency under it: its row
+    must not share a name (and so a line in a comparison) with the default row."""
+    for writers, name in ((cli.WATCH_WRITERS, "Watch events/s delivered, 100 watchers · simple · 1 node"),
+                          (16, "Watch events/s delivered, 100 watchers, 16 writers · simple · 1 node")):  # fmt: skip
+        phases = cli.plan(False, [1], ["simple"], [4])
+        cli.size_watch_rows(phases, 100, writers)
+        rows = [(p, s) for p in phases for s in p.on if s.group == "watch"]
+        assert [cli.row_name(p, s, "simple", "rate") for p, s in rows] == [name]
+        assert rows[0][1].params == {"watchers": 100, "writers": writers}
