@@ -558,7 +558,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-writers", type=int, default=WATCH_WRITERS,
                    help=f"writers in the fan-out row, each waiting for its Put before the next (default "
                         f"{WATCH_WRITERS}; more keep the fan-out busy: its capacity, not a Put's latency "
-                        "under it)")  # fmt: skip
+                        f"under it; a count other than {WATCH_WRITERS} is named in the row)")  # fmt: skip
     p.add_argument("--ab", nargs=2, metavar=("A", "B"), default=None,
                    help="A/B: two raftgate variants in one rotation with the floor, side by side with B÷A, "
                         "each NAME:KEY=VALUE[,KEY=VALUE] (environment of every raftgate process) or NAME:@DIR "
