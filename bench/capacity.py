@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.admin import BENCH, PREFIX, Admin
-from bench.load import run_job
+from bench.load import run_job, split, watch_jobs
 from bench.targets import VENV_BIN, RaftgateTarget, free_port, spawn, stop_all, wait_ready
 from raftgate.process import stop_group
 
@@ -112,14 +112,13 @@ def measure(pool: Any, setup: Setup, job: dict[str, Any], conc: int, procs: int,
     """One window of load; CPU per request (per event delivered, for watch) of each store node and
     of the setup's proxies."""
     n = max(1, min(procs, conc))
-    shares = [conc // n + (1 if i < conc % n else 0) for i in range(n)]
-    jobs = [{**job, "target": f"127.0.0.1:{setup.ports[i % len(setup.ports)]}", "conc": c, "index": i}
-            for i, c in enumerate(shares)]  # fmt: skip
+    shares = split(conc, n)
     watch = job["op"] == "watch"
     if watch:  # the shares are watchers; every process has its streams before the writer starts
-        barrier, key = manager.Barrier(n), f"{PREFIX}w{time.monotonic_ns()}/"
-        jobs = [{**j, "watchers": j["conc"], "key": key, "barrier": barrier, "writer": j["index"] == 0}
-                for j in jobs]  # fmt: skip
+        jobs = watch_jobs({**job, "key": f"{PREFIX}w{time.monotonic_ns()}/"}, shares, manager.Barrier(n))
+    else:
+        jobs = [{**job, "conc": c, "index": i} for i, c in enumerate(shares)]
+    jobs = [{**j, "target": f"127.0.0.1:{setup.ports[j['index'] % len(setup.ports)]}"} for j in jobs]
     proxy_pids = setup.pids()
     before = {pid: cpu_seconds(pid) for pid in [*stores.values(), *proxy_pids]}
     t0 = time.perf_counter()

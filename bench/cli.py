@@ -39,7 +39,7 @@ import grpc
 
 from bench import report
 from bench.admin import BENCH, PREFIX, Admin, grant_key
-from bench.load import WATCH_WRITERS, run_job
+from bench.load import WATCH_WRITERS, run_job, split, watch_jobs
 from bench.targets import REPO_ROOT, FloorTarget, Target, etcd_binary, make_target, stop_all
 from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 
@@ -368,13 +368,10 @@ class Runner:
         if spec.op == "watch":
             n_jobs = min(self.s.procs, spec.params["watchers"])
             barrier = self.manager.Barrier(n_jobs)
-            shares = _split(spec.params["watchers"], n_jobs)
-            key = f"{PREFIX}w{time.monotonic_ns()}/"
-            writers = spec.params.get("writers", WATCH_WRITERS)
-            jobs = [{**base, "key": key, "watchers": w, "writer": i == 0, "barrier": barrier, "index": i,
-                     "writer_conc": writers} for i, w in enumerate(shares)]  # fmt: skip
+            base.update(key=f"{PREFIX}w{time.monotonic_ns()}/", writer_conc=spec.params.get("writers", WATCH_WRITERS))
+            jobs = watch_jobs(base, split(spec.params["watchers"], n_jobs), barrier)
         else:
-            shares = _split(spec.conc, min(self.s.procs, spec.conc))
+            shares = split(spec.conc, min(self.s.procs, spec.conc))
             jobs = [{**base, "conc": c, "index": i} for i, c in enumerate(shares)]
         out = self.pool.map(run_job, jobs)
         errors = sum(o["errors"] for o in out)
@@ -463,11 +460,6 @@ def wanted(only: re.Pattern[str], phase: Phase, spec: Spec, mode: str) -> bool:
     shows them, or its label ("Put, 16 clients · off · 1 node")."""
     names = [row_name(phase, spec, mode, metric) for metric in spec.metrics]
     return any(only.search(n) for n in [f"{spec.label} · {mode} · {phase.nodes} node", *names])
-
-
-def _split(total: int, parts: int) -> list[int]:
-    parts = max(1, parts)
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

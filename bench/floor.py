@@ -80,18 +80,15 @@ def handlers(streams: set[asyncio.Queue[bytes]] | None = None) -> tuple[grpc.Gen
             return
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         streams.add(queue)
-        # a stream canceled while its message is being sent leaves the generator paused until it
-        # is collected: it must get no more events meanwhile
+        # dropped when the call ends, however it ends (a stream canceled while its message is being
+        # sent leaves this generator paused until it is collected: no events for it meanwhile)
         context.add_done_callback(lambda _context: streams.discard(queue))
-        try:
-            yield created
-            while True:
-                events = [await queue.get()]
-                while not queue.empty() and len(events) < MAX_MERGED:
-                    events.append(queue.get_nowait())
-                yield head + b"".join(events)
-        finally:
-            streams.discard(queue)
+        yield created
+        while True:
+            events = [await queue.get()]
+            while not queue.empty() and len(events) < MAX_MERGED:
+                events.append(queue.get_nowait())
+            yield head + b"".join(events)
 
     kv = {**{name: unary(a) for name, a in answers.items()}, "Put": grpc.unary_unary_rpc_method_handler(put)}
     watches = {"Watch": grpc.stream_stream_rpc_method_handler(watch)}

@@ -24,6 +24,18 @@ WATCH_WRITERS = 4
 CONNECT_TIMEOUT = 15.0
 
 
+def split(total: int, parts: int) -> list[int]:
+    """``total`` clients (or watchers) over ``parts`` load processes, as evenly as they go."""
+    parts = max(1, parts)
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def watch_jobs(base: dict[str, Any], shares: list[int], barrier: Any) -> list[dict[str, Any]]:
+    """The watch row's jobs: ``shares[i]`` watchers in process i, the first one also writing; all
+    start together at ``barrier`` (a manager's, one party per job)."""
+    return [{**base, "watchers": w, "writer": i == 0, "barrier": barrier, "index": i} for i, w in enumerate(shares)]
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Entry point in the worker process."""
     return asyncio.run(_run(job))

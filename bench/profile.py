@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.admin import BENCH, PREFIX, Admin
-from bench.load import run_job
+from bench.load import run_job, split, watch_jobs
 from bench.targets import RaftgateTarget, stop_all
 
 
@@ -110,12 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.op == "auth":
             job["token"] = None
         n = min(a.procs, a.conc)
-        shares = [a.conc // n + (1 if i < a.conc % n else 0) for i in range(n)]
+        shares = split(a.conc, n)
         if a.op == "watch":  # --conc watchers; the first job also writes (bench.load._watch)
             manager = multiprocessing.get_context("spawn").Manager()
-            barrier = manager.Barrier(n)
-            jobs = [{**job, "key": f"{PREFIX}w/", "watchers": c, "writer": i == 0, "barrier": barrier, "index": i}
-                    for i, c in enumerate(shares)]  # fmt: skip
+            jobs = watch_jobs({**job, "key": f"{PREFIX}w/"}, shares, manager.Barrier(n))
         else:
             jobs = [{**job, "conc": c, "index": i} for i, c in enumerate(shares)]
         result = pool.map_async(run_job, jobs)
