@@ -9,6 +9,7 @@ bounded in count and in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -47,7 +48,8 @@ def _metadata(job: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 
 async def _run(job: dict[str, Any]) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(job["target"], options=job.get("options") or []) as ch:
-        await asyncio.wait_for(ch.channel_ready(), CONNECT_TIMEOUT)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            await ch.channel_ready()
         if job["op"] == "watch":
             return await _watch(ch, job)
         return await _closed_loop(ch, job)
@@ -124,7 +126,8 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
         await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=prefix, range_end=end)))
         calls.append(call)
     for call in calls:
-        resp = await asyncio.wait_for(call.read(), CONNECT_TIMEOUT)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            resp = await call.read()
         if not resp.created or resp.canceled:
             return {"count": 0, "errors": 1, "error": f"watch not created: {resp.cancel_reason}", "elapsed": 0.0,
                     "cpu": 0.0, "lat": []}  # fmt: skip
@@ -137,16 +140,12 @@ async def _watch(ch: grpc.aio.Channel, job: dict[str, Any]) -> dict[str, Any]:
     last = [t0]
 
     async def watcher(call: Any) -> None:
-        while True:
-            left = hard_deadline - time.perf_counter()
-            if left <= 0:
-                return
-            try:
-                resp = await asyncio.wait_for(call.read(), left)
-            except (TimeoutError, grpc.RpcError):
-                return
-            if resp is grpc.aio.EOF:
-                return
+        with contextlib.suppress(TimeoutError, grpc.RpcError):
+            async with asyncio.timeout(max(hard_deadline - time.perf_counter(), 0)):
+                await watch_until_stop(call)
+
+    async def watch_until_stop(call: Any) -> None:
+        while (resp := await call.read()) is not grpc.aio.EOF:
             messages[0] += 1
             for ev in resp.events:
                 if ev.kv.key == stop_key:

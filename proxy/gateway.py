@@ -553,7 +553,8 @@ class Gateway:
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
             try:
-                answer = await asyncio.wait_for(handler.unary_unary(data, context), context.time_remaining())
+                async with asyncio.timeout(context.time_remaining()):
+                    answer = await handler.unary_unary(data, context)
             except TimeoutError:
                 raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None
             if self.members is not None and route.method.service == "Cluster":

@@ -116,6 +116,8 @@ class _State:
     creates_done: int = 0  # creates the store has answered on this client stream
     call: Any = None
     connected: bool = False
+    #: the client stream ended: no store stream is opened for it any more
+    closed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def keep(self, create: pb.WatchCreateRequest | None = None, held: bytes = b"") -> None:
@@ -320,6 +322,7 @@ class WatchProxy:
                     item = take_merged(item, out)
                 yield item
         finally:
+            state.closed = True
             for task in tasks:
                 task.cancel()
             if state.call is not None:
@@ -378,7 +381,8 @@ class WatchProxy:
         if self.identify is None:
             return None
         try:
-            return await asyncio.wait_for(self.identify(), IDENTIFY_TIMEOUT)
+            async with asyncio.timeout(IDENTIFY_TIMEOUT):
+                return await self.identify()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a store outage, not a verdict on the token
@@ -448,7 +452,7 @@ class WatchProxy:
     async def _sessions(self, state: _State, out: ByteQueue[Any]) -> None:
         streams = self.store.watch_streams()
         first = True
-        while True:
+        while not state.closed:  # (a cancel lost on the way, as wait_for lost one, ends it here)
             try:
                 call = await streams.open()
             except grpc.aio.AioRpcError as exc:  # no challenge could be had from the node

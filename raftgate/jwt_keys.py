@@ -767,7 +767,8 @@ class JwksFollower:
         waiting out the rate limit; bounded by the fetch timeout plus ``min_interval``."""
         arrived = self._monotonic()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._refresh_for(kid, arrived), self.timeout + self.min_interval)
+            async with asyncio.timeout(self.timeout + self.min_interval):
+                await self._refresh_for(kid, arrived)
 
     async def _refresh_for(self, kid: str, arrived: float) -> None:
         async with self._get_lock():

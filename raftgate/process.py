@@ -66,7 +66,8 @@ class Child:
         deadline = loop.time() + timeout
         while True:
             try:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), max(deadline - loop.time(), 0.01))
+                async with asyncio.timeout_at(max(deadline, loop.time() + 0.01)):
+                    line = await self.proc.stdout.readline()
             except TimeoutError:
                 raise RuntimeError(f"{self.name} did not become ready in {timeout:.0f}s") from None
             if not line:
@@ -120,7 +121,8 @@ async def stop_child(proc: asyncio.subprocess.Process | None, timeout: float, na
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await proc.wait()
     except TimeoutError:
         if name is not None:
             log.error("%s (pid %d) did not stop in %.0fs; killed", name, proc.pid, timeout)

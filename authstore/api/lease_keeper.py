@@ -125,7 +125,8 @@ class LeaseKeeper:
             raise EtcdError(Err.NOT_LEADER)
         if not self._ready.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), self.node.request_timeout)
+                async with asyncio.timeout(self.node.request_timeout):
+                    await self._ready.wait()
             except TimeoutError:
                 raise EtcdError(Err.TIMEOUT) from None
 

@@ -57,7 +57,8 @@ class SimpleTokens:
         index = token_index(token)
         if index is not None and index <= self._last_index():
             try:
-                await asyncio.wait_for(self._wait_applied(index), TOKEN_WAIT_SECONDS)
+                async with asyncio.timeout(TOKEN_WAIT_SECONDS):
+                    await self._wait_applied(index)
             except (TimeoutError, Exception):
                 index = None
         else:

@@ -223,7 +223,8 @@ def run(tmp_path: Path, scenario: Scenario, *extra_args: str) -> None:
         (address,) = await proxy.start()
         channel = grpc.aio.insecure_channel(address)
         try:
-            await asyncio.wait_for(scenario(fake, channel, proxy), timeout=20)
+            async with asyncio.timeout(20):
+                await scenario(fake, channel, proxy)
         finally:
             await channel.close()
             await proxy.stop(0)

@@ -48,11 +48,13 @@ class WatchStream:
         return await self.recv()
 
     async def recv(self, timeout: float = 10.0) -> pb.WatchResponse:
-        return await asyncio.wait_for(self.call.read(), timeout)
+        async with asyncio.timeout(timeout):
+            return await self.call.read()
 
     async def nothing(self, within: float = 0.5) -> None:
         try:
-            got = await asyncio.wait_for(self.call.read(), within)
+            async with asyncio.timeout(within):
+                got = await self.call.read()
         except TimeoutError:
             return
         raise AssertionError(f"unexpected watch response: {got}")

@@ -646,7 +646,8 @@ class WatchHub:
             if wait > 0:
                 stream.token_added.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stream.token_added.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await stream.token_added.wait()
                 continue
             recheck = time.monotonic() >= checked + RECHECK_SECONDS
             if recheck:

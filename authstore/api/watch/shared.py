@@ -206,7 +206,8 @@ class SharedWatches:
         while self._subs.get(sub.id) is sub and not sub.requests.room.is_set():
             taken = sub.taken
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sub.requests.room.wait(), self._sub_stall_seconds)
+                async with asyncio.timeout(self._sub_stall_seconds):
+                    await sub.requests.room.wait()
             if sub.taken == taken and self._subs.get(sub.id) is sub and not sub.requests.room.is_set():
                 self._forget(sub)
                 self._end(sub.id, _TOO_MANY_REQUESTS.code, _TOO_MANY_REQUESTS.message)
