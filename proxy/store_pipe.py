@@ -194,10 +194,14 @@ class _Stream:
                 while holding(until := self._hold_until(), loop):
                     await self._cork(until)
                 self.wake.clear()
-                while self.queue:
+                # Only the calls the hold let go: one queued while they are written (the store may have
+                # read a message before its write returns here) is held in turn (its wake brings us back).
+                due = len(self.queue)
+                while due and self.queue:
                     if call.done():
                         return  # what is still queued was never written; the reader fails it
-                    batch = self._next_batch()
+                    batch, taken = self._next_batch(due)
+                    due -= taken
                     if batch:
                         self.returning = 0
                         self.written_at = now_at_the_latest(loop)
@@ -284,22 +288,25 @@ class _Stream:
             if trace is not None:
                 trace.sent = sent
 
-    def _next_batch(self) -> list[store_pb2.DoCall]:
-        """Queued calls whose callers still wait, within the batch bounds; they count as sent."""
+    def _next_batch(self, due: int) -> tuple[list[store_pb2.DoCall], int]:
+        """Of the first ``due`` queued calls, those whose callers still wait, within the batch
+        bounds; they count as sent. With how many queued calls were taken (sent or dropped)."""
         batch: list[store_pb2.DoCall] = []
         size = 0
-        while self.queue and len(batch) < MAX_BATCH:
+        taken = 0
+        while taken < due and self.queue and len(batch) < MAX_BATCH:
             call = self.queue[0]
             if batch and size + len(call.request) > STREAM_BATCH_BYTES:
                 break
             self.queue.popleft()
+            taken += 1
             fut = self.unsent.pop(call.id, None)
             if fut is None or fut.done():
                 continue  # its caller gave up (deadline or cancellation): never send it
             self.sent[call.id] = fut
             batch.append(call)
             size += len(call.request)
-        return batch
+        return batch, taken
 
     async def _read(self) -> None:
         try:
