@@ -552,8 +552,11 @@ class Gateway:
             data = self.check_message(_request(route, body))
             if handler.response_streaming:
                 return await self.stream(request, route, context, data)
+            remaining = context.time_remaining()
             try:
-                async with asyncio.timeout(context.time_remaining()):
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError  # a deadline already passed: the call is not run (as gRPC does)
+                async with asyncio.timeout(remaining):
                     answer = await handler.unary_unary(data, context)
             except TimeoutError:
                 raise Abort(C.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED) from None

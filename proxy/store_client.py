@@ -479,10 +479,11 @@ class StoreClient:
         """etcd's answer to a request its node held for the whole request timeout: the leader
         changed meanwhile (the silent node was a paused leader) or it did not."""
         if self._leader is endpoint:
-            left = max(min(PROBE_TIMEOUT, client_deadline - ANSWER_MARGIN - time.monotonic()), 0)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await self._rediscover()
+            left = min(PROBE_TIMEOUT, client_deadline - ANSWER_MARGIN - time.monotonic())
+            if left > 0:  # (no time left: no probe)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._rediscover()
         if self._leader is endpoint:
             return Err.TIMEOUT
         return Err.LEADER_CHANGED if read else Err.TIMEOUT_DUE_TO_LEADER_FAIL
