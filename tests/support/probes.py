@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import urllib.request
 
 import grpc
@@ -25,6 +26,18 @@ def scrape(address: str) -> Samples:
 
 def sample(metrics: Samples, name: str, **labels: str) -> float:
     return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for_sample(address: str, name: str, value: float, timeout: float, what: str, **labels: str) -> None:
+    """Waits until the sample ``name`` scraped from ``address`` is ``value``; the TimeoutError names
+    the last value seen (a gauge stuck above or below says which way something leaked)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while (seen := sample(scrape(address), name, **labels)) != value:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}: {name} is {seen:g}, not {value:g}")
+        time.sleep(delay)  # polling interval of a condition wait, not a fixed sleep
+        delay = min(delay * 1.5, 0.25)
 
 
 def health_status(address: str, service: str = "") -> int | None:

@@ -28,8 +28,8 @@ import pytest
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.cluster import Cluster, unstarted_cluster
-from tests.support.probes import sample, scrape
-from tests.support.processes import Program, free_port, wait_for
+from tests.support.probes import wait_for_sample
+from tests.support.processes import Program, free_port
 from tests.support.put_load import put_until
 
 pytestmark = pytest.mark.slow
@@ -85,12 +85,11 @@ def test_hang_ups_at_every_moment_of_a_failover_leave_nothing(tmp_path: Path) ->
         for t in starts:
             t.join()
         asyncio.run(_scenario(cluster, gateway, rng))
-        wait_for(lambda: sample(scrape(metrics), SUBS) == 0, 30, "the sub-stream gauge to be back to 0")
-        wait_for(lambda: sample(scrape(metrics), OPEN, service="etcdserverpb.Watch", method="Watch") == 0, 30,
-                 "no Watch stream open in the proxy")
+        wait_for_sample(metrics, SUBS, 0, 30, "the sub-stream gauge to be back to 0")
+        wait_for_sample(metrics, OPEN, 0, 30, "no Watch stream open in the proxy",
+                        service="etcdserverpb.Watch", method="Watch")
         for node in cluster.nodes:
-            wait_for(lambda node=node: sample(scrape(node_metrics[node.name]), OPEN_WATCHES) == 0, 30,
-                     f"no watch open on {node.name}")
+            wait_for_sample(node_metrics[node.name], OPEN_WATCHES, 0, 30, f"no watch open on {node.name}")
     finally:
         cluster.close(background=True)
 

@@ -17,8 +17,8 @@ import pytest
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.etcdserverpb import rpc_pb2_grpc as pbg
 from tests.support.cluster import unstarted_cluster
-from tests.support.probes import sample, scrape
-from tests.support.processes import Program, free_port, wait_for
+from tests.support.probes import wait_for_sample
+from tests.support.processes import Program, free_port
 from tests.support.put_load import put_until
 
 pytestmark = pytest.mark.slow
@@ -110,13 +110,13 @@ def test_many_sub_streams_survive_leader_kill_with_churn(tmp_path: Path) -> None
                         await asyncio.sleep(0.05)
                 for r in revs:
                     assert r == list(range(start, r[-1] + 1))
-                await asyncio.to_thread(wait_for, lambda: sample(scrape(metrics), SUBS) == STREAMS, 30,
+                await asyncio.to_thread(wait_for_sample, metrics, SUBS, STREAMS, 30,
                                         "the sub-stream gauge to be back to the streams open")
                 for t in readers:
                     t.cancel()
                 for c in calls:
                     c.cancel()
-            await asyncio.to_thread(wait_for, lambda: sample(scrape(metrics), SUBS) == 0, 30,
+            await asyncio.to_thread(wait_for_sample, metrics, SUBS, 0, 30,
                                     "the sub-stream gauge to be back to 0")
 
         asyncio.run(scenario())
