@@ -6,8 +6,11 @@ config parsers it checks its children's values with are handed to it from here."
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+
+from raftgate import grpc_io
 
 USAGE = """usage: raftgate {store,proxy,local,bootstrap-auth,snapshot,bench} [flags]
 
@@ -50,6 +53,10 @@ def _interrupted(signum: int, _frame: object) -> None:
 
 
 def _run(command: str, rest: list[str]) -> int:
+    if command in ("store", "proxy", "local"):
+        # before gRPC is imported: the programs' sockets are read and written on gRPC's poller
+        # thread (raftgate/grpc_io.py); local's children inherit it
+        grpc_io.apply(os.environ)
     if command == "store":
         from authstore.main import main as run
     elif command == "proxy":
