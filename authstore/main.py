@@ -38,7 +38,7 @@ from authstore.state.membership import cluster_id, member_id
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import STORE_MESSAGE_BYTES
 from protos.storepb import store_pb2 as spb
-from raftgate import event_loop, stages
+from raftgate import event_loop, grpc_listen, stages
 from raftgate.crl import CRLError, RevocationList
 from raftgate.errors import EtcdError
 from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
@@ -46,7 +46,7 @@ from raftgate.observe import start_observability
 from raftgate.private_files import private_dir, restrict_umask, wider_than_private
 from raftgate.process import DataDirInUse
 from raftgate.process import lock_data_dir as lock
-from raftgate.stop_signals import stop_on_signals
+from raftgate.stop_signals import STOP_PING_TIMEOUT, stop_on_signals
 from raftgate.token_verifier import TokenVerifier
 from raftgate.workload_identity import WorkloadConfigError, WorkloadTokens
 from raftgate.workload_identity import build as build_workload
@@ -332,20 +332,16 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
             tokens.became_leader()
 
     node.on_leader_change(leader_changed)
-    address = f"{cfg.listen_host}:{cfg.listen_port}"
+    address = grpc_listen.host_port(cfg.listen_host, cfg.listen_port)
     server, health = build_server(service, secret=cfg.secret, credentials=_credentials(cfg), address=address,
                                   revocations=_revocations(cfg))
     peer_server = grpc.aio.server(interceptors=security.interceptors(rec.member_id), options=[
-        ("grpc.max_receive_message_length", STORE_MESSAGE_BYTES), *FIXED_RECEIVE_WINDOW, ("grpc.so_reuseport", 0)])
+        ("grpc.max_receive_message_length", STORE_MESSAGE_BYTES), *FIXED_RECEIVE_WINDOW, STOP_PING_TIMEOUT,
+        ("grpc.so_reuseport", 0)])
     peer_server.add_generic_rpc_handlers((transport.handler(maintenance.member_list_bytes),))
     peer_creds = security.server_credentials()
-    peer_listen = f"{cfg.listen_peer_host}:{cfg.listen_peer_port}"
-    try:
-        bound = (peer_server.add_secure_port(peer_listen, peer_creds) if peer_creds
-                 else peer_server.add_insecure_port(peer_listen))
-    except RuntimeError:  # grpc reports a failed bind this way
-        bound = 0
-    if not bound:
+    peer_listen = grpc_listen.host_port(cfg.listen_peer_host, cfg.listen_peer_port)
+    if not grpc_listen.bind(peer_server, peer_listen, peer_creds):
         raise OSError(f"--listen-peer-urls: cannot listen on {peer_listen}: the port is in use or the address is "
                       "not available here")
     await peer_server.start()

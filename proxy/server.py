@@ -33,11 +33,13 @@ from proxy.sidecar import Sidecar, is_local_listener
 from proxy.store_client import StoreClient
 from proxy.tls import ServerTLS, revocation_list
 from proxy.tokens.simple import SimpleTokenCache
+from raftgate import grpc_listen
 from raftgate.auth_token import SIMPLE
 from raftgate.crl import RevocationCheck
 from raftgate.jwt_keys import JWKS_PATH
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import Observability, start_observability
+from raftgate.stop_signals import STOP_PING_TIMEOUT
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -118,6 +120,7 @@ class ProxyServer:
                 # gRPC-Python shares a port in use (SO_REUSEPORT); a second server there must fail instead,
                 # except among the workers of one --workers N proxy (the supervisor checked it was free).
                 ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+                STOP_PING_TIMEOUT,  # a client that stopped reading cannot hold a graceful stop
             ]
         )
         server.add_generic_rpc_handlers(etcd_handlers(pipeline, self.config.grpc_max_receive_bytes))
@@ -137,7 +140,7 @@ class ProxyServer:
         for server, listen in self._servers:
             for address in listen:
                 tls = self.tls if address in self.config.tls_listen else None
-                self.addresses.append(_bind(server, address, tls))
+                self.addresses.append(_bind(server, address, tls, shared=self.reuse_port))
         for server, _ in self._servers:
             await server.start()
         if self.gateway is not None:
@@ -185,15 +188,13 @@ class ProxyServer:
             await server.wait_for_termination()
 
 
-def _bind(server: grpc.aio.Server, address: str, tls: ServerTLS | None = None) -> str:
-    """Adds one listen address (TLS with ``tls``); returns it with the real port."""
-    try:
-        port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
-    except RuntimeError:  # grpc reports a failed bind this way
-        port = 0
-        if address.startswith("unix:"):
-            raise OSError(f"cannot listen on {address}: the socket is in use or cannot be created") from None
+def _bind(server: grpc.aio.Server, address: str, tls: ServerTLS | None = None, *, shared: bool = False) -> str:
+    """Adds one listen address (TLS with ``tls``); returns it with the real port. ``shared``: a
+    worker of ``--workers N``, whose siblings listen there too."""
+    port = grpc_listen.bind(server, address, tls.credentials() if tls else None, shared=shared)
     if address.startswith("unix:"):
+        if not port:
+            raise OSError(f"cannot listen on {address}: the socket is in use or cannot be created")
         return address
     if port == 0:
         raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here")

@@ -30,6 +30,8 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.registry import CollectorRegistry
 
+from raftgate import grpc_listen
+
 log = logging.getLogger("raftgate.observe")
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -42,7 +44,7 @@ class ListenAddr:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return grpc_listen.host_port(self.host, self.port)
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,7 @@ async def _start_health(obs: Observability, addr: ListenAddr) -> str:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a port in use fails, never is shared
     health_pb2_grpc.add_HealthServicer_to_server(obs.health, server)
     reflection.enable_server_reflection((HEALTH_SERVICE, reflection.SERVICE_NAME), server)
-    try:
-        port = server.add_insecure_port(str(addr))
-    except RuntimeError:  # grpc reports a failed bind this way
-        port = 0
+    port = grpc_listen.bind(server, str(addr))
     if not port:
         raise OSError(f"--health-addr: cannot listen on {addr}: the port is in use or the address is not available "
                       "here")

@@ -18,6 +18,13 @@ from raftgate.event_loop import is_uvloop
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+#: A gRPC server option of every raftgate server a client can hold open: a graceful stop's GOAWAY
+#: waits for the client's answer to a PING, min(this, 20 s). A client that stopped reading its
+#: socket never answers, and held the proxy's stop 20 s, past ``raftgate local``'s 10 s (it killed
+#: the proxy) and near a pod's 30 s grace (tests/system/test_clean_start_stop.py). It is also how
+#: long a server's keepalive PING (sent after two idle hours) may go unanswered: 5 s, not 20.
+STOP_PING_TIMEOUT = ("grpc.keepalive_timeout_ms", 5_000)
+
 
 def stop_on_signals(stop: asyncio.Event) -> None:
     """Sets ``stop`` on the first SIGTERM or SIGINT; ignores the ones after it, also once the loop

@@ -53,7 +53,7 @@ from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from protos.internal import INTERNAL_TOKEN_METADATA, MAX_ANSWER_BYTES, STORE_MESSAGE_BYTES
 from protos.storepb import store_pb2 as spb
-from raftgate import secret_proof, stages
+from raftgate import grpc_listen, secret_proof, stages
 from raftgate.crl import RevocationCheck, RevocationList
 from raftgate.errors import REVISION_MOVED, UNMARSHAL_ERROR_PREFIX, Err, EtcdError
 from raftgate.flow_windows import FIXED_RECEIVE_WINDOW
@@ -70,6 +70,7 @@ from raftgate.internal_access import (
 )
 from raftgate.methods import Route, requests
 from raftgate.private_files import PRIVATE_DIR_MODE
+from raftgate.stop_signals import STOP_PING_TIMEOUT
 from raftgate.token_verifier import TokenVerifier, Verified
 
 log = logging.getLogger("raftgate.store.server")
@@ -745,17 +746,14 @@ def build_server(service: StoreService, *, secret: bytes | None, credentials: gr
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
         *FIXED_RECEIVE_WINDOW,  # what a caller makes the store hold before its credentials are checked
+        STOP_PING_TIMEOUT,  # a caller that stopped reading cannot hold a graceful stop
         ("grpc.so_reuseport", 0)])  # a port in use must fail, never be shared with another server
     handlers = store_handlers(service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(STORE_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (STORE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    try:
-        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    except RuntimeError:  # grpc reports a failed bind this way
-        port = 0
-    if not port:
+    if not grpc_listen.bind(server, address, credentials):
         raise OSError(f"--listen-internal-urls: cannot listen on {address}: the port is in use or the address is "
                       "not available here")
     return server, health_servicer

@@ -6,6 +6,7 @@ either: a lost peer is an expected event, worth a warning at most.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,10 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
+from protos.etcdserverpb import raft_internal_pb2 as ipb
+from protos.etcdserverpb import rpc_pb2, rpc_pb2_grpc
 from tests.support.cluster import local_cluster
 from tests.support.processes import REPO_ROOT, RaftgateLocal, wait_for
+from tests.support.raw_h2 import RawH2
 
 EXIT_LINE = re.compile(r"^raftgate local: (.+) exited with code (-?\d+)$", re.M)
 
@@ -113,3 +118,46 @@ def test_a_stop_signal_while_a_program_starts_ends_it_quietly(sig: signal.Signal
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=str(REPO_ROOT))
     assert (proc.returncode, proc.stderr) == (128 + sig, "")
+
+
+STUCK_WAIT = 60.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port", ["proxy client", "store internal"])
+def test_a_client_that_stops_reading_does_not_get_killed_at_stop(tmp_path: Path, port: str) -> None:
+    """A client that stopped reading its socket never answers the PING of a graceful GOAWAY: gRPC
+    waited 20 s for it, past ``raftgate local``'s 10 s, which killed the proxy (a proxy that stopped
+    reading held its store the same way), until every server bounded that wait
+    (raftgate/stop_signals.py ``STOP_PING_TIMEOUT``)."""
+    local = RaftgateLocal(tmp_path, extra_args=["--nodes", "1"])
+    local.start()
+    reader: RawH2 | None = None
+    big = rpc_pb2.RangeRequest(key=b"big/", range_end=b"big0")
+    try:
+        channel = grpc.insecure_channel(local.target)
+        kv = rpc_pb2_grpc.KVStub(channel)
+        for i in range(8):
+            kv.Put(rpc_pb2.PutRequest(key=b"big/%d" % i, value=b"v" * (1 << 20)), timeout=STUCK_WAIT)
+        channel.close()
+        if port == "proxy client":
+            reader = RawH2("127.0.0.1", local.port, rcvbuf=4096)
+            reader.handshake()
+            reader.call("/etcdserverpb.KV/Range", big.SerializeToString())
+        else:
+            store = next(p for p in json.loads((local.data_dir / "local.json").read_text())["processes"]
+                         if p["role"] == "store")
+            reader = RawH2("127.0.0.1", int(store["internal_port"]), rcvbuf=4096)
+            reader.handshake()
+            secret = (local.data_dir / "internal-secret").read_text().strip().encode()
+            reader.call("/raftgate.storepb.Store/Do", ipb.InternalRaftRequest(
+                header=ipb.RequestHeader(username="root"), range=big).SerializeToString(), extra=reader.prove(secret))
+        wait_for(lambda: reader.pending_at_server() > 0, STUCK_WAIT,  # type: ignore[union-attr]
+                 "the server's writes of the Range's answer to wait on the reader")
+    finally:
+        code = local.stop(timeout=60)
+        if reader is not None:
+            reader.close()
+    out = local.output()
+    exits = EXIT_LINE.findall(out)
+    assert code == 0 and exits and all(c == "0" for _, c in exits), out[-2000:]
