@@ -89,10 +89,9 @@ def _bad_lines(program: Program) -> list[str]:
             if " ERROR " in line or "Traceback" in line or re.match(r"E\d{4} ", line)]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, str, Program, int]]:
-    """A one-node store and a proxy in front of it: (store, its internal host:port, proxy, client port)."""
-    work = tmp_path_factory.mktemp("served")
+def _store_and_proxy(work: Path) -> tuple[Program, str, Program, int]:
+    """A one-node store and a proxy in front of it, both serving: (store, its internal host:port,
+    proxy, client port); stopped by the caller (both, also when the proxy fails to start)."""
     store, internal = store_program(work)
     port = free_port()
     proxy = proxy_program(work, internal, f"http://127.0.0.1:{port}")
@@ -100,6 +99,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, 
         store.start()
         proxy.start()
         wait_serving(f"127.0.0.1:{port}")
+    except BaseException:
+        stop_together([proxy, store])
+        raise
+    return store, internal, proxy, port
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, str, Program, int]]:
+    """A one-node store and a proxy in front of it: (store, its internal host:port, proxy, client port)."""
+    store, internal, proxy, port = _store_and_proxy(tmp_path_factory.mktemp("served"))
+    try:
         kv = rpc_pb2_grpc.KVStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         for i in range(BIG_KEYS):
             kv.Put(rpc_pb2.PutRequest(key=b"big/%03d" % i, value=bytes([65 + i]) * MIB), timeout=WAIT)
@@ -484,13 +494,8 @@ def test_an_operators_grpc_experiments(tmp_path: Path, operator: str, monkeypatc
     gRPC's own E-lines only name the operator's unknown experiments (gRPC would print those
     without raftgate as well), never one of ours."""
     monkeypatch.setenv(grpc_io.ENV, operator)
-    store, internal = store_program(tmp_path)
-    port = free_port()
-    proxy = proxy_program(tmp_path, internal, f"http://127.0.0.1:{port}")
+    store, _, proxy, port = _store_and_proxy(tmp_path)
     try:
-        store.start()
-        proxy.start()
-        wait_serving(f"127.0.0.1:{port}")
         assert _served_calls(f"127.0.0.1:{port}", 2, b"op") == []
     finally:
         stop_together([proxy, store])
