@@ -38,7 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import CollectorRegistry
 
 from proxy.config import ConfigError, ProxyConfig, load
-from raftgate import event_loop
+from raftgate import event_loop, grpc_listen
 from raftgate.methods import ETCD_PACKAGE, SERVICES
 from raftgate.observe import ObserveConfig, start_observability
 from raftgate.process import STOPPED_BY_SIGNAL, Child, check_listenable, on_sighup, pass_on
@@ -74,6 +74,8 @@ def check_ports_free(config: ProxyConfig) -> None:
         host, port = address.rsplit(":", 1)
         try:
             check_listenable(host.strip("[]"), int(port))
+            if grpc_listen.in_use(address):  # on another address its name resolves to, as gRPC binds
+                raise OSError
         except OSError:
             raise OSError(f"cannot listen on {address}: the port is in use or the address is not available here"
                           ) from None

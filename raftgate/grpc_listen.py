@@ -37,12 +37,16 @@ def in_use(address: str) -> bool:
     host, _, port = address.rpartition(":")
     if not port.isdigit() or int(port) == 0:
         return False  # not ours to judge: gRPC refuses it, or picks a free port
+    name = host.strip("[]")
     try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(name or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError):
         return False  # gRPC cannot resolve it either, and says so
-    return any(_port_taken(family, sockaddr) for family, _, _, _, sockaddr in infos)
+    addresses = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+    if name.lower() == "localhost":
+        # gRPC's resolver gives both loopbacks for it (RFC 6761), whatever /etc/hosts says
+        addresses += [(socket.AF_INET, ("127.0.0.1", int(port))), (socket.AF_INET6, ("::1", int(port)))]
+    return any(_port_taken(family, sockaddr) for family, sockaddr in addresses)
 
 
 def _port_taken(family: int, sockaddr: tuple[object, ...]) -> bool:

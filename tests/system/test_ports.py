@@ -221,14 +221,19 @@ def test_a_second_proxy_on_a_unix_socket_in_use_fails_to_start(tmp_path: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", ["proxy", "store"])
-def test_a_localhost_listener_whose_ipv4_port_is_in_use_fails_to_start(tmp_path: Path, program: str) -> None:
+@pytest.mark.parametrize("held_on", ["127.0.0.1", "::1"])
+@pytest.mark.parametrize("program", ["proxy", "proxy --workers 2", "store"])
+def test_a_localhost_listener_with_one_of_its_addresses_in_use_fails_to_start(tmp_path: Path, program: str,
+                                                                            held_on: str) -> None:
+    """gRPC binds every address ``localhost`` resolves to and is content with one; a --workers
+    supervisor checked one address only. Either address held by another server: refused."""
     port = free_port()
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", port))
+    with socket.socket(socket.AF_INET6 if ":" in held_on else socket.AF_INET) as held:
+        held.bind((held_on, port))
         held.listen()
-        if program == "proxy":
-            started = proxy_program(tmp_path, f"127.0.0.1:{free_port()}", f"http://localhost:{port}")
+        if program.startswith("proxy"):
+            started = proxy_program(tmp_path, f"127.0.0.1:{free_port()}", f"http://localhost:{port}",
+                                    *program.split()[1:])
         else:
             started, _ = store_program(tmp_path, "--listen-internal-urls", f"http://localhost:{port}")
         try:

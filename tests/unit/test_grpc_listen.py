@@ -39,6 +39,18 @@ def test_a_port_held_on_any_address_of_the_name_is_in_use(held: int) -> None:
     assert grpc_listen.in_use(f"0.0.0.0:{held}")
 
 
+def test_localhost_is_both_loopbacks_as_grpc_resolves_it() -> None:
+    """/etc/hosts may name only 127.0.0.1; gRPC binds [::1] for ``localhost`` too."""
+    port = free_port()
+    try:
+        held = socket.create_server(("::1", port), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with held:
+        assert grpc_listen.in_use(f"localhost:{port}")
+        assert not grpc_listen.in_use(f"127.0.0.1:{port}")
+
+
 def test_free_zero_and_unresolvable_ports_are_left_to_grpc() -> None:
     assert not grpc_listen.in_use(f"127.0.0.1:{free_port()}")
     assert not grpc_listen.in_use("127.0.0.1:0")
