@@ -38,12 +38,15 @@ def now_ms() -> int:
 class SimpleTokens:
     def __init__(self, env: Callable[[], lmdb.Environment], auth: Callable[[], AuthStore],
                  propose: Callable[[bytes], Awaitable[object]], wait_applied: Callable[[int], Awaitable[None]],
-                 last_index: Callable[[], int]) -> None:
+                 last_index: Callable[[], int], settled: Callable[[], Awaitable[None]]) -> None:
+        """``settled``: returns once every batch whose callers were answered is applied
+        (``RaftNode.settled``)."""
         self._env = env
         self._auth = auth
         self._propose = propose
         self._wait_applied = wait_applied
         self._last_index = last_index
+        self._settled = settled
         self._last_used: dict[bytes, int] = {}
         self._grace_from = 0
         self._expiring: set[asyncio.Task[None]] = set()
@@ -52,7 +55,13 @@ class SimpleTokens:
         self._grace_from = now_ms()
 
     async def resolve(self, token: str) -> spb.ResolveTokenResponse:
-        """Waits until the entry that issued the token is applied here, then looks it up."""
+        """Waits until the entry that issued the token is applied here, then looks it up.
+
+        First waits for every answered batch to be applied, as every answer from local state does:
+        an auth change is answered before its commit, and a token resolved in between would come
+        back at the revision before it (the proxy, refused as `auth store is old` after such a
+        change, resolves again and retries once: it must get the new revision)."""
+        await self._settled()
         resp = spb.ResolveTokenResponse()
         index = token_index(token)
         if index is not None and index <= self._last_index():

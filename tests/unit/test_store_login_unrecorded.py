@@ -105,7 +105,7 @@ def _service(node: _Node) -> _Service:
     """Built as authstore/main.py builds it: the parts, the service over them, its login."""
     applier: Any = object()
     tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
-                          lambda: node.last_index)
+                          lambda: node.last_index, node.settled)
     service = _Service(applier, node, _Maintenance(), proposer=node, watch_hub=WatchHub(applier, node),  # type: ignore[arg-type]
                        quota=Quota(applier, _Maintenance.quota_bytes, node.id, node.propose, lambda: 0),
                        tokens=tokens, verifiers=[StoreSimpleTokens(tokens)], classifier=Classifier(),
