@@ -297,7 +297,7 @@ async def serve(cfg: store_config.StoreConfig) -> int | None:
                          max_watches_per_user=cfg.max_watches_per_user)
     quota = Quota(applier, maintenance.quota_bytes, node.id, proposer.propose, lambda: node.applied_index)
     tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, proposer.propose, node.wait_applied,
-                          lambda: node.last_index, node.settled)
+                          lambda: node.last_index, node.caught_up)
     service = StoreService(applier, node, maintenance, proposer=proposer, watch_hub=watch_hub, quota=quota,
                            tokens=tokens, classifier=_classifier(cfg), verifiers=_verifiers(cfg, tokens),
                            lockout_attempts=cfg.auth_lockout_attempts,

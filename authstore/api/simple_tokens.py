@@ -14,6 +14,7 @@ lives in the API layer; the deterministic state (authstore/state) only applies t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,15 +39,15 @@ def now_ms() -> int:
 class SimpleTokens:
     def __init__(self, env: Callable[[], lmdb.Environment], auth: Callable[[], AuthStore],
                  propose: Callable[[bytes], Awaitable[object]], wait_applied: Callable[[int], Awaitable[None]],
-                 last_index: Callable[[], int], settled: Callable[[], Awaitable[None]]) -> None:
-        """``settled``: returns once every batch whose callers were answered is applied
-        (``RaftNode.settled``)."""
+                 last_index: Callable[[], int], caught_up: Callable[[], Awaitable[None]]) -> None:
+        """``caught_up``: returns once everything the node knows to be committed is applied
+        (``RaftNode.caught_up``)."""
         self._env = env
         self._auth = auth
         self._propose = propose
         self._wait_applied = wait_applied
         self._last_index = last_index
-        self._settled = settled
+        self._caught_up = caught_up
         self._last_used: dict[bytes, int] = {}
         self._grace_from = 0
         self._expiring: set[asyncio.Task[None]] = set()
@@ -57,11 +58,14 @@ class SimpleTokens:
     async def resolve(self, token: str) -> spb.ResolveTokenResponse:
         """Waits until the entry that issued the token is applied here, then looks it up.
 
-        First waits for every answered batch to be applied, as every answer from local state does:
-        an auth change is answered before its commit, and a token resolved in between would come
-        back at the revision before it (the proxy, refused as `auth store is old` after such a
-        change, resolves again and retries once: it must get the new revision)."""
-        await self._settled()
+        First waits (as long as for the issuing entry) until everything this node knows to be
+        committed is applied: the proxy, refused as `auth store is old` by a node that applied an
+        auth change, resolves here again and retries once, and must get a revision no older than
+        that node's (an auth change is answered before its commit, and followers apply it as soon
+        as they learn the commit index, before this node's apply may have reached it)."""
+        with contextlib.suppress(Exception):  # a stuck apply: answer from the state as it is
+            async with asyncio.timeout(TOKEN_WAIT_SECONDS):
+                await self._caught_up()
         resp = spb.ResolveTokenResponse()
         index = token_index(token)
         if index is not None and index <= self._last_index():

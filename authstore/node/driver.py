@@ -486,6 +486,14 @@ class RaftNode:
                 self._waiters.answer(request_id, result)
         self.decided_index = max(self.decided_index, index)
 
+    async def caught_up(self) -> None:
+        """Returns once every entry this node knows to be committed is applied: its state is then as
+        new as any node's answer can be (a follower applies only what the leader told it committed,
+        and an answered write is committed). ``settled`` asks less: only answered writes."""
+        committed = self.rn.raft.log.committed
+        if self.applied_index < committed:
+            await self.wait_applied(committed)
+
     async def settled(self) -> None:
         """Returns once every batch whose callers were answered is applied, so what answers from
         the local state (serializable reads, maintenance) sees every answered write."""

@@ -67,6 +67,9 @@ class _Node:
     async def settled(self) -> None:
         pass
 
+    async def caught_up(self) -> None:
+        pass
+
     async def wait_applied(self, index: int) -> None:
         pass
 
@@ -105,7 +108,7 @@ def _service(node: _Node) -> _Service:
     """Built as authstore/main.py builds it: the parts, the service over them, its login."""
     applier: Any = object()
     tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, node.propose, node.wait_applied,
-                          lambda: node.last_index, node.settled)
+                          lambda: node.last_index, node.caught_up)
     service = _Service(applier, node, _Maintenance(), proposer=node, watch_hub=WatchHub(applier, node),  # type: ignore[arg-type]
                        quota=Quota(applier, _Maintenance.quota_bytes, node.id, node.propose, lambda: 0),
                        tokens=tokens, verifiers=[StoreSimpleTokens(tokens)], classifier=Classifier(),
