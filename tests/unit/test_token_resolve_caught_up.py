@@ -32,7 +32,8 @@ from protos.authpb import auth_pb2
 from protos.etcdserverpb import raft_internal_pb2 as ipb
 from protos.etcdserverpb import rpc_pb2 as pb
 from raftgate.simple_token import generate_prefix
-from tests.support.node_ports import NoPeers, NoWAL
+from tests.support.held_commit import CommitHold, loop_turns, run_single_node
+from tests.support.node_ports import NoWAL
 
 #: what the proxy sends: base64 of a bcrypt hash (any one: nothing here checks the password)
 ALICE_HASH = base64.b64encode(b"$2a$04$" + b"x" * 53).decode()
@@ -57,61 +58,46 @@ def _setup() -> list[ipb.InternalRaftRequest]:
     ]
 
 
+async def _login_alice(proposer: Proposer, revision: int) -> str:
+    login = ipb.InternalAuthenticateRequest(name="alice", simple_token=generate_prefix(), checked_revision=revision,
+                                            issued_at_unix_ms=now_ms(), ttl_seconds=300)  # fmt: skip
+    issued = await proposer.propose(ipb.InternalRaftRequest(authenticate=login).SerializeToString())
+    assert isinstance(issued, pb.AuthenticateResponse) and issued.token
+    return issued.token
+
+
+def _revoke_as_root(revision: int) -> bytes:
+    revoke = pb.AuthRoleRevokePermissionRequest(role="reader", key=READ.key, range_end=READ.range_end)
+    return ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=revision),
+                                   auth_role_revoke_permission=revoke).SerializeToString()
+
+
 def test_a_token_resolved_after_an_answered_revoke_carries_the_revoke_s_revision(tmp_path: Path) -> None:
-    backend = Backend(tmp_path / "db", map_size=64 << 20)
-    applier = Applier(backend, member_id=1)
-    node = RaftNode(1, MemoryStorage.with_conf([1]), NoWAL(), applier, NoPeers(),  # type: ignore[arg-type]
-                    applied=0, snapshot_dir=tmp_path / "snap", fail_stop=_no_exit)
-    proposer = Proposer(node)
-    tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, proposer.propose, node.wait_applied,
-                          lambda: node.last_index, node.caught_up)
-    commit_may_go = threading.Event()
-    holding = threading.Event()
+    async def scenario(applier: Applier, node: RaftNode, hold: CommitHold) -> None:
+        proposer = Proposer(node)
+        tokens = SimpleTokens(lambda: applier.env, lambda: applier.auth, proposer.propose, node.wait_applied,
+                              lambda: node.last_index, node.caught_up)
+        for req in _setup():
+            await proposer.propose(req.SerializeToString())
+        with applier.env.begin() as txn:
+            before = applier.auth.revision(txn)
+        token = await _login_alice(proposer, before)
+        first = await tokens.resolve(token)
+        assert first.valid and first.auth_revision == before
 
-    def hold_commit(index: int, results: list[tuple[int, Any]], _membership_changed: bool) -> None:
-        if any(isinstance(r, pb.AuthRoleRevokePermissionResponse) for _, r in results):
-            holding.set()
-            assert commit_may_go.wait(30), "the test never let the commit go"
+        answer = await proposer.propose(_revoke_as_root(before))
+        assert isinstance(answer, pb.AuthRoleRevokePermissionResponse)  # answered; its commit is held
+        await hold.held()
+        resolving = asyncio.get_running_loop().create_task(tokens.resolve(token))
+        await loop_turns()  # the commit is held
+        assert not resolving.done(), resolving.result()  # not at the revision before the revoke
+        hold.release()
+        async with asyncio.timeout(30):
+            again = await resolving
+        assert again.valid and again.auth_revision == before + 1
 
-    applier.on_decided(hold_commit)  # the revoke's batch is answered, its commit takes long
-
-    async def scenario() -> None:
-        node.start()
-        try:
-            for req in _setup():
-                await proposer.propose(req.SerializeToString())
-            with applier.env.begin() as txn:
-                before = applier.auth.revision(txn)
-            login = ipb.InternalAuthenticateRequest(name="alice", simple_token=generate_prefix(),
-                                                    checked_revision=before, issued_at_unix_ms=now_ms(),
-                                                    ttl_seconds=300)  # fmt: skip
-            issued = await proposer.propose(ipb.InternalRaftRequest(authenticate=login).SerializeToString())
-            assert isinstance(issued, pb.AuthenticateResponse) and issued.token
-            first = await tokens.resolve(issued.token)
-            assert first.valid and first.auth_revision == before
-
-            revoke = pb.AuthRoleRevokePermissionRequest(role="reader", key=READ.key, range_end=READ.range_end)
-            as_root = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=before),
-                                              auth_role_revoke_permission=revoke)
-            answer = await proposer.propose(as_root.SerializeToString())
-            assert isinstance(answer, pb.AuthRoleRevokePermissionResponse)  # answered; its commit is held
-            assert await asyncio.to_thread(holding.wait, 30)
-            resolving = asyncio.get_running_loop().create_task(tokens.resolve(issued.token))
-            for _ in range(20):
-                await asyncio.sleep(0)  # turns of the loop, no time: the commit is held
-            assert not resolving.done(), resolving.result()  # not at the revision before the revoke
-            commit_may_go.set()
-            async with asyncio.timeout(30):
-                again = await resolving
-            assert again.valid and again.auth_revision == before + 1
-        finally:
-            commit_may_go.set()
-            await node.stop()
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        backend.close()
+    run_single_node(tmp_path, lambda results: any(isinstance(r, pb.AuthRoleRevokePermissionResponse)
+                                                  for _, r in results), scenario)  # fmt: skip
 
 
 class LoopPeers:
@@ -172,12 +158,8 @@ def test_a_token_resolved_at_the_leader_after_a_follower_applied_a_revoke_carrie
             for req in _setup():
                 await proposer.propose(req.SerializeToString())
             before = revision(lid)
-            login = ipb.InternalAuthenticateRequest(name="alice", simple_token=generate_prefix(),
-                                                    checked_revision=before, issued_at_unix_ms=now_ms(),
-                                                    ttl_seconds=300)  # fmt: skip
-            issued = await proposer.propose(ipb.InternalRaftRequest(authenticate=login).SerializeToString())
-            assert isinstance(issued, pb.AuthenticateResponse) and issued.token
-            assert (await tokens.resolve(issued.token)).auth_revision == before
+            token = await _login_alice(proposer, before)
+            assert (await tokens.resolve(token)).auth_revision == before
 
             def hold_revoke(batch: lmdb.Transaction) -> None:  # the leader's apply thread, in the batch
                 if hold.is_set() and appliers[lid].auth.revision(batch) > before:
@@ -186,17 +168,14 @@ def test_a_token_resolved_at_the_leader_after_a_follower_applied_a_revoke_carrie
 
             appliers[lid].subscribe_entries(hold_revoke)
             hold.set()
-            revoke = pb.AuthRoleRevokePermissionRequest(role="reader", key=READ.key, range_end=READ.range_end)
-            as_root = ipb.InternalRaftRequest(header=ipb.RequestHeader(username="root", auth_revision=before),
-                                              auth_role_revoke_permission=revoke)
-            revoking = asyncio.get_running_loop().create_task(proposer.propose(as_root.SerializeToString()))
+            revoking = asyncio.get_running_loop().create_task(proposer.propose(_revoke_as_root(before)))
             assert await asyncio.to_thread(holding.wait, 30)
             async with asyncio.timeout(10):  # the follower learns the commit and applies the revoke
                 while revision(follower) == before:
                     await asyncio.sleep(0.02)
             # the follower now refuses alice's requests stamped `before` as old; the proxy resolves
             # again at the leader: it must not get `before` back
-            resolving = asyncio.get_running_loop().create_task(tokens.resolve(issued.token))
+            resolving = asyncio.get_running_loop().create_task(tokens.resolve(token))
             await asyncio.sleep(0.2)  # what must not happen has this long to happen: no condition to wait for
             early = resolving.result() if resolving.done() else None
             go.set()
