@@ -316,12 +316,11 @@ def _free_ports(count: int, avoid: set[int]) -> list[int]:
             if port in avoid:
                 continue
             s = socket.socket()
+            held.append(s)
             try:
                 s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port with connections in TIME_WAIT is skipped
             except OSError:
-                s.close()  # a busy port costs no file until the end: there may be thousands
                 continue
-            held.append(s)
             chosen.append(port)
         while len(chosen) < count:  # ends: a held port never comes back, so at most len(avoid) misses
             s = socket.socket()

@@ -145,45 +145,6 @@ def test_raftgate_local_chooses_ports_the_kernel_never_hands_out_by_itself(tmp_p
     assert not set(ports) & set(helpers), (helpers, ports)
 
 
-class _BusyAbove(_ReusingKernel):
-    """The kernel above a pretended ephemeral range where every port is busy, counting the sockets
-    open at once."""
-
-    def __init__(self, busy: range) -> None:
-        super().__init__()
-        self.held |= set(busy)
-        self.open = self.most_open = 0
-
-    def __call__(self, *args: object, **kwargs: object) -> _ReusingKernel._Socket:
-        self.open += 1
-        self.most_open = max(self.most_open, self.open)
-        sock = _ReusingKernel._Socket(self)
-        close = sock.close
-
-        def counted_close() -> None:
-            if sock.kernel is not None:
-                self.open -= 1
-                close()
-                sock.kernel = None  # type: ignore[assignment]
-
-        sock.close = counted_close  # type: ignore[method-assign]
-        return sock
-
-
-def test_raftgate_local_does_not_hold_a_file_per_busy_port_it_skips(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by the attack on the change: the choice kept each busy port's socket open until the end,
-    so a host with more busy ports above the range than the process may open files (a soft limit of
-    1,024 is common) stopped `raftgate local` with "Too many open files" instead of falling back to
-    the kernel's choice. Only the chosen ports' sockets may be open at once, and one being tried."""
-    kernel = _BusyAbove(range(61000, 65536))
-    monkeypatch.setattr(local.socket, "socket", kernel)
-    monkeypatch.setattr(local, "_ephemeral_range", lambda: (32768, 60999))
-    ports = local._free_ports(3, set())
-    assert len(set(ports)) == 3 and all(40000 <= p < 40100 for p in ports), ports  # the fallback's
-    assert kernel.most_open <= 3 + 1, kernel.most_open
-    assert kernel.open == 0
-
-
 def test_raftgate_local_keeps_new_ports_off_its_metrics_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ports of a new layout are kept for good: one that is also a --metrics-addr port would
     make every later start with the same flags refuse (check_ports names the clash)."""
