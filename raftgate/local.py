@@ -279,49 +279,15 @@ def check_ports(a: LocalConfig, layout_file: Path, layout: list[dict[str, Any]])
             raise OSError(f"{what} cannot be listened on: {exc.strerror}{hint}") from None
 
 
-#: Linux's default, for a host without /proc
-DEFAULT_EPHEMERAL_PORTS = (32768, 60999)
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands out by itself: outgoing connections' source ports, binds to 0."""
-    try:
-        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        return DEFAULT_EPHEMERAL_PORTS
-    return low, high
-
-
 def _free_ports(count: int, avoid: set[int]) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1, none in ``avoid``: above the kernel's ephemeral
-    range (from a random point on, so two starting at once rarely try the same ones), and only when
-    none is left there, as the kernel picks them.
+    """``count`` distinct free ports on 127.0.0.1, none in ``avoid``.
 
-    Not from the ephemeral range: a layout keeps its ports for good and a node that is restarted
-    binds its own again, but the kernel hands that range out to any outgoing connection as its
-    source port, so a port chosen there can be taken while its node is down (then the node cannot
-    start: the port is in use). Below the range is the test helpers' (tests/support/processes.py).
     Every socket stays bound until all are chosen: a port freed a moment ago may come straight back
     from the kernel, and two nodes on one port stall the cluster for good (the layout is kept).
     """
     held: list[socket.socket] = []
     chosen: list[int] = []
     try:
-        above = range(_ephemeral_range()[1] + 1, 65536)
-        start = secrets.randbelow(len(above)) if above else 0
-        for i in range(len(above)):
-            if len(chosen) == count:
-                break
-            port = above[(start + i) % len(above)]
-            if port in avoid:
-                continue
-            s = socket.socket()
-            held.append(s)
-            try:
-                s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port with connections in TIME_WAIT is skipped
-            except OSError:
-                continue
-            chosen.append(port)
         while len(chosen) < count:  # ends: a held port never comes back, so at most len(avoid) misses
             s = socket.socket()
             held.append(s)

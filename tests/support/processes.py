@@ -54,9 +54,8 @@ _cursor: int | None = None
 
 
 def _test_ports() -> range:
-    """Ports below the kernel's ephemeral range: bind-to-0 (etcd's choices) and outgoing connections
-    take ports from that range, and ``raftgate local`` takes its own above it (raftgate/local.py
-    ``_free_ports``), so none of them takes one handed out here."""
+    """Ports below the kernel's ephemeral range: bind-to-0 (``raftgate local``'s own choices, etcd's)
+    and outgoing connections take ports from that range, so they never take one handed out here."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):

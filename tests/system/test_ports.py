@@ -9,7 +9,6 @@ the test helpers never hand out a port twice, nor one the kernel may hand out to
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
@@ -28,7 +27,6 @@ from tests.support.processes import (
     REPO_ROOT,
     SECRET,
     Program,
-    _test_ports,
     free_port,
     proxy_program,
     secret_file,
@@ -81,8 +79,7 @@ def test_a_port_in_use_stops_start_up_with_a_clear_message(tmp_path: Path, which
 
 class _ReusingKernel:
     """A stand-in for socket.socket whose bind to port 0 gives the lowest port no open socket holds:
-    a port freed a moment ago comes straight back, as the kernel may do; a bind to a port an open
-    socket holds fails as the kernel's does."""
+    a port freed a moment ago comes straight back, as the kernel may do."""
 
     def __init__(self) -> None:
         self.held: set[int] = set()
@@ -99,12 +96,8 @@ class _ReusingKernel:
             pass
 
         def bind(self, address: tuple[str, int]) -> None:
-            if address[1] == 0:
-                self.port = min(p for p in range(40000, 40100) if p not in self.kernel.held)
-            elif address[1] in self.kernel.held:
-                raise OSError(errno.EADDRINUSE, "Address already in use")
-            else:
-                self.port = address[1]
+            assert address[1] == 0
+            self.port = min(p for p in range(40000, 40100) if p not in self.kernel.held)
             self.kernel.held.add(self.port)
 
         def getsockname(self) -> tuple[str, int]:
@@ -121,36 +114,17 @@ class _ReusingKernel:
 
 
 def test_raftgate_local_chooses_distinct_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Distinct also when few ports are left above the ephemeral range and the rest come from the
-    kernel, which hands a freed port straight back."""
     monkeypatch.setattr(local.socket, "socket", _ReusingKernel())
-    monkeypatch.setattr(local, "_ephemeral_range", lambda: (32768, 65530))  # 65531..65535 above it
     layout = local._layout(tmp_path, 5)
     ports = [n[k] for n in layout for k in ("peer_port", "internal_port")]
     assert len(set(ports)) == len(ports) == 10, ports
-
-
-def test_raftgate_local_chooses_ports_the_kernel_never_hands_out_by_itself(tmp_path: Path) -> None:
-    """A layout's ports are kept across runs, and a node that is restarted binds its own again; a
-    port from the kernel's ephemeral range can meanwhile become any outgoing connection's source
-    port (found as a killed leader that could not restart, `tests/faults/test_leader_kill.py`:
-    "cannot listen on 127.0.0.1:37019: the port is in use"). So new ports come from outside that
-    range, and from outside the test helpers' range below it, so a test's port is never taken."""
-    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    layout = local._layout(tmp_path, 3, gateway_port=free_port())
-    ports = [n[k] for n in layout for k in local._PORT_KEYS]
-    assert len(set(ports)) == len(ports) == 12, ports
-    assert all(not low <= p <= high for p in ports), (low, high, ports)
-    helpers = _test_ports()
-    assert not set(ports) & set(helpers), (helpers, ports)
 
 
 def test_raftgate_local_keeps_new_ports_off_its_metrics_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ports of a new layout are kept for good: one that is also a --metrics-addr port would
     make every later start with the same flags refuse (check_ports names the clash)."""
     monkeypatch.setattr(local.socket, "socket", _ReusingKernel())  # hands out 40000, 40001, ...
-    monkeypatch.setattr(local, "_ephemeral_range", lambda: (32768, 65525))  # 65526..65535 above it
-    config = local.parse(["--nodes", "3", "--metrics-addr", "127.0.0.1:65529"], {})  # 65529..65535
+    config = local.parse(["--nodes", "3", "--metrics-addr", "127.0.0.1:40000"], {})
     metrics = {addr.port for addr in config.metrics_addrs() if addr is not None}
     layout = local._layout(tmp_path, config.nodes, config.client_port, config.gateway_port, reserved=metrics)
     ports = {n[k] for n in layout for k in ("peer_port", "internal_port", "client_port")}
@@ -192,8 +166,8 @@ def test_raftgate_local_refuses_a_layout_with_duplicate_ports(tmp_path: Path, cl
 
 
 def test_test_ports_come_from_outside_the_kernels_ephemeral_range() -> None:
-    """The kernel hands ephemeral ports to outgoing connections and to binds to port 0 (etcd's
-    choices): a port the helpers give a test must not be one of them."""
+    """The kernel hands ephemeral ports to `raftgate local`'s own choices and to outgoing connections:
+    a port the helpers give a test must not be one of them."""
     low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     ports = [free_port() for _ in range(20)]
     assert len(set(ports)) == len(ports)
