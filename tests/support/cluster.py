@@ -257,7 +257,7 @@ def prefix_end(prefix: bytes) -> bytes:
 @contextlib.contextmanager
 def local_cluster(workdir: Path, nodes: int = 3) -> Iterator[Cluster]:
     """`raftgate local --nodes N` (bcrypt cost 4), as a Cluster of its store children."""
-    local = RaftgateLocal(workdir, bcrypt_cost=4, extra_args=["--nodes", str(nodes)])
+    local = RaftgateLocal(workdir, bcrypt_cost=4, extra_args=["--nodes", str(nodes)], own_ports=True)
     cluster: Cluster | None = None
     try:
         local.start()

@@ -382,8 +382,12 @@ class RaftgateLocal(Process):
         auth_token_ttl: int | None = None,
         bcrypt_cost: int = 4,
         extra_args: Sequence[str] = (),
+        own_ports: bool = False,
     ) -> None:
+        """``own_ports``: a new data dir's node ports come from ``free_port`` (``_own_layout``), for
+        a test that kills nodes and restarts them."""
         super().__init__(workdir)
+        self.own_ports = own_ports
         self.data_dir = self.workdir / "data"
         self.port = free_port()
         self.auth_token = auth_token
@@ -392,7 +396,23 @@ class RaftgateLocal(Process):
         self.extra_args = list(extra_args)
         self._ready_line = f"raftgate local: ready on 127.0.0.1:{self.port}"
 
+    def _own_layout(self) -> None:
+        """A new data dir gets a layout of ports from ``free_port``, which `raftgate local` keeps:
+        tests kill its nodes and restart them on those ports, and a port it chose itself (a bind to
+        0, from the kernel's ephemeral range) can meanwhile become an outgoing connection's source
+        port (a restart then fails: the port is in use). Gateway ports it still chooses itself."""
+        path = self.data_dir / "layout.json"
+        if not self.own_ports or path.exists():
+            return
+        args = self.extra_args
+        nodes = int(args[args.index("--nodes") + 1]) if "--nodes" in args else 3  # raftgate local's default
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        layout = [{"name": f"node{i + 1}", "data_dir": str(self.data_dir / f"node{i + 1}"), "peer_port": free_port(),
+                   "internal_port": free_port(), "client_port": free_port()} for i in range(nodes)]  # fmt: skip
+        path.write_text(json.dumps(layout))
+
     def command(self) -> list[str]:
+        self._own_layout()
         exe = VENV_BIN / "raftgate"
         base = [str(exe)] if exe.exists() else [sys.executable, "-m", "raftgate.cli"]
         cmd = base + ["local", "--data-dir", str(self.data_dir), "--client-port", str(self.port)]

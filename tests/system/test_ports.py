@@ -27,6 +27,7 @@ from tests.support.processes import (
     REPO_ROOT,
     SECRET,
     Program,
+    RaftgateLocal,
     free_port,
     proxy_program,
     secret_file,
@@ -171,6 +172,24 @@ def test_test_ports_come_from_outside_the_kernels_ephemeral_range() -> None:
     low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     ports = [free_port() for _ in range(20)]
     assert len(set(ports)) == len(ports)
+    assert all(not low <= p <= high for p in ports), ports
+
+
+@pytest.mark.parametrize("nodes", [1, 3, None])
+def test_a_test_s_raftgate_local_runs_its_nodes_on_ports_from_the_helpers(tmp_path: Path, nodes: int | None) -> None:
+    """Tests kill nodes of `raftgate local` and restart them on the ports of its layout; a port
+    `raftgate local` chose itself (a bind to 0, from the kernel's ephemeral range) can meanwhile
+    become an outgoing connection's source port (found as tests/faults/test_leader_kill.py's
+    restart failing: "cannot listen on 127.0.0.1:37019: the port is in use"). So the helper writes
+    the layout of a new data dir from its own ports when asked (``local_cluster``, whose nodes a
+    test kills and restarts), as `raftgate local` keeps a layout it finds."""
+    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rl = RaftgateLocal(tmp_path, extra_args=[] if nodes is None else ["--nodes", str(nodes)], own_ports=True)
+    rl.command()
+    layout = json.loads((rl.data_dir / "layout.json").read_text())
+    ports = [n[k] for n in layout for k in ("peer_port", "internal_port", "client_port")]
+    want = 3 if nodes is None else nodes  # raftgate local's default
+    assert len(layout) == want and len(set(ports)) == 3 * want, layout
     assert all(not low <= p <= high for p in ports), ports
 
 
