@@ -82,6 +82,16 @@ def answered_error(code: int, message: str) -> grpc.aio.AioRpcError:
     return rpc_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
+async def opened(call: grpc.aio.StreamStreamCall) -> bool:
+    """Waits for the store's headers on a new stream (its DoStream and WatchShared send them at
+    once): True if it opened the stream, False if it refused it (a trailers-only answer: its status
+    is in by then). Nothing may be written before: grpc.aio replaces the status of a call a write
+    meets ended with INTERNAL ("Internal error from Core"), and raises InvalidStateError for one
+    just after, so the refusal's code (UNIMPLEMENTED, a stale challenge) would be lost."""
+    await call.initial_metadata()
+    return not call.done()
+
+
 def too_large(size: int, limit: int) -> grpc.aio.AioRpcError:
     """grpc-go's refusal of a message over the server's send limit (etcd's: math.MaxInt32)."""
     return rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -465,8 +475,7 @@ class StorePipe:
         for attempt in range(2):
             metadata = await self._prover.metadata() if self._prover is not None else ()
             call = self._open(metadata=metadata)
-            await call.initial_metadata()
-            if attempt or self._prover is None or not call.done():
+            if await opened(call) or attempt or self._prover is None:
                 return call
             if not any(key == STALE_METADATA for key, _ in await call.trailing_metadata() or ()):
                 return call

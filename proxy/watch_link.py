@@ -33,7 +33,7 @@ import grpc.aio
 from protos.internal import WATCH_SHARED_MAX_SUBS
 from protos.storepb.store_pb2 import WatchSharedBatch, WatchSharedRequest
 from proxy import metrics
-from proxy.store_pipe import answered_error, rpc_error
+from proxy.store_pipe import answered_error, opened, rpc_error
 from raftgate.errors import Err, EtcdError
 from raftgate.secret_proof import Metadata
 
@@ -44,6 +44,8 @@ WATCH_SHARED_METHOD = "/raftgate.storepb.Store/WatchShared"
 SUBS_PER_LINK = WATCH_SHARED_MAX_SUBS
 #: batches one sub-stream may hold unread before it is closed (its client reads too slowly)
 INBOX_BYTES = 1 << 20
+#: how long a new link waits for the store's opening headers before it writes all the same
+OPEN_WAIT_SECONDS = 2.0
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
@@ -197,8 +199,18 @@ class WatchLink:
         except BaseException:
             self.dead = True
             raise
-        self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
-        self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+        call = self._call = self._channel.stream_stream(WATCH_SHARED_METHOD)(metadata=self.proof)
+        reader = self._reader = asyncio.get_running_loop().create_task(self._read(call))
+        # Nothing is written before the store opened the stream (``opened``); a refused one ends
+        # by itself. A store from before it sent its headers at once sends none until its first
+        # answer: written to after OPEN_WAIT_SECONDS, as before.
+        try:
+            async with asyncio.timeout(OPEN_WAIT_SECONDS):
+                if not await opened(call):
+                    await asyncio.wait((reader,))
+        except TimeoutError:
+            log.info("watch link: the store sent no headers in %.0f s (a store older than the proxy)",
+                     OPEN_WAIT_SECONDS)
 
     def _drop(self, sub: SubStream) -> bool:
         """The sub-stream leaves the link: nothing more is delivered to it. False: it had left."""

@@ -584,6 +584,7 @@ class StoreService:
     async def watch_shared(self, requests: AsyncIterator[bytes],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Store.WatchShared: each sub-stream served exactly as ``watch`` serves a stream."""
+        await context.send_initial_metadata(())  # opened: the proxy writes once it has the headers
         caller = CALLER.get()
 
         def serve(feed: AsyncIterator[bytes], sub: SubContext) -> AsyncIterator[bytes]:
