@@ -264,6 +264,12 @@ class WatchLink:
             # left): a write to an ended stream, not a cancel of the caller (the client stream's
             # reader, which a CancelledError ended)
             raise self._ended() from None
+        except asyncio.InvalidStateError:
+            # grpc.aio's "RPC already finished": the call's status came in before this write, and
+            # the reader has not ended the link yet; what ended it is the reader's to tell
+            if self._reader is not None:
+                await asyncio.wait((self._reader,))
+            raise self._ended() from None
 
     def close_sub(self, sub: SubStream) -> None:
         """Tells the store the sub-stream is done, without waiting (the reader calls it too); one

@@ -478,6 +478,35 @@ def test_a_write_that_meets_the_store_s_refusal_does_not_hide_it() -> None:
     run(scenario, shared=False)
 
 
+
+def test_a_write_that_meets_the_stream_s_end_raises_an_error_the_client_resumes_on() -> None:
+    """The store ends the shared stream (a node restarting) while a sub-stream writes, at any loop
+    turn: the write raises an AioRpcError the client's stream resumes on, as every other use of
+    an ended link does. Before, a write in the turns between gRPC's status and the link's reader
+    raised asyncio.InvalidStateError (grpc.aio's "RPC already finished"; proxy/watch.py's writes
+    happen to take any exception as a broken stream)."""
+
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        for turns in range(40):
+            a = await client.watch_streams().open()
+            await a.write(b"x")
+            await store.until(lambda: bool(store.requests))
+            b = await client.watch_streams().open()
+            store.abort(grpc.StatusCode.UNAVAILABLE, "node restarting")
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            try:
+                await b.write(b"y")
+            except grpc.aio.AioRpcError as exc:
+                assert watch_retryable(exc), (turns, exc)
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await a.read()
+            assert watch_retryable(ended.value), (turns, ended.value)
+            client._leader.watch_links.clear()
+            store.requests.clear()
+
+    run(scenario)
+
 def test_a_store_that_opens_watch_shared_without_headers_is_written_to_after_a_while(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A store from before the opening headers sends none until its first answer: the link waits
