@@ -152,6 +152,7 @@ class WatchLink:
         self._reader: asyncio.Task[None] | None = None
         self._subs: dict[int, SubStream] = {}  # by number: those that wrote
         self._fresh: set[SubStream] = set()  # opened, nothing written yet (no number)
+        self._joining = 0  # openers waiting for the stream to start: each will be a sub-stream
         self._next_sub = 1
         self._lock = asyncio.Lock()  # one write at a time on the call
         self._writing: asyncio.Task[None] | None = None  # the last write (see ``_write``)
@@ -171,7 +172,7 @@ class WatchLink:
     @property
     def full(self) -> bool:
         """As many sub-streams open as the store serves on one stream: open the next elsewhere."""
-        return len(self._subs) + len(self._fresh) >= SUBS_PER_LINK
+        return len(self._subs) + len(self._fresh) + self._joining >= SUBS_PER_LINK
 
     async def open(self) -> SubStream:
         """A new sub-stream; raises the AioRpcError of the proof's Challenge call (or of the
@@ -179,6 +180,7 @@ class WatchLink:
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
             self._starting.add_done_callback(_retrieved)
+        self._joining += 1
         try:
             await asyncio.shield(self._starting)  # a waiter canceled leaves the start to the others
         except asyncio.CancelledError:
@@ -186,6 +188,8 @@ class WatchLink:
             if not self._starting.cancelled() or (task is not None and task.cancelling()):
                 raise  # the waiter's own cancel
             # else the link was closed while it started: an error to resume on, below
+        finally:
+            self._joining -= 1
         if self.dead:
             raise self._ended()
         sub = SubStream(self)

@@ -9,6 +9,7 @@ records what it is sent and answers what the test scripts."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import os
@@ -506,6 +507,45 @@ def test_a_write_that_meets_the_stream_s_end_raises_an_error_the_client_resumes_
             store.requests.clear()
 
     run(scenario)
+
+
+def test_client_streams_opening_while_a_link_starts_never_overfill_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link starts until the store's headers are in (a round trip; OPEN_WAIT_SECONDS with a
+    store that sends none): client streams opened meanwhile count toward its SUBS_PER_LINK, so
+    those past it go to another link. Before (found by an attack on the change that made the
+    start wait for the headers), all joined the starting link, and the store ended those past
+    its WATCH_SHARED_MAX_SUBS with `too many requests` (resumed, later)."""
+    monkeypatch.setattr(watch_link, "SUBS_PER_LINK", 2)
+    held = asyncio.Event()
+
+    class SlowHeaders(FakeStore):
+        async def _watch_shared(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+            await held.wait()
+            async for item in super()._watch_shared(requests, context):
+                yield item
+
+    async def main() -> None:
+        store = SlowHeaders()
+        await store.start()
+        client = StoreClient(f"127.0.0.1:{store.port}")
+        try:
+            loop = asyncio.get_running_loop()
+            opening = [loop.create_task(client.watch_streams().open())]
+            while not client._leader.watch_links:
+                await asyncio.sleep(0)
+            opening += [loop.create_task(client.watch_streams().open()) for _ in range(4)]
+            for _ in range(20):  # (they all reach their link's start)
+                await asyncio.sleep(0)
+            held.set()
+            subs = await asyncio.gather(*opening)
+            per_link = sorted(collections.Counter(id(sub.link) for sub in subs).values())
+            assert per_link == [1, 2, 2]
+        finally:
+            await client.close()
+            assert store.server is not None
+            await store.server.stop(None)
+
+    asyncio.run(asyncio.wait_for(main(), 20))
 
 def test_a_store_that_opens_watch_shared_without_headers_is_written_to_after_a_while(
         monkeypatch: pytest.MonkeyPatch) -> None:
