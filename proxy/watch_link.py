@@ -213,7 +213,8 @@ class WatchLink:
                 if not await opened(call):
                     await asyncio.wait((reader,))
         except TimeoutError:
-            log.info("watch link: the store sent no headers in %.0f s (a store older than the proxy)",
+            log.info("watch link: the store sent no headers in %.0f s (a store older than the proxy, or a "
+                     "slow one): writing all the same",
                      OPEN_WAIT_SECONDS)
 
     def _drop(self, sub: SubStream) -> bool:

@@ -138,9 +138,9 @@ class FakeStore:
 
 
 def run(scenario: Callable[[FakeStore, StoreClient], Awaitable[None]], *, shared: bool = True,
-        secret: bytes | None = None, headers: bool = True) -> None:
+        secret: bytes | None = None, headers: bool = True, store_class: type[FakeStore] = FakeStore) -> None:
     async def main() -> None:
-        store = FakeStore(shared=shared, secret=secret, headers=headers)
+        store = store_class(shared=shared, secret=secret, headers=headers)
         await store.start()
         client = StoreClient(f"127.0.0.1:{store.port}", secret=secret.decode() if secret else None)
         try:
@@ -463,9 +463,8 @@ def test_a_write_that_meets_the_store_s_refusal_does_not_hide_it() -> None:
     status with INTERNAL ("Internal error from Core"), or raises InvalidStateError (not an
     AioRpcError) for a write just after it. So the proxy writes only once the store said the stream
     is open. Before, a write 5 to 30 loop turns after the opening ended most streams so: the node
-    was not known to lack WatchShared and was asked again, or the client's stream failed on an
-    unexpected error (found as test_a_node_without_watch_shared_is_asked_again_after_a_while
-    failing once)."""
+    was not known to lack WatchShared and was asked again (found as
+    test_a_node_without_watch_shared_is_asked_again_after_a_while failing once)."""
 
     async def scenario(store: FakeStore, client: StoreClient) -> None:
         for turns in range(32):
@@ -477,7 +476,6 @@ def test_a_write_that_meets_the_store_s_refusal_does_not_hide_it() -> None:
             client._leader.watch_links.clear()  # forget the refusal: WatchShared is asked again
 
     run(scenario, shared=False)
-
 
 
 def test_a_write_that_meets_the_stream_s_end_raises_an_error_the_client_resumes_on() -> None:
@@ -524,28 +522,21 @@ def test_client_streams_opening_while_a_link_starts_never_overfill_it(monkeypatc
             async for item in super()._watch_shared(requests, context):
                 yield item
 
-    async def main() -> None:
-        store = SlowHeaders()
-        await store.start()
-        client = StoreClient(f"127.0.0.1:{store.port}")
-        try:
-            loop = asyncio.get_running_loop()
-            opening = [loop.create_task(client.watch_streams().open())]
-            while not client._leader.watch_links:
-                await asyncio.sleep(0)
-            opening += [loop.create_task(client.watch_streams().open()) for _ in range(4)]
-            for _ in range(20):  # (they all reach their link's start)
-                await asyncio.sleep(0)
-            held.set()
-            subs = await asyncio.gather(*opening)
-            per_link = sorted(collections.Counter(id(sub.link) for sub in subs).values())
-            assert per_link == [1, 2, 2]
-        finally:
-            await client.close()
-            assert store.server is not None
-            await store.server.stop(None)
+    async def scenario(store: FakeStore, client: StoreClient) -> None:
+        loop = asyncio.get_running_loop()
+        opening = [loop.create_task(client.watch_streams().open())]
+        while not client._leader.watch_links:
+            await asyncio.sleep(0)
+        opening += [loop.create_task(client.watch_streams().open()) for _ in range(4)]
+        for _ in range(20):  # (they all reach their link's start)
+            await asyncio.sleep(0)
+        held.set()
+        subs = await asyncio.gather(*opening)
+        per_link = sorted(collections.Counter(id(sub.link) for sub in subs).values())
+        assert per_link == [1, 2, 2]
 
-    asyncio.run(asyncio.wait_for(main(), 20))
+    run(scenario, store_class=SlowHeaders)
+
 
 def test_a_store_that_opens_watch_shared_without_headers_is_written_to_after_a_while(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -565,6 +556,7 @@ def test_a_store_that_opens_watch_shared_without_headers_is_written_to_after_a_w
 
 def test_a_store_that_opens_watch_shared_with_its_headers_is_written_to_at_once(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Today's store opens WatchShared with its headers: the link never waits OPEN_WAIT_SECONDS."""
     monkeypatch.setattr(watch_link, "OPEN_WAIT_SECONDS", 60.0)  # (longer than ``run`` lets a test take)
     caplog.set_level("INFO", logger=watch_link.log.name)
 
@@ -575,6 +567,7 @@ def test_a_store_that_opens_watch_shared_with_its_headers_is_written_to_at_once(
 
     run(scenario)
     assert not [r for r in caplog.records if "sent no headers" in r.getMessage()]
+
 
 def test_a_node_without_watch_shared_is_asked_again_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node upgraded since (restarted with WatchShared) is not left on WatchBatches for good."""
